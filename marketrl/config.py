@@ -1,0 +1,116 @@
+"""Configuration: schema validation with one-line errors, cross-key checks, and per-job seeds."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, misspelt or impossible; the message names the key."""
+
+
+def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
+    """The JSON schema (draft 2020-12) of config.yaml."""
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    path = ""
+    for part in error.absolute_path:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    if error.validator == "additionalProperties":
+        # The offending key is only in the message; name it as a full dotted path.
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        path += f".{extra[0] if extra else '?'}"
+    return path.lstrip(".") or "<root>"
+
+
+def schema_errors(config: dict[str, Any], schema: dict[str, Any] | None = None) -> list[str]:
+    """Every schema violation as a one-line message naming the dotted config key."""
+    validator_cls = jsonschema.validators.validator_for(schema or load_schema())
+    validator = validator_cls(schema or load_schema(), format_checker=validator_cls.FORMAT_CHECKER)
+    messages = []
+    for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+        key = _key_path(error)
+        if error.validator == "additionalProperties":
+            messages.append(f"config key '{key}': unknown key (misspelt? see schemas/config.schema.yaml)")
+        else:
+            messages.append(f"config key '{key}': {error.message}")
+    return messages
+
+
+def _fill_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    for key, sub in schema.get("properties", {}).items():
+        if key not in config and "default" in sub:
+            config[key] = copy.deepcopy(sub["default"])
+        if isinstance(config.get(key), dict) and sub.get("type") == "object":
+            _fill_defaults(config[key], sub)
+    return config
+
+
+def check_semantics(config: dict[str, Any]) -> None:
+    """Cross-key checks that a JSON schema cannot express; raise ConfigError naming the key."""
+    data = config["data"]
+    if data["source"] == "files" and not data["files"].strip():
+        raise ConfigError(
+            "config key 'data.files': empty glob; data.source=files needs a glob of .dbn.zst files"
+        )
+    folds = config["folds"]
+    if folds["validation_days"] >= folds["train_days"]:
+        raise ConfigError(
+            "config key 'folds.validation_days': must be smaller than folds.train_days "
+            f"({folds['validation_days']} >= {folds['train_days']})"
+        )
+    if folds["tuning_validation_days"] >= folds["tuning_days"]:
+        raise ConfigError(
+            "config key 'folds.tuning_validation_days': must be smaller than folds.tuning_days "
+            f"({folds['tuning_validation_days']} >= {folds['tuning_days']})"
+        )
+    if config["hyperopt"]["workers"] > config["hyperopt"]["n_trials"]:
+        raise ConfigError(
+            "config key 'hyperopt.workers': more workers than hyperopt.n_trials "
+            f"({config['hyperopt']['workers']} > {config['hyperopt']['n_trials']})"
+        )
+
+
+def validate_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Return a copy of `config` with defaults filled in; raise ConfigError on the first problem."""
+    errors = schema_errors(config)
+    if errors:
+        raise ConfigError(errors[0])
+    full = _fill_defaults(copy.deepcopy(config), load_schema())
+    check_semantics(full)
+    return full
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read and validate a YAML config file."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}".splitlines()[0]) from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+    return validate_config(raw)
+
+
+def derive_seed(root_seed: int, *parts: str | int) -> int:
+    """A stable 31-bit seed from the root seed and a job's identity, e.g. ("train", "ppo", fold, seed_index)."""
+    text = "/".join(str(p) for p in (root_seed, *parts))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def package_data_path(package: str, name: str) -> Path:
+    """Filesystem path of a file shipped inside a marketrl package."""
+    return Path(str(resources.files(package).joinpath(name)))

@@ -1,0 +1,96 @@
+"""Atomic file writes: a reader never sees a half-written output, and a failed write leaves nothing behind.
+
+:func:`atomic_write` yields a temp *path* (for ``write_parquet``, ``torch.save``, ``Path.write_bytes``...);
+:func:`atomic_open` yields an open binary/text handle instead. Either way the data goes to a hidden temp file
+in the destination's own directory (so ``os.replace`` is a same-filesystem rename), is fsynced, and then
+replaces the destination in one step. On any exception the temp file is removed and the destination is left
+exactly as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Literal
+
+__all__ = ["atomic_open", "atomic_write", "write_json_atomic"]
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not every platform/filesystem allows fsync on a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; on success it is fsynced and renamed onto ``path``.
+
+    For writers that want a file name rather than a handle (``polars.DataFrame.write_parquet``,
+    ``torch.save``, ``matplotlib.savefig``...). Parent directories are created. The temp file keeps the
+    destination's suffix so writers that infer the format from it still work.
+    """
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=f".tmp{dest.suffix}", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise FileNotFoundError(f"{dest}: the writer did not create the temp file {tmp}")
+        _fsync_file(tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(dest.parent)
+
+
+@contextmanager
+def atomic_open(
+    path: str | os.PathLike[str],
+    mode: Literal["wb", "w"] = "wb",
+    *,
+    encoding: str = "utf-8",
+) -> Iterator[IO[Any]]:
+    """Yield an open file (binary ``"wb"`` or text ``"w"``) whose content atomically replaces ``path``."""
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_open mode must be 'wb' or 'w', got {mode!r}")
+    with atomic_write(path) as tmp:
+        if mode == "wb":
+            with open(tmp, "wb") as handle:
+                yield handle
+        else:
+            with open(tmp, "w", encoding=encoding, newline="") as handle:
+                yield handle
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> None:
+    """Serialize ``obj`` as JSON (keys sorted, trailing newline) and atomically write it to ``path``.
+
+    The object is serialized before the file is opened, so a non-serializable object leaves no trace.
+    """
+    text = json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n"
+    with atomic_open(path, "w") as handle:
+        handle.write(text)

@@ -1,0 +1,251 @@
+"""Performance metrics for one strategy's per-bar evaluation table (portfolio, daily and per-bar statistics).
+
+Conventions (see docs/METRICS.md): 252 sessions a year, risk-free rate 0, daily statistics annualised by √252,
+per-bar statistics never annualised, equal-weight portfolio across instruments rebalanced every bar.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from marketrl.stats import SESSIONS_PER_YEAR, ratio_or_convention, sharpe_ratio
+
+REQUIRED_COLUMNS = ("ts_event", "trading_day", "symbol", "position", "gross_return", "cost", "net_return")
+
+# Tolerance for net_return == gross_return − cost; loose enough for values stored as float32.
+_NET_RETURN_ATOL = 1e-6
+
+# Equity within this relative distance of its running peak counts as recovered (compounding rounding).
+_RECOVERY_RTOL = 1e-12
+
+
+class MetricsInputError(ValueError):
+    """Raised when a per-bar evaluation table cannot be summarised (missing columns, NaN, negative cost...)."""
+
+
+def _as_numpy(values: object) -> np.ndarray:
+    return values.to_numpy() if isinstance(values, pl.Series) else np.asarray(values)
+
+
+def daily_returns(trading_day: object, bar_returns: object) -> tuple[np.ndarray, np.ndarray]:
+    """Compound per-bar returns into one return per trading day: (1 + r).prod() − 1, days sorted ascending."""
+    days = _as_numpy(trading_day)
+    returns = np.asarray(_as_numpy(bar_returns), dtype=np.float64)
+    if days.shape != returns.shape or returns.ndim != 1:
+        raise MetricsInputError(
+            f"daily_returns: trading_day and bar_returns must be 1-D of equal length, got {days.shape}, "
+            f"{returns.shape}"
+        )
+    if returns.size == 0:
+        return days[:0], returns[:0]
+    order = np.argsort(days, kind="stable")
+    sorted_days = days[order]
+    day_starts = np.flatnonzero(np.r_[True, sorted_days[1:] != sorted_days[:-1]])
+    growth = np.multiply.reduceat(1.0 + returns[order], day_starts)
+    return sorted_days[day_starts], growth - 1.0
+
+
+def equity_curve(returns: object) -> np.ndarray:
+    """Wealth after each period starting from 1: cumprod(1 + r)."""
+    return np.cumprod(1.0 + np.asarray(returns, dtype=np.float64))
+
+
+def drawdown_series(returns: object) -> np.ndarray:
+    """Drawdown after each period, equity / running peak − 1 (≤ 0); the starting wealth 1 counts as a peak."""
+    equity = equity_curve(returns)
+    running_peak = np.maximum.accumulate(np.maximum(equity, 1.0))
+    return np.minimum(equity / running_peak - 1.0, 0.0)
+
+
+def drawdown_stats(returns: object) -> dict[str, float | int]:
+    """Max drawdown (≤ 0), its duration and the longest drawdown, durations in periods (trading days).
+
+    Duration runs from the peak before the trough to the first period back at that peak, or to the end of the
+    series if it never recovers. The start (wealth 1, before the first period) counts as a peak.
+    """
+    equity = np.r_[1.0, equity_curve(returns)]
+    running_peak = np.maximum.accumulate(equity)
+    underwater = equity < running_peak * (1.0 - _RECOVERY_RTOL)
+    drawdown = equity / running_peak - 1.0
+    last = equity.size - 1
+    at_peak = np.flatnonzero(~underwater)  # always contains 0
+    gaps = np.diff(at_peak)
+    closed_durations = gaps[gaps > 1]
+    open_duration = last - at_peak[-1]
+    longest = int(max(closed_durations.max(initial=0), open_duration))
+    if not underwater.any():
+        return {"max_drawdown": 0.0, "max_drawdown_duration_days": 0, "longest_drawdown_days": 0}
+    trough = int(np.argmin(np.where(underwater, drawdown, 0.0)))
+    peak = int(at_peak[at_peak < trough][-1])
+    later_peaks = at_peak[at_peak > trough]
+    recovery = int(later_peaks[0]) if later_peaks.size else last
+    return {
+        "max_drawdown": float(min(drawdown[trough], 0.0)),
+        "max_drawdown_duration_days": recovery - peak,
+        "longest_drawdown_days": longest,
+    }
+
+
+def _validate_bars(bars: pl.DataFrame, return_column: str) -> None:
+    if not isinstance(bars, pl.DataFrame):
+        raise MetricsInputError(
+            f"performance_summary: expected a polars DataFrame, got {type(bars).__name__}"
+        )
+    missing = [c for c in (*REQUIRED_COLUMNS, return_column) if c not in bars.columns]
+    if missing:
+        raise MetricsInputError(
+            f"per-bar table: missing column(s) {missing}; expected {list(REQUIRED_COLUMNS)}"
+        )
+    if bars.height == 0:
+        raise MetricsInputError("per-bar table: expected at least one bar, got an empty table")
+    numeric = ["position", "gross_return", "cost", "net_return", return_column]
+    for column in REQUIRED_COLUMNS:
+        if bars[column].null_count():
+            raise MetricsInputError(f"per-bar table: column {column!r} has null values")
+    for column in numeric:
+        if not np.all(np.isfinite(bars[column].cast(pl.Float64).to_numpy())):
+            raise MetricsInputError(f"per-bar table: column {column!r} must be finite (found NaN or inf)")
+    if (bars["cost"] < 0).any():
+        raise MetricsInputError("per-bar table: column 'cost' must be ≥ 0 (a fraction of notional)")
+    mismatch = (bars["net_return"] - (bars["gross_return"] - bars["cost"])).abs().max()
+    if mismatch > _NET_RETURN_ATOL:
+        raise MetricsInputError(
+            f"per-bar table: net_return must equal gross_return − cost (off by {mismatch:g})"
+        )
+    if bars.select(pl.struct("symbol", "ts_event").is_duplicated().any()).item():
+        raise MetricsInputError("per-bar table: duplicate (symbol, ts_event) rows")
+    days_per_ts = bars.group_by("ts_event").agg(pl.col("trading_day").n_unique()).get_column("trading_day")
+    if (days_per_ts > 1).any():
+        raise MetricsInputError("per-bar table: instruments disagree on trading_day at the same ts_event")
+
+
+def portfolio_bars(bars: pl.DataFrame, return_column: str = "net_return") -> pl.DataFrame:
+    """Equal-weight portfolio per bar: at each ts_event, the sum over instruments divided by the number of
+    instruments in the table (an instrument without a bar at that ts holds its 1/K sleeve in cash: return 0).
+
+    Columns: ts_event, trading_day, portfolio_return (from ``return_column``), gross_return, cost.
+    """
+    _validate_bars(bars, return_column)
+    n_instruments = bars["symbol"].n_unique()
+    return (
+        bars.group_by("ts_event")
+        .agg(
+            pl.col("trading_day").first(),
+            (pl.col(return_column).cast(pl.Float64).sum() / n_instruments).alias("portfolio_return"),
+            (pl.col("gross_return").cast(pl.Float64).sum() / n_instruments).alias("gross_return"),
+            (pl.col("cost").cast(pl.Float64).sum() / n_instruments).alias("cost"),
+        )
+        .sort("ts_event")
+    )
+
+
+def _position_changes(bars: pl.DataFrame) -> pl.DataFrame:
+    """Per (symbol, bar): |Δposition| with a flat position before the first bar, and a holding-period id."""
+    previous = pl.col("position").shift(1).over("symbol")
+    changed = previous.is_null() | (pl.col("position") != previous)
+    return (
+        bars.sort("symbol", "ts_event")
+        .with_columns(
+            (pl.col("position") - previous.fill_null(0.0)).abs().alias("abs_position_change"),
+            changed.cum_sum().over("symbol").alias("holding_period"),
+        )
+        .with_columns(
+            (pl.col("abs_position_change") > 0).alias("position_changed"),
+        )
+    )
+
+
+def _trade_hit_rate(changes: pl.DataFrame, return_column: str) -> tuple[float, int]:
+    trades = (
+        changes.filter(pl.col("position") != 0)
+        .group_by("symbol", "holding_period")
+        .agg(((1.0 + pl.col(return_column).cast(pl.Float64)).product() - 1.0).alias("trade_return"))
+    )
+    n_holding = trades.height
+    if n_holding == 0:
+        return math.nan, 0
+    return float((trades["trade_return"] > 0).mean()), n_holding
+
+
+def performance_summary(
+    bars: pl.DataFrame, return_column: str = "net_return", periods_per_year: int = SESSIONS_PER_YEAR
+) -> dict[str, float | int]:
+    """Summary statistics of one strategy over one per-bar evaluation table (one or several instruments).
+
+    Daily statistics (annualised by √periods_per_year) come from the equal-weight portfolio's bar returns
+    compounded per trading_day; per-bar statistics (``bar_*``) are reported as they are, not annualised.
+    Ratios with a zero denominator are 0 when the numerator is 0 too and NaN otherwise (see docs/METRICS.md).
+    """
+    portfolio = portfolio_bars(bars, return_column)
+    bar_returns = portfolio["portfolio_return"].to_numpy()
+    days, day_returns = daily_returns(portfolio["trading_day"], bar_returns)
+    _, gross_day_returns = daily_returns(portfolio["trading_day"], portfolio["gross_return"])
+    n_days = int(day_returns.size)
+    annualizer = math.sqrt(periods_per_year)
+
+    wealth = float(np.prod(1.0 + day_returns))
+    total_return = wealth - 1.0
+    cagr = wealth ** (periods_per_year / n_days) - 1.0 if wealth > 0 else -1.0
+    daily_std = float(np.std(day_returns, ddof=1)) if n_days > 1 else math.nan
+    daily_sharpe = sharpe_ratio(day_returns)
+    downside_deviation = float(np.sqrt(np.mean(np.minimum(day_returns, 0.0) ** 2)))
+    drawdowns = drawdown_stats(day_returns)
+    gains = float(day_returns[day_returns > 0].sum())
+    losses = float(-day_returns[day_returns < 0].sum())
+    nonzero_days = int(np.count_nonzero(day_returns))
+
+    changes = _position_changes(bars)
+    n_instruments = bars["symbol"].n_unique()
+    daily_turnover = changes.group_by("trading_day").agg(pl.col("abs_position_change").sum() / n_instruments)
+    trade_hit_rate, n_holding_periods = _trade_hit_rate(changes, return_column)
+
+    return {
+        "n_instruments": int(n_instruments),
+        "n_bars": int(portfolio.height),
+        "n_days": n_days,
+        "first_day": str(days[0]),
+        "last_day": str(days[-1]),
+        "total_return": total_return,
+        "gross_total_return": float(np.prod(1.0 + gross_day_returns) - 1.0),
+        "cagr": float(cagr),
+        "ann_volatility": daily_std * annualizer,
+        "sharpe": float(daily_sharpe) * annualizer,
+        "gross_sharpe": float(sharpe_ratio(gross_day_returns)) * annualizer,
+        "sortino": float(ratio_or_convention(float(np.mean(day_returns)), downside_deviation)) * annualizer,
+        "max_drawdown": drawdowns["max_drawdown"],
+        "max_drawdown_duration_days": drawdowns["max_drawdown_duration_days"],
+        "longest_drawdown_days": drawdowns["longest_drawdown_days"],
+        "calmar": float(ratio_or_convention(cagr, abs(drawdowns["max_drawdown"]))),
+        "hit_rate_days": float(np.count_nonzero(day_returns > 0) / nonzero_days)
+        if nonzero_days
+        else math.nan,
+        "trade_hit_rate": trade_hit_rate,
+        "n_holding_periods": n_holding_periods,
+        "profit_factor": gains / losses if losses > 0 else math.nan,
+        "avg_daily_turnover": float(daily_turnover["abs_position_change"].sum() / n_days),
+        "exposure": float((bars["position"] != 0).mean()),
+        "n_trades": int(changes["position_changed"].sum()),
+        "total_cost": float(portfolio["cost"].sum()),
+        "bar_mean": float(np.mean(bar_returns)),
+        "bar_std": float(np.std(bar_returns, ddof=1)) if bar_returns.size > 1 else math.nan,
+        "bar_sharpe": float(sharpe_ratio(bar_returns)),
+    }
+
+
+def to_json_safe(value: Any) -> Any:
+    """Recursively convert numpy scalars/arrays to Python values and NaN/±inf to None, for json.dumps."""
+    if isinstance(value, dict):
+        return {str(key): to_json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json_safe(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return [to_json_safe(item) for item in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,171 @@
+"""Workflow plumbing that rules/common.smk calls: which files exist, which jobs run, where outputs go.
+
+Kept free of heavy imports (no torch/polars) because Snakemake re-parses the workflow for every job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from marketrl.config import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DBN_SUFFIX = ".dbn.zst"
+FEATURE_CODE = ("marketrl/features.py", "marketrl/data")
+
+
+def weekdays(start: dt.date, n_days: int | None = None, end: dt.date | None = None) -> list[dt.date]:
+    """Weekdays from `start`: the first `n_days` of them, or all before `end` (exclusive)."""
+    days: list[dt.date] = []
+    day = start
+    while (n_days is not None and len(days) < n_days) or (end is not None and day < end):
+        if day.weekday() < 5:
+            days.append(day)
+        day += dt.timedelta(days=1)
+    return days
+
+
+def demo_file_name(day: dt.date) -> str:
+    """A demo file's name in the style of a Databento batch download: glbx-mdp3-20240102.ohlcv-1m.dbn.zst."""
+    return f"glbx-mdp3-{day:%Y%m%d}.ohlcv-1m{DBN_SUFFIX}"
+
+
+def demo_files(config: dict[str, Any]) -> list[str]:
+    """Paths the demo_data rule writes."""
+    demo = config["data"]["demo"]
+    days = weekdays(dt.date.fromisoformat(demo["start"]), n_days=demo["days"])
+    return [f"results/data/demo/{demo_file_name(d)}" for d in days]
+
+
+def databento_files(config: dict[str, Any]) -> list[str]:
+    """Paths the optional download writes: one file per weekday in [start, end)."""
+    spec = config["data"]["databento"]
+    start, end = dt.date.fromisoformat(spec["start"]), dt.date.fromisoformat(spec["end"])
+    if end <= start:
+        raise ConfigError(
+            f"config key 'data.databento.end': must be after data.databento.start ({end} <= {start})"
+        )
+    dataset = spec["dataset"].lower().replace(".", "-")
+    return [
+        f"results/data/databento/{dataset}-{d:%Y%m%d}.{spec['schema']}{DBN_SUFFIX}"
+        for d in weekdays(start, end=end)
+    ]
+
+
+def file_stem(path: str) -> str:
+    """Name of a DBN file without directory and .dbn.zst suffix (the features' wildcard)."""
+    name = Path(path).name
+    if not name.endswith(DBN_SUFFIX):
+        raise ConfigError(f"{path}: expected a Databento file ending in {DBN_SUFFIX}")
+    return name[: -len(DBN_SUFFIX)]
+
+
+def raw_data_files(config: dict[str, Any]) -> dict[str, str]:
+    """Every input DBN file keyed by its stem, in time order (file names sort by date)."""
+    source = config["data"]["source"]
+    if source == "demo":
+        paths = demo_files(config)
+    elif source == "databento":
+        paths = databento_files(config)
+    else:
+        pattern = config["data"]["files"]
+        if not pattern.strip():
+            raise ConfigError(
+                "config key 'data.files': empty glob; data.source=files needs a glob of .dbn.zst files"
+            )
+        paths = sorted(glob.glob(pattern, recursive=True))
+        if not paths:
+            raise ConfigError(f"config key 'data.files': glob {pattern!r} matched no files")
+    files: dict[str, str] = {}
+    for path in paths:
+        stem = file_stem(path)
+        if stem in files:
+            raise ConfigError(
+                f"config key 'data.files': two files share the name {stem}: {files[stem]} and {path}"
+            )
+        files[stem] = path
+    return files
+
+
+def previous_file(config: dict[str, Any], stem: str) -> str | None:
+    """The file before `stem` in time order: the lookback context of its features (None for the first)."""
+    stems = list(raw_data_files(config))
+    position = stems.index(stem)
+    return raw_data_files(config)[stems[position - 1]] if position > 0 else None
+
+
+def feature_files(config: dict[str, Any]) -> list[str]:
+    """One Parquet feature table per input file."""
+    return [f"results/features/{stem}.parquet" for stem in raw_data_files(config)]
+
+
+def code_hash(paths: tuple[str, ...] = FEATURE_CODE) -> str:
+    """Hash of the source files of a stage; a rule param, so that Snakemake reruns the stage when its code changes."""
+    digest = hashlib.sha256()
+    for rel in paths:
+        root = REPO_ROOT / rel
+        for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
+            digest.update(path.relative_to(REPO_ROOT).as_posix().encode())
+            digest.update(path.read_bytes() if path.exists() else b"")
+    return digest.hexdigest()[:16]
+
+
+def fold_indices(config: dict[str, Any]) -> list[int]:
+    """Fold numbers 0..n-1."""
+    return list(range(config["folds"]["n"]))
+
+
+def seed_indices(config: dict[str, Any]) -> list[int]:
+    """Seed indices 0..seeds-1 per algorithm and fold."""
+    return list(range(config["training"]["seeds"]))
+
+
+def gpu_units(config: dict[str, Any]) -> int:
+    """`resources: gpu=` of GPU-using rules: 1 unless training is pinned to the CPU or no NVIDIA driver exists.
+
+    With the default profile's global gpu=1 this keeps two GPU jobs from sharing a device, while CPU-only machines
+    still run training jobs in parallel. Set training.device: cuda to force GPU requests (e.g. on a SLURM submit
+    host without a GPU).
+    """
+    device = config["training"]["device"]
+    if device == "cpu":
+        return 0
+    if device.startswith("cuda"):
+        return 1
+    return 1 if Path("/proc/driver/nvidia/gpus").exists() else 0
+
+
+def model_files(config: dict[str, Any]) -> list[str]:
+    """Every trained model of the fan-out."""
+    return [
+        f"results/models/{algo}/fold_{fold}/seed_{seed}/model.pt"
+        for algo in config["training"]["algos"]
+        for fold in fold_indices(config)
+        for seed in seed_indices(config)
+    ]
+
+
+def eval_files(config: dict[str, Any]) -> list[str]:
+    """Every per-seed evaluation and every per-fold baseline evaluation the report reads."""
+    agents = [
+        f"results/eval/{algo}/fold_{fold}/seed_{seed}/metrics.json"
+        for algo in config["training"]["algos"]
+        for fold in fold_indices(config)
+        for seed in seed_indices(config)
+    ]
+    baselines = [f"results/eval/baselines/fold_{fold}/metrics.json" for fold in fold_indices(config)]
+    return agents + baselines
+
+
+def hyperopt_worker_files(config: dict[str, Any], algo: str) -> list[str]:
+    """Summaries of the workers of one algorithm's study."""
+    return [f"results/hyperopt/{algo}/worker_{w}.json" for w in range(config["hyperopt"]["workers"])]
+
+
+def train_log_files(config: dict[str, Any]) -> list[str]:
+    """Training logs of every model (the report's training curves)."""
+    return [path.replace("model.pt", "train_log.json") for path in model_files(config)]

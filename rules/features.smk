@@ -1,0 +1,17 @@
+rule features:
+    input:
+        unpack(feature_inputs),
+    output:
+        "results/features/{stem}.parquet",
+    log:
+        "results/logs/features/{stem}.log",
+    benchmark:
+        "results/benchmarks/features/{stem}.tsv"
+    conda:
+        ENV_FILE
+    threads: 1
+    params:
+        bar_size=config["data"]["bar_size"],
+        code=pipeline.code_hash(),
+    script:
+        "../workflow_scripts/features.py"

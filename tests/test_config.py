@@ -1,0 +1,137 @@
+"""Config schema: the defaults validate; misspelt keys, wrong types and impossible values fail naming the key."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+
+from marketrl.config import ConfigError, derive_seed, load_config, schema_errors, validate_config
+from tests.conftest import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def default_config() -> dict:
+    with open(REPO_ROOT / "config.yaml", encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def _with(config: dict, dotted: str, value: object) -> dict:
+    out = copy.deepcopy(config)
+    *parents, last = dotted.split(".")
+    node = out
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+    return out
+
+
+def test_default_and_tiny_configs_validate(default_config: dict) -> None:
+    assert schema_errors(default_config) == []
+    full = load_config(REPO_ROOT / "tests" / "configs" / "tiny.yaml")
+    assert full["training"]["device"] == "cpu"
+    assert full["costs"]["model"] == "futures"  # filled in from the schema's defaults
+
+
+def test_every_schema_key_has_description_and_default() -> None:
+    schema = yaml.safe_load((REPO_ROOT / "schemas" / "config.schema.yaml").read_text())
+
+    def walk(node: dict, path: str) -> None:
+        assert node.get("additionalProperties") is False, (
+            f"{path or '<root>'}: additionalProperties must be false"
+        )
+        for key, sub in node["properties"].items():
+            where = f"{path}.{key}".lstrip(".")
+            assert sub.get("description"), f"{where}: no description"
+            assert "default" in sub, f"{where}: no default"
+            if sub.get("type") == "object":
+                walk(sub, where)
+
+    walk(schema, "")
+
+
+def test_empty_config_gets_every_default() -> None:
+    full = validate_config({})
+    assert full["folds"]["n"] == 3
+    assert full["training"]["algos"] == ["dqn", "ppo"]
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "named"),
+    [
+        ("dat", {}, "dat"),
+        ("data.sorce", "demo", "data.sorce"),
+        ("data.demo.dayz", 3, "data.demo.dayz"),
+        ("training.precison", "bf16", "training.precison"),
+    ],
+)
+def test_unknown_keys_are_named(default_config: dict, dotted: str, value: object, named: str) -> None:
+    with pytest.raises(ConfigError, match=f"'{named}': unknown key"):
+        validate_config(_with(default_config, dotted, value))
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value"),
+    [
+        ("folds.n", -1),
+        ("folds.n", "three"),
+        ("folds.test_days", 0),
+        ("training.algos", ["dqn", "a2c"]),
+        ("training.precision", "fp8"),
+        ("training.device", "tpu"),
+        ("data.source", "csv"),
+        ("data.demo.start", "2024/01/02"),
+        ("costs.tick_size", 0),
+        ("hyperopt.n_trials", 0),
+        ("env.fill", "mid"),
+    ],
+)
+def test_wrong_types_and_impossible_values_are_named(
+    default_config: dict, dotted: str, value: object
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{dotted}")):
+        validate_config(_with(default_config, dotted, value))
+
+
+def test_errors_are_one_line(default_config: dict) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        validate_config(_with(default_config, "folds.n", -1))
+    assert "\n" not in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"data.source": "files", "data.files": ""}, "data.files"),
+        ({"folds.validation_days": 12, "folds.train_days": 12}, "folds.validation_days"),
+        ({"folds.tuning_validation_days": 5, "folds.tuning_days": 5}, "folds.tuning_validation_days"),
+        ({"hyperopt.workers": 9, "hyperopt.n_trials": 8}, "hyperopt.workers"),
+    ],
+)
+def test_cross_key_checks(default_config: dict, changes: dict, named: str) -> None:
+    config = default_config
+    for dotted, value in changes.items():
+        config = _with(config, dotted, value)
+    with pytest.raises(ConfigError, match=f"'{named}'"):
+        validate_config(config)
+
+
+def test_load_config_rejects_non_mapping(tmp_path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml"):
+        load_config(path)
+
+
+def test_derived_seeds_are_stable_and_distinct() -> None:
+    assert derive_seed(1, "train", "ppo", 0, 0) == derive_seed(1, "train", "ppo", 0, 0)
+    seeds = {
+        derive_seed(1, "train", algo, fold, s)
+        for algo in ("dqn", "ppo")
+        for fold in range(5)
+        for s in range(5)
+    }
+    assert len(seeds) == 50
+    assert derive_seed(1, "train", "ppo", 0, 0) != derive_seed(2, "train", "ppo", 0, 0)

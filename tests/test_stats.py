@@ -1,0 +1,242 @@
+"""PSR/DSR, stationary and stratified bootstraps, IQM: checked against hand formulas and simulations."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import integrate
+from scipy import stats as scipy_stats
+
+from marketrl.stats import (
+    StatsInputError,
+    align_daily_returns,
+    annualized_to_daily_sharpe,
+    daily_to_annualized_sharpe,
+    default_mean_block,
+    deflated_sharpe_ratio,
+    expected_max_sharpe,
+    interquartile_mean,
+    optimal_mean_block,
+    probabilistic_sharpe_ratio,
+    sharpe_difference_ci,
+    sharpe_ratio,
+    stationary_bootstrap_ci,
+    stationary_bootstrap_indices,
+    stratified_bootstrap_ci,
+    stratified_bootstrap_indices,
+)
+
+SAMPLE = [0.02, -0.01, 0.03, 0.005, -0.015, 0.01, 0.025, -0.005, 0.04, -0.03]
+
+
+def ar1_series(n: int, phi: float, mean: float, rng: np.random.Generator) -> np.ndarray:
+    """Stationary Gaussian AR(1) with unit innovations, after a burn-in."""
+    shocks = rng.normal(size=n + 100)
+    y = np.zeros(n + 100)
+    for t in range(1, n + 100):
+        y[t] = phi * y[t - 1] + shocks[t]
+    return mean + y[100:]
+
+
+def test_sharpe_ratio_conventions():
+    assert sharpe_ratio(SAMPLE) == pytest.approx(
+        statistics.mean(SAMPLE) / statistics.stdev(SAMPLE), rel=1e-12
+    )
+    assert sharpe_ratio([0.0] * 5) == 0.0
+    assert math.isnan(sharpe_ratio([0.01] * 7))  # zero risk with a non-zero mean: undefined, not inf
+    assert math.isnan(sharpe_ratio([0.01]))
+    matrix = np.array([SAMPLE, SAMPLE[::-1], [0.0] * len(SAMPLE)])
+    np.testing.assert_allclose(sharpe_ratio(matrix), [sharpe_ratio(SAMPLE)] * 2 + [0.0], rtol=1e-12)
+
+
+def test_sharpe_unit_converters_round_trip():
+    assert annualized_to_daily_sharpe(1.0) == pytest.approx(1 / math.sqrt(252))
+    assert daily_to_annualized_sharpe(annualized_to_daily_sharpe(1.7)) == pytest.approx(1.7)
+
+
+def test_psr_matches_hand_formula():
+    n = len(SAMPLE)
+    sr = statistics.mean(SAMPLE) / statistics.stdev(SAMPLE)
+    skew = scipy_stats.skew(SAMPLE, bias=True)
+    raw_kurtosis = scipy_stats.kurtosis(SAMPLE, fisher=False, bias=True)
+    for benchmark in (0.0, 0.1, -0.2):
+        z = (sr - benchmark) * math.sqrt(n - 1) / math.sqrt(1 - skew * sr + (raw_kurtosis - 1) / 4 * sr**2)
+        expected = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+        assert probabilistic_sharpe_ratio(SAMPLE, benchmark) == pytest.approx(expected, rel=1e-12)
+    assert probabilistic_sharpe_ratio(SAMPLE, sr) == pytest.approx(0.5)
+
+
+def test_psr_undefined_for_constant_or_tiny_series():
+    assert math.isnan(probabilistic_sharpe_ratio([0.0] * 20))
+    assert math.isnan(probabilistic_sharpe_ratio([0.01, 0.02]))
+
+
+def test_expected_max_sharpe_close_to_exact_order_statistic():
+    # Exact E[max of N standard normals] by quadrature; the closed form is within 2.5% for N ≥ 10.
+    for n_trials in (10, 100, 1000):
+        exact, _ = integrate.quad(
+            lambda x, n=n_trials: x * n * scipy_stats.norm.pdf(x) * scipy_stats.norm.cdf(x) ** (n - 1),
+            -10,
+            10,
+        )
+        assert expected_max_sharpe(n_trials, 0.04) == pytest.approx(0.2 * exact, rel=0.03)
+
+
+def test_dsr_equals_psr_at_one_trial_and_decreases_with_trials():
+    rng = np.random.default_rng(7)
+    noise = rng.normal(0.0, 1.0, size=500)
+    returns = noise - noise.mean() + 0.12  # sample Sharpe ≈ 0.12 per day: PSR ≈ 0.99
+    psr = probabilistic_sharpe_ratio(returns)
+    assert deflated_sharpe_ratio(returns, 1, 0.01) == pytest.approx(psr)
+    assert deflated_sharpe_ratio(returns, 50, 0.0) == pytest.approx(psr)
+    dsr = [deflated_sharpe_ratio(returns, n, 0.003) for n in (1, 2, 5, 20, 100, 1000)]
+    assert all(later < earlier for earlier, later in itertools.pairwise(dsr))
+    assert dsr[-1] < 0.5 < psr
+
+
+@pytest.mark.parametrize(("n_trials", "variance"), [(0, 0.01), (2.5, 0.01), (5, -0.1), (5, float("nan"))])
+def test_dsr_rejects_bad_parameters(n_trials, variance):
+    with pytest.raises(StatsInputError):
+        deflated_sharpe_ratio(SAMPLE, n_trials, variance)
+
+
+def test_stationary_bootstrap_indices_blocks_are_contiguous_with_requested_mean():
+    n, mean_block = 1000, 10.0
+    indices = stationary_bootstrap_indices(n, mean_block, 300, np.random.default_rng(1))
+    assert indices.shape == (300, n) and indices.min() >= 0 and indices.max() < n
+    breaks = indices[:, 1:] != (indices[:, :-1] + 1) % n
+    # A block starts with probability 1/mean_block per position (a new block continuing by chance is 1/n).
+    assert breaks.mean() == pytest.approx((1 / mean_block) * (1 - 1 / n), rel=0.03)
+    block_counts = breaks.sum(axis=1) + 1
+    complete_lengths = n / block_counts  # includes the truncated last block, so slightly below mean_block
+    assert complete_lengths.mean() == pytest.approx(mean_block, rel=0.05)
+
+
+def test_stationary_bootstrap_wraps_around_and_is_seeded():
+    n = 5
+    indices = stationary_bootstrap_indices(n, 50.0, 200, np.random.default_rng(3))
+    successor = indices[:, 1:][indices[:, :-1] == n - 1]
+    assert (successor == 0).mean() > 0.9  # within a block, the last element is followed by the first
+    np.testing.assert_array_equal(
+        indices, stationary_bootstrap_indices(n, 50.0, 200, np.random.default_rng(3))
+    )
+    iid = stationary_bootstrap_indices(50, 1.0, 400, np.random.default_rng(4))
+    assert np.bincount(iid.ravel(), minlength=50).min() > 0.7 * iid.size / 50
+
+
+def test_optimal_mean_block_grows_with_dependence():
+    rng = np.random.default_rng(11)
+    assert optimal_mean_block(rng.normal(size=1000)) <= 2.0
+    weak = optimal_mean_block(ar1_series(1000, 0.3, 0.0, rng))
+    strong = optimal_mean_block(ar1_series(1000, 0.8, 0.0, rng))
+    assert 1.0 <= weak < strong <= 3 * math.sqrt(1000)
+    assert optimal_mean_block(np.ones(100)) == 1.0
+    assert default_mean_block(np.zeros(10)) == 1.0
+
+
+def test_stationary_bootstrap_ci_covers_true_sharpe_of_ar1():
+    phi, mean, n = 0.5, 0.15, 250
+    true_sharpe = mean * math.sqrt(1 - phi**2)  # stationary std of the AR(1) is 1/√(1−φ²)
+    rng = np.random.default_rng(2024)
+    series = [ar1_series(n, phi, mean, rng) for _ in range(200)]
+    auto = [stationary_bootstrap_ci(x, n_boot=400, seed=i) for i, x in enumerate(series)]
+    iid = [stationary_bootstrap_ci(x, n_boot=400, mean_block=1.0, seed=i) for i, x in enumerate(series)]
+    auto_coverage = np.mean([lo <= true_sharpe <= hi for _, lo, hi in auto])
+    iid_coverage = np.mean([lo <= true_sharpe <= hi for _, lo, hi in iid])
+    assert 0.80 <= auto_coverage <= 0.99
+    assert iid_coverage < auto_coverage - 0.05  # ignoring dependence gives intervals that are too narrow
+
+
+def test_stationary_bootstrap_ci_point_and_custom_statistic():
+    rng = np.random.default_rng(5)
+    returns = rng.normal(0.001, 0.01, size=300)
+    point, lo, hi = stationary_bootstrap_ci(returns, statistic=np.mean, n_boot=500, mean_block=5.0, seed=1)
+    assert point == pytest.approx(returns.mean())
+    assert lo < point < hi
+    assert stationary_bootstrap_ci(returns, n_boot=300, seed=9) == stationary_bootstrap_ci(
+        returns, n_boot=300, seed=9
+    )
+    with pytest.raises(StatsInputError, match="finite"):
+        stationary_bootstrap_ci([0.1, float("nan"), 0.2])
+
+
+def test_sharpe_difference_ci_is_paired():
+    rng = np.random.default_rng(6)
+    market = rng.normal(0.0, 0.01, size=500)
+    better = market + 0.0005  # same noise, higher mean
+    same = sharpe_difference_ci(market, market, n_boot=300, seed=0)
+    assert (same.point, same.lo, same.hi, same.prob_a_better) == (0.0, 0.0, 0.0, 0.0)
+    comparison = sharpe_difference_ci(better, market, n_boot=500, seed=0)
+    assert comparison.point == pytest.approx(sharpe_ratio(better) - sharpe_ratio(market))
+    assert 0 < comparison.lo < comparison.point < comparison.hi
+    assert comparison.prob_a_better == 1.0
+    # Unpaired, the Sharpe of each series alone is uncertain by far more than the paired difference.
+    _, lo_alone, hi_alone = stationary_bootstrap_ci(better, n_boot=500, seed=0)
+    assert comparison.hi - comparison.lo < 0.2 * (hi_alone - lo_alone)
+    with pytest.raises(StatsInputError, match="aligned"):
+        sharpe_difference_ci(market, market[:-1])
+
+
+def test_align_daily_returns_fills_missing_days_with_zero():
+    days, a, b = align_daily_returns([1, 2, 4], [0.1, 0.2, 0.4], [2, 3], [-0.2, -0.3])
+    assert days.tolist() == [1, 2, 3, 4]
+    assert a.tolist() == [0.1, 0.2, 0.0, 0.4] and b.tolist() == [0.0, -0.2, -0.3, 0.0]
+
+
+def test_interquartile_mean_known_values():
+    assert interquartile_mean(np.arange(1, 9)) == pytest.approx(4.5)  # mean of 3, 4, 5, 6
+    assert interquartile_mean([5, 1, 4, 2, 3]) == pytest.approx(0.3 * 2 + 0.4 * 3 + 0.3 * 4)
+    # n = 6: weights 1/6, 1/3, 1/3, 1/6 on the 2nd..5th values (trim_mean would give 3.75).
+    assert interquartile_mean([0, 1, 2, 4, 8, 16]) == pytest.approx(1 / 6 + 2 / 3 + 4 / 3 + 8 / 6)
+    assert interquartile_mean([7.0]) == 7.0
+    values = np.random.default_rng(0).normal(size=(3, 12))
+    np.testing.assert_allclose(interquartile_mean(values), scipy_stats.trim_mean(values, 0.25, axis=1))
+    with pytest.raises(StatsInputError):
+        interquartile_mean([1.0, float("nan")])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=40), st.floats(-1e3, 1e3))
+def test_interquartile_mean_properties(values, shift):
+    iqm = interquartile_mean(values)
+    assert min(values) - 1e-6 <= iqm <= max(values) + 1e-6
+    assert interquartile_mean(values[::-1]) == pytest.approx(iqm, abs=1e-6)
+    assert interquartile_mean(np.asarray(values) + shift) == pytest.approx(iqm + shift, abs=1e-5)
+
+
+def test_stratified_bootstrap_keeps_seeds_within_their_fold():
+    n_seeds, n_tasks = 5, 3
+    scores = np.arange(n_seeds)[:, None] * 0.1 + 100.0 * np.arange(n_tasks)[None, :]
+    seen = []
+
+    def recording_mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
+        seen.append(np.array(x))
+        return np.mean(x, axis=axis)
+
+    point, lo, hi = stratified_bootstrap_ci(scores, statistic=recording_mean, n_boot=200, seed=0)
+    assert point == pytest.approx(scores.mean())
+    resampled = seen[-1].reshape(-1, n_seeds, n_tasks)
+    task_of_value = np.floor(resampled / 100.0 + 1e-9)
+    np.testing.assert_array_equal(task_of_value, np.broadcast_to(np.arange(n_tasks), resampled.shape))
+    # Seeds are redrawn independently per fold, not as whole rows.
+    seed_of_value = np.round((resampled - 100.0 * np.arange(n_tasks)) / 0.1)
+    assert (seed_of_value[:, :, 0] != seed_of_value[:, :, 1]).any()
+    assert lo < point < hi
+
+
+def test_stratified_bootstrap_degenerate_cases():
+    one_seed = stratified_bootstrap_ci([[1.0, 2.0, 3.0]], n_boot=100, seed=0)
+    assert one_seed.lo == one_seed.hi == one_seed.point
+    constant_within_fold = np.tile([0.5, 1.5], (4, 1))
+    ci = stratified_bootstrap_ci(constant_within_fold, n_boot=100, seed=0)
+    assert ci.lo == pytest.approx(ci.point) and ci.hi == pytest.approx(ci.point)
+    indices = stratified_bootstrap_indices(4, 3, 50, np.random.default_rng(0))
+    assert indices.shape == (50, 4, 3) and indices.min() >= 0 and indices.max() < 4
+    with pytest.raises(StatsInputError, match="finite"):
+        stratified_bootstrap_ci([[1.0, float("nan")]])

@@ -1,0 +1,110 @@
+"""The Snakemake workflow: the whole DAG dry-runs, single-fold reruns stay single, bad config fails first."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT
+
+TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
+
+
+def snakemake(*args: str, cwd: Path = REPO_ROOT, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """Run the workflow's Snakemake from the venv in `cwd`, capturing output."""
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry-run, as {rule: count}."""
+    table = output.split("Job stats:")[1].split("total")[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
+
+
+def workdir_with_config(tmp_path: Path, config: dict | Path) -> Path:
+    """A fresh working directory whose config.yaml is `config` (the Snakefile reads ./config.yaml)."""
+    text = config.read_text() if isinstance(config, Path) else yaml.safe_dump(config)
+    (tmp_path / "config.yaml").write_text(text)
+    return tmp_path
+
+
+def test_full_dag_dry_run_default_config() -> None:
+    result = snakemake("-n", "results/eval_report.html", "--quiet", "rules")
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts = job_counts(result.stdout + result.stderr)
+    config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    n_models = len(config["training"]["algos"]) * config["folds"]["n"] * config["training"]["seeds"]
+    assert counts["demo_data"] == 1
+    assert counts["features"] == config["data"]["demo"]["days"]
+    assert counts["train"] == counts["evaluate"] == n_models
+    assert counts["baselines"] == config["folds"]["n"]
+    assert counts["hyperopt_worker"] == len(config["training"]["algos"]) * config["hyperopt"]["workers"]
+    assert counts["report"] == 1
+
+
+def test_single_fold_rerun_only_schedules_that_fold(tmp_path: Path) -> None:
+    workdir = workdir_with_config(tmp_path, TINY)
+    target = "results/models/ppo/fold_1/seed_0/model.pt"
+    result = snakemake("-n", "--cores", "1", "-f", target, "--quiet", "rules", cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts = job_counts(result.stdout + result.stderr)
+    assert counts["train"] == 1
+    assert "evaluate" not in counts and "report" not in counts and "baselines" not in counts
+    assert counts.get("hyperopt_best") == 1  # only ppo's study feeds this model
+    listed = result.stdout + result.stderr
+    assert "fold_0" not in listed
+
+
+def test_unknown_config_key_fails_before_any_job(tmp_path: Path) -> None:
+    config = yaml.safe_load(TINY.read_text())
+    config["folds"]["n_folds"] = 3
+    workdir = workdir_with_config(tmp_path, config)
+    result = snakemake("--cores", "1", cwd=workdir)
+    assert result.returncode != 0
+    assert "n_folds" in result.stdout + result.stderr
+    assert not (workdir / "results").exists()
+
+
+def test_impossible_value_fails_naming_key(tmp_path: Path) -> None:
+    config = yaml.safe_load(TINY.read_text())
+    config["folds"]["test_days"] = 0
+    result = snakemake("--cores", "1", cwd=workdir_with_config(tmp_path, config))
+    assert result.returncode != 0
+    assert "test_days" in result.stdout + result.stderr
+
+
+def test_files_glob_matching_nothing_fails_naming_key(tmp_path: Path) -> None:
+    config = yaml.safe_load(TINY.read_text())
+    config["data"] = {"source": "files", "files": str(tmp_path / "nothing" / "*.dbn.zst")}
+    result = snakemake("-n", cwd=workdir_with_config(tmp_path, config))
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "config key 'data.files'" in output and "matched no files" in output
+
+
+@pytest.mark.parametrize("rule_file", sorted((REPO_ROOT / "rules").glob("*.smk")))
+def test_every_rule_declares_log_benchmark_threads(rule_file: Path) -> None:
+    text = rule_file.read_text()
+    for block in re.split(r"^rule ", text, flags=re.MULTILINE)[1:]:
+        name = block.split(":", 1)[0]
+        for directive in ("log:", "benchmark:", "threads:", "conda:"):
+            assert directive in block, f"{rule_file.name}: rule {name} lacks {directive}"
+        assert "lambda" not in block, f"{rule_file.name}: rule {name} uses a lambda"
+
+
+def test_gpu_rules_request_gpu_resource() -> None:
+    for name in ("train.smk", "hyperopt.smk", "evaluate.smk"):
+        assert "gpu=GPU_UNITS" in (REPO_ROOT / "rules" / name).read_text()
+    profile = yaml.safe_load((REPO_ROOT / "profiles" / "default" / "config.yaml").read_text())
+    assert profile["resources"]["gpu"] == 1

@@ -1,0 +1,14 @@
+"""Snakemake script: baselines (buy-and-hold, flat, random, momentum) on one fold's test days."""
+
+from marketrl.evaluation import baselines_job
+from marketrl.jobs import job_context
+
+with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
+    baselines_job(
+        fold=int(snakemake.wildcards.fold),
+        feature_files=list(snakemake.input.features),
+        folds_path=snakemake.input.folds,
+        config=snakemake.params.config,
+        metrics_path=snakemake.output.metrics,
+        bars_path=snakemake.output.bars,
+    )

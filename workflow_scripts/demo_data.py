@@ -1,0 +1,15 @@
+"""Snakemake script: write the synthetic demo DBN.zst files."""
+
+from pathlib import Path
+
+from marketrl.data.demo import generate_demo_files
+from marketrl.jobs import job_context
+
+with job_context(snakemake.log[0], snakemake.threads):
+    out_dir = Path(snakemake.output[0]).parent
+    written = generate_demo_files(
+        out_dir, snakemake.params.start, snakemake.params.days, snakemake.params.seed
+    )
+    expected = {Path(p).resolve() for p in snakemake.output}
+    if {p.resolve() for p in written} != expected:
+        raise RuntimeError("demo_data: generated files differ from the rule's declared outputs")

@@ -1,0 +1,7 @@
+"""Snakemake script: optional download of the configured data with databento.Historical."""
+
+from marketrl.data.download import download_days
+from marketrl.jobs import job_context
+
+with job_context(snakemake.log[0], snakemake.threads):
+    download_days(snakemake.params.request, list(snakemake.output))

@@ -1,0 +1,17 @@
+"""Snakemake script: evaluate one trained model on its fold's test days."""
+
+from marketrl.evaluation import evaluate_job
+from marketrl.jobs import job_context
+
+with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
+    evaluate_job(
+        algo=snakemake.wildcards.algo,
+        fold=int(snakemake.wildcards.fold),
+        seed_index=int(snakemake.wildcards.seed),
+        feature_files=list(snakemake.input.features),
+        folds_path=snakemake.input.folds,
+        model_path=snakemake.input.model,
+        config=snakemake.params.config,
+        metrics_path=snakemake.output.metrics,
+        bars_path=snakemake.output.bars,
+    )

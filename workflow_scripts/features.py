@@ -1,0 +1,17 @@
+"""Snakemake script: decode one DBN.zst file once into its Parquet feature table."""
+
+import logging
+from pathlib import Path
+
+from marketrl.features import build_feature_file
+from marketrl.jobs import job_context
+
+with job_context(snakemake.log[0], snakemake.threads):
+    prev = Path(snakemake.input.prev) if "prev" in snakemake.input.keys() else None
+    summary = build_feature_file(
+        Path(snakemake.input.src),
+        Path(snakemake.output[0]),
+        bar_size=snakemake.params.bar_size,
+        prev_src=prev,
+    )
+    logging.getLogger("marketrl.features").info("wrote %s: %s", snakemake.output[0], summary)

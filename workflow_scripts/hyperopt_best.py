@@ -1,0 +1,12 @@
+"""Snakemake script: the study's best parameters and every trial's value, as JSON."""
+
+from marketrl.hyperopt import write_study_summary
+from marketrl.jobs import job_context
+
+with job_context(snakemake.log[0], snakemake.threads):
+    write_study_summary(
+        algo=snakemake.wildcards.algo,
+        worker_summaries=list(snakemake.input),
+        config=snakemake.params.config,
+        out_path=snakemake.output[0],
+    )

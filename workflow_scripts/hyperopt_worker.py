@@ -1,0 +1,14 @@
+"""Snakemake script: one worker of an algorithm's Optuna study."""
+
+from marketrl.hyperopt import run_worker
+from marketrl.jobs import job_context
+
+with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
+    run_worker(
+        algo=snakemake.wildcards.algo,
+        worker=int(snakemake.wildcards.worker),
+        feature_files=list(snakemake.input.features),
+        folds_path=snakemake.input.folds,
+        config=snakemake.params.config,
+        out_path=snakemake.output[0],
+    )

@@ -1,0 +1,14 @@
+"""Snakemake script: the self-contained evaluation report."""
+
+from marketrl.jobs import job_context
+from marketrl.report import build_report
+
+with job_context(snakemake.log[0], snakemake.threads):
+    build_report(
+        eval_files=list(snakemake.input.evals),
+        hyperopt_files=list(snakemake.input.hyperopt),
+        folds_path=snakemake.input.folds,
+        train_logs=list(snakemake.input.train_logs),
+        config=snakemake.params.config,
+        out_path=snakemake.output[0],
+    )

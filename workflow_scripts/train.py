@@ -1,0 +1,17 @@
+"""Snakemake script: train one algorithm on one fold with one seed."""
+
+from marketrl.jobs import job_context
+from marketrl.training import train_job
+
+with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
+    train_job(
+        algo=snakemake.wildcards.algo,
+        fold=int(snakemake.wildcards.fold),
+        seed_index=int(snakemake.wildcards.seed),
+        feature_files=list(snakemake.input.features),
+        folds_path=snakemake.input.folds,
+        hparams_path=snakemake.input.hparams,
+        config=snakemake.params.config,
+        model_path=snakemake.output.model,
+        log_path=snakemake.output.log_json,
+    )
