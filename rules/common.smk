@@ -1,13 +1,6 @@
 # Validation beyond the schema, wildcard constraints and every input function (rules hold no lambdas).
-import os
-
 from marketrl import pipeline
 from marketrl.config import validate_config
-
-# Jobs import marketrl from this checkout even inside a `--sdm conda` environment that only has the dependencies.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(pipeline.REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-)
 
 # Fill defaults and run the cross-key checks; errors name the config key in one line.
 config.update(validate_config(config))

@@ -1,5 +1,7 @@
 """Snakemake script: baselines (buy-and-hold, flat, random, momentum) on one fold's test days."""
 
+import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
+
 from marketrl.evaluation import baselines_job
 from marketrl.jobs import job_context
 

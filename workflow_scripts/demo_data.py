@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
+
 from marketrl.data.demo import generate_demo_files
 from marketrl.jobs import job_context
 

@@ -1,5 +1,7 @@
 """Snakemake script: optional download of the configured data with databento.Historical."""
 
+import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
+
 from marketrl.data.download import download_days
 from marketrl.jobs import job_context
 

@@ -1,5 +1,7 @@
 """Snakemake script: evaluate one trained model on its fold's test days."""
 
+import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
+
 from marketrl.evaluation import evaluate_job
 from marketrl.jobs import job_context
 

@@ -3,6 +3,8 @@
 import logging
 from pathlib import Path
 
+import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
+
 from marketrl.features import build_feature_file
 from marketrl.jobs import job_context
 

@@ -1,5 +1,7 @@
 """Snakemake script: the walk-forward fold plan that every later job reads."""
 
+import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
+
 from marketrl.folds import write_fold_plan
 from marketrl.jobs import job_context
 

@@ -1,5 +1,7 @@
 """Snakemake script: the study's best parameters and every trial's value, as JSON."""
 
+import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
+
 from marketrl.hyperopt import write_study_summary
 from marketrl.jobs import job_context
 

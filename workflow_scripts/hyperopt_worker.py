@@ -1,5 +1,7 @@
 """Snakemake script: one worker of an algorithm's Optuna study."""
 
+import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
+
 from marketrl.hyperopt import run_worker
 from marketrl.jobs import job_context
 

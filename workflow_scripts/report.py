@@ -1,5 +1,7 @@
 """Snakemake script: the self-contained evaluation report."""
 
+import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
+
 from marketrl.jobs import job_context
 from marketrl.report import build_report
 

@@ -1,5 +1,7 @@
 """Snakemake script: train one algorithm on one fold with one seed."""
 
+import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
+
 from marketrl.jobs import job_context
 from marketrl.training import train_job
 
