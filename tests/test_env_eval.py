@@ -1,0 +1,126 @@
+"""Evaluation: per-bar output by hand, agreement with TradingEnv rewards, segments, rule baselines."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from marketrl.env import (
+    EnvConfig,
+    EnvConfigError,
+    EnvDataError,
+    TradingEnv,
+    evaluate,
+    evaluate_positions,
+    rule_positions,
+)
+from tests.test_env import BPS10, CLOSE, OPEN, frame_from_bars, market_data, random_frame
+
+
+def always(action: int):
+    return lambda obs: torch.full((obs.shape[0],), action, dtype=torch.long)
+
+
+def feature_and_position_policy(obs: torch.Tensor) -> torch.Tensor:
+    """Long when the first feature is positive; otherwise short if flat or long, flat if short."""
+    return torch.where(obs[:, 0] > 0, 2, torch.where(obs[:, -1] < 0, 1, 0))
+
+
+def test_evaluate_by_hand_on_a_tiny_series() -> None:
+    df = frame_from_bars(CLOSE, OPEN)
+    result = evaluate(always(2), market_data(df), EnvConfig(contracts=2))
+    assert result.columns[:3] == ["ts_event", "trading_day", "symbol"]
+    assert {"position", "gross_return", "cost", "net_return", "decision_ts_event"} <= set(result.columns)
+    assert result.schema["ts_event"] == pl.Datetime("ns", "UTC") and result.schema["trading_day"] == pl.Date
+    assert result.schema["position"] == pl.Int32 and result.schema["net_return"] == pl.Float64
+    assert result["ts_event"].to_list() == df["ts_event"][1:].to_list()  # labelled by the bar that earns
+    assert result["decision_ts_event"].to_list() == df["ts_event"][:-1].to_list()
+    assert result["position"].to_list() == [2, 2, 2, 2]
+    gross = 2 * np.array([101 / 100 - 1, 99 / 101 - 1, 99 / 99 - 1, 102 / 99 - 1])
+    np.testing.assert_allclose(result["gross_return"].to_numpy(), gross, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(result["cost"].to_numpy(), [2 * 0.001, 0, 0, 0], rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(
+        result["net_return"].to_numpy(), gross - [0.002, 0, 0, 0], rtol=1e-6, atol=1e-9
+    )
+
+
+@pytest.mark.parametrize("fill", ["close", "next_open"])
+def test_evaluate_equals_the_env_rewards_of_a_full_episode(fill: str) -> None:
+    data = market_data(random_frame(n_instruments=1, days=1, drop=0.0))
+    assert data.segment_first.tolist() == [0]
+    decisions = data.n_rows - 1
+    config = EnvConfig(window=2, episode_length=decisions, n_envs=1, fill=fill)
+    env = TradingEnv(data, config, seed=0)
+    obs = env.reset([0])
+    rewards, positions = [], []
+    for _ in range(decisions):
+        obs, reward, _, _ = env.step(feature_and_position_policy(obs))
+        rewards.append(reward)
+        positions.append(env.final_obs[:, -1])
+    result = evaluate(feature_and_position_policy, data, config)
+    assert result.height == decisions
+    np.testing.assert_array_equal(result["position"].to_numpy(), torch.cat(positions).numpy())
+    np.testing.assert_allclose(
+        result["net_return"].to_numpy(), torch.cat(rewards).numpy(), rtol=1e-6, atol=1e-9
+    )
+    assert result["net_return"].sum() == pytest.approx(float(torch.cat(rewards).double().sum()), abs=1e-7)
+    assert len(set(result["position"].to_list())) > 1  # the policy really trades
+
+
+def test_every_segment_is_evaluated_in_parallel_and_starts_flat() -> None:
+    data = market_data(random_frame(n_instruments=2, days=4, skip_days=(date(2024, 1, 3),)))
+    assert len(data.segment_first) == 4
+    result = evaluate(always(2), data)
+    assert result.height == int(data.is_decision.sum())
+    assert result.sort("instrument_id", "decision_ts_event").equals(result)
+    pinned = evaluate_positions(data, rule_positions(data, "long"))
+    assert result.equals(pinned)
+    first_decision_of_segment = (result["segment"] != result["segment"].shift(1)).fill_null(True)
+    np.testing.assert_array_equal((result["cost"] > 0).to_numpy(), first_decision_of_segment.to_numpy())
+
+    # A policy that flips on its own position: long, short, long, ... restarting flat in every segment.
+    flipping = evaluate(lambda obs: torch.where(obs[:, -1] > 0, 0, 2), data)
+    index_in_segment = flipping.select(pl.int_range(pl.len()).over("segment")).to_series().to_numpy()
+    np.testing.assert_array_equal(flipping["position"].to_numpy(), np.where(index_in_segment % 2 == 0, 1, -1))
+
+
+def test_cost_sensitivity_scales_the_cost_column() -> None:
+    df = random_frame(n_instruments=1, days=2)
+    base = evaluate_positions(market_data(df), rule_positions(market_data(df), "random", seed=1))
+    doubled_data = market_data(df, costs=BPS10.scaled(2.0))
+    doubled = evaluate_positions(doubled_data, rule_positions(doubled_data, "random", seed=1))
+    np.testing.assert_allclose(doubled["cost"].to_numpy(), 2 * base["cost"].to_numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(doubled["gross_return"].to_numpy(), base["gross_return"].to_numpy())
+
+
+def test_rule_positions_by_hand() -> None:
+    df = pl.concat(
+        [
+            frame_from_bars(CLOSE, instrument_id=1, symbol="A"),
+            frame_from_bars(CLOSE[::-1], instrument_id=2, symbol="B"),
+        ]
+    )
+    data = market_data(df)
+    momentum = rule_positions(data, "momentum", lookback=2).tolist()
+    # A: 99/100 < 1, 99/101 < 1, 102/99 > 1; B (102, 99, 99, 101, 100): 99/102, 101/99, 100/99
+    assert momentum == [0, 0, -1, -1, 1, 0, 0, -1, 1, 1]
+    assert rule_positions(data, "long").tolist() == [1.0] * 10
+    assert rule_positions(data, "flat").tolist() == [0.0] * 10
+    random = rule_positions(data, "random", seed=4)
+    assert torch.equal(random, rule_positions(data, "random", seed=4))
+    assert set(random.tolist()) <= {-1.0, 0.0, 1.0}
+    assert not torch.equal(random, rule_positions(data, "random", seed=5))
+    with pytest.raises(EnvConfigError, match="baseline rule"):
+        rule_positions(data, "mean_reversion")
+
+
+def test_evaluate_positions_rejects_bad_positions() -> None:
+    data = market_data(frame_from_bars(CLOSE, OPEN))
+    with pytest.raises(EnvDataError, match="5 values"):
+        evaluate_positions(data, np.zeros(4))
+    with pytest.raises(EnvDataError, match=r"\{-1, 0, 1\}"):
+        evaluate_positions(data, np.full(5, 0.5))
