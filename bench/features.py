@@ -1,0 +1,285 @@
+"""Benchmark: DBN.zst → Parquet feature table, against the naive pandas path and the decode-only floor.
+
+    python bench/features.py                 # 1,000,000 ohlcv-1m bars (2 instruments)
+    python bench/features.py --bars 100000   # smaller
+
+Phases, each in a fresh subprocess so its peak RSS is its own (``ru_maxrss`` after the phase minus the RSS
+measured just before it, with all imports done):
+
+  (a) stage  - ``marketrl.features.build_feature_file`` (decode, bars, 51 features, checks, zstd Parquet)
+  (b) naive  - databento ``to_df()`` + pandas groupby/rolling for the same 51 features + ``to_parquet``
+  (c) floor  - ``DBNStore.from_file(p).to_ndarray()`` only
+
+The input is generated with a numpy structured array in databento's own record layout written after
+``bytes(databento_dbn.Metadata)`` (building a million record objects in Python would dominate the run).
+The naive path uses pandas' untruncated ``ewm`` where the stage truncates its EMAs (docs/FEATURES.md), so the
+EMA-based columns differ slightly; all other features are compared and the largest difference is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+EMA_FEATURES = ("atr_14", "rsi_6", "rsi_14", "macd", "macd_signal", "macd_hist")
+
+
+def generate_ohlcv_file(path: Path, n_bars: int, n_instruments: int = 2, seed: int = 0) -> int:
+    """Write ``n_bars`` ohlcv-1m bars (random walks, interleaved by time) as .dbn.zst; returns the byte size."""
+    import databento_dbn as dbn
+    import zstandard
+    from databento.common.constants import SCHEMA_STRUCT_MAP
+
+    from marketrl.data.synthetic import MappingInterval, SymbolMapping
+
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(SCHEMA_STRUCT_MAP[dbn.Schema.OHLCV_1M]._dtypes)
+    per = n_bars // n_instruments
+    start = int(dt.datetime(2024, 1, 1, tzinfo=dt.UTC).timestamp()) * 1_000_000_000
+    records = np.zeros(per * n_instruments, dtype=dtype)
+    times = start + np.arange(per, dtype=np.int64) * 60_000_000_000
+    for k in range(n_instruments):
+        close = np.exp(np.cumsum(rng.normal(0, 1e-3, per))) * (4000 + 1000 * k)
+        open_ = np.concatenate([[close[0]], close[:-1]])
+        high = np.maximum(open_, close) * (1 + np.abs(rng.normal(0, 3e-4, per)))
+        low = np.minimum(open_, close) * (1 - np.abs(rng.normal(0, 3e-4, per)))
+        view = records[k::n_instruments]  # Databento orders by time, then instrument
+        view["ts_event"], view["instrument_id"] = times, 100 + k
+        for field, values in (("open", open_), ("high", high), ("low", low), ("close", close)):
+            view[field] = np.round(values * 1e9).astype(np.int64)
+        view["volume"] = rng.integers(1, 500, per)
+    records["length"], records["rtype"], records["publisher_id"] = (
+        dtype.itemsize // 4,
+        int(dbn.RType.OHLCV_1M),
+        1,
+    )
+    first, last = dt.date(2024, 1, 1), (dt.datetime(2024, 1, 1) + dt.timedelta(minutes=per)).date()
+    mappings = [
+        SymbolMapping(f"SYM{k}", [MappingInterval(first, last + dt.timedelta(days=1), str(100 + k))])
+        for k in range(n_instruments)
+    ]
+    metadata = dbn.Metadata(
+        dataset="GLBX.MDP3",
+        start=start,
+        end=int(times[-1]) + 60_000_000_000,
+        stype_in=dbn.SType.RAW_SYMBOL,
+        stype_out=dbn.SType.INSTRUMENT_ID,
+        schema=dbn.Schema.OHLCV_1M,
+        symbols=[m.raw_symbol for m in mappings],
+        mappings=mappings,
+    )
+    path.write_bytes(zstandard.ZstdCompressor(level=3).compress(bytes(metadata) + records.tobytes()))
+    return path.stat().st_size
+
+
+def naive_pandas_features(src: Path, dst: Path) -> int:
+    """What a user would write: to_df() then pandas rolling per instrument for the same 51 features."""
+    import databento
+    import pandas as pd
+
+    from marketrl.features import FEATURE_NAMES, MAX_LOOKBACK
+
+    df = databento.DBNStore.from_file(src).to_df().reset_index()
+    out = []
+    for _, g in df.groupby("instrument_id", sort=True):
+        g = g.sort_values("ts_event").reset_index(drop=True)
+        c, o, h, lo, v = g["close"], g["open"], g["high"], g["low"], g["volume"].astype(float)
+        r = np.log(c).diff()
+        lhl, loc = np.log(h / lo), np.log(c / o)
+        lv = np.log1p(v)
+        tpv = (h + lo + c) / 3 * v
+        prev = c.shift(1)
+        f = pd.DataFrame(index=g.index)
+        for n in (1, 5, 15, 30, 60):
+            f[f"ret_{n}"] = np.log(c / c.shift(n))
+        for n in (5, 15, 60):
+            f[f"rv_{n}"] = r.rolling(n).std()
+        f["parkinson_15"] = np.sqrt((lhl**2).rolling(15).mean() / (4 * np.log(2)))
+        f["parkinson_60"] = np.sqrt((lhl**2).rolling(60).mean() / (4 * np.log(2)))
+        gk = (0.5 * lhl**2 - (2 * np.log(2) - 1) * loc**2).rolling(15).mean()
+        f["garman_klass_15"] = np.sqrt(gk.clip(lower=0))
+        rs = np.log(h / c) * np.log(h / o) + np.log(lo / c) * np.log(lo / o)
+        f["rogers_satchell_15"] = np.sqrt(rs.rolling(15).mean().clip(lower=0))
+        f["rv_ratio_5_60"] = (f["rv_5"] / f["rv_60"]).where(f["rv_60"] > 1e-9, 1.0)
+        tr = pd.concat([h, prev], axis=1).max(axis=1) - pd.concat([lo, prev], axis=1).min(axis=1)
+        f["atr_14"] = tr.ewm(alpha=1 / 14, adjust=False).mean() / c
+        for n in (6, 14):
+            gain = r.clip(lower=0).ewm(alpha=1 / n, adjust=False).mean()
+            loss = (-r).clip(lower=0).ewm(alpha=1 / n, adjust=False).mean()
+            f[f"rsi_{n}"] = (gain / (gain + loss)).fillna(0.5) - 0.5
+        macd = (c.ewm(span=12, adjust=False).mean() - c.ewm(span=26, adjust=False).mean()) / c
+        f["macd"], f["macd_signal"] = macd, macd.ewm(span=9, adjust=False).mean()
+        f["macd_hist"] = f["macd"] - f["macd_signal"]
+        sma20, sd20 = c.rolling(20).mean(), c.rolling(20).std()
+        f["bb_pctb_20"] = ((c - (sma20 - 2 * sd20)) / (4 * sd20)).where(sd20 > 1e-12, 0.5)
+        f["bb_width_20"] = 4 * sd20 / sma20
+        ll, hh = lo.rolling(14).min(), h.rolling(14).max()
+        f["stoch_k_14"] = ((c - ll) / (hh - ll)).where(hh > ll, 0.5)
+        f["stoch_d_3"] = f["stoch_k_14"].rolling(3).mean()
+        for n in (5, 15, 60):
+            f[f"close_sma_{n}"] = c / c.rolling(n).mean() - 1
+        f["dist_high_60"] = c / h.rolling(60).max() - 1
+        f["dist_low_60"] = c / lo.rolling(60).min() - 1
+        f["up_frac_15"] = (r > 0).astype(float).rolling(15).mean()
+        f["ret_autocorr_30"] = r.rolling(30).corr(r.shift(1)).fillna(0.0)
+        f["efficiency_15"] = (np.log(c / c.shift(15)).abs() / r.abs().rolling(15).sum()).fillna(0.0)
+        f["log_volume"] = lv
+        f["volume_z_15"] = ((lv - lv.rolling(15).mean()) / lv.rolling(15).std()).fillna(0.0)
+        f["volume_ratio_5_60"] = np.log((v.rolling(5).mean() + 1) / (v.rolling(60).mean() + 1))
+        for n in (15, 60):
+            f[f"vwap_dev_{n}"] = np.log(c * v.rolling(n).sum() / tpv.rolling(n).sum())
+        day = g["ts_event"].dt.date
+        f["vwap_dev_day"] = np.log(c * v.groupby(day).cumsum() / tpv.groupby(day).cumsum())
+        f["signed_volume_15"] = (np.sign(r) * v).rolling(15).sum() / v.rolling(15).sum()
+        f["ret_volume_corr_15"] = r.abs().rolling(15).corr(lv).fillna(0.0)
+        rng_ = (h - lo).where(h > lo)
+        f["bar_body"] = ((c - o) / rng_).fillna(0.0)
+        f["bar_upper_wick"] = ((h - np.maximum(o, c)) / rng_).fillna(0.0)
+        f["bar_lower_wick"] = ((np.minimum(o, c) - lo) / rng_).fillna(0.0)
+        f["bar_close_loc"] = ((c - lo) / rng_).fillna(0.5)
+        f["bar_range"], f["gap_open"], f["ret_oc"] = lhl, np.log(o / prev), loc
+        ts = g["ts_event"]
+        seconds = ts.dt.hour * 3600 + ts.dt.minute * 60 + ts.dt.second
+        f["tod_sin"], f["tod_cos"] = np.sin(2 * np.pi * seconds / 86400), np.cos(2 * np.pi * seconds / 86400)
+        f["dow_sin"], f["dow_cos"] = (
+            np.sin(2 * np.pi * ts.dt.weekday / 7),
+            np.cos(2 * np.pi * ts.dt.weekday / 7),
+        )
+        f["bars_since_prev"] = np.log(ts.diff().dt.total_seconds() / 60)
+        f = f[list(FEATURE_NAMES)].astype("float32")
+        base = g[["ts_event", "instrument_id", "symbol", "open", "high", "low", "close", "volume"]]
+        out.append(
+            pd.concat([base, (c / prev - 1).astype("float32").rename("bar_return"), f], axis=1).iloc[
+                MAX_LOOKBACK:
+            ]
+        )
+    table = pd.concat(out, ignore_index=True)
+    table.to_parquet(dst, compression="zstd")
+    return len(table)
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def run_phase(phase: str, src: Path, dst: Path) -> dict[str, float]:
+    """Run one phase in this process (imports first, then measure)."""
+    import databento
+
+    from marketrl.features import build_feature_file
+
+    if phase == "naive":
+        import pandas  # noqa: F401  (import cost is not part of the phase)
+    rss_before = _rss_bytes()
+    start = time.perf_counter()
+    extra: dict[str, float] = {}
+    if phase == "floor":
+        array = databento.DBNStore.from_file(src).to_ndarray()
+        extra["array_bytes"] = float(array.nbytes)
+        extra["records"] = float(len(array))
+    elif phase == "stage":
+        extra["rows"] = float(build_feature_file(src, dst)["rows"])
+    elif phase == "naive":
+        extra["rows"] = float(naive_pandas_features(src, dst))
+    else:
+        raise ValueError(f"phase: expected floor, stage or naive, got {phase!r}")
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return {"wall_s": wall, "peak_rss_delta_bytes": float(max(peak - rss_before, 0)), **extra}
+
+
+def _subprocess_phase(phase: str, src: Path, dst: Path) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--phase", phase, "--src", str(src), "--dst", str(dst)]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _compare(stage_path: Path, naive_path: Path) -> tuple[float, str]:
+    import polars as pl
+
+    from marketrl.features import FEATURE_NAMES
+
+    a = pl.read_parquet(stage_path).sort("instrument_id", "ts_event")
+    b = pl.read_parquet(naive_path).sort("instrument_id", "ts_event")
+    worst, worst_name = 0.0, ""
+    for name in FEATURE_NAMES:
+        if name in EMA_FEATURES:
+            continue
+        diff = float(np.nanmax(np.abs(a[name].to_numpy() - b[name].to_numpy())))
+        if diff > worst:
+            worst, worst_name = diff, name
+    return worst, worst_name
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--bars", type=int, default=1_000_000, help="bars in the generated file (default 1M)")
+    parser.add_argument("--instruments", type=int, default=2)
+    parser.add_argument("--skip-naive", action="store_true", help="skip the (slow) pandas path")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--phase", help=argparse.SUPPRESS)
+    parser.add_argument("--src", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--dst", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase:
+        print(json.dumps(run_phase(args.phase, args.src, args.dst)))
+        return
+
+    with tempfile.TemporaryDirectory(prefix="marketrl-bench-") as tmp:
+        src = Path(tmp) / "bench.ohlcv-1m.dbn.zst"
+        size = generate_ohlcv_file(src, args.bars, args.instruments)
+        phases = ["floor", "stage"] + ([] if args.skip_naive else ["naive"])
+        results = {p: _subprocess_phase(p, src, Path(tmp) / f"{p}.parquet") for p in phases}
+        array_bytes = results["floor"]["array_bytes"]
+        print(
+            f"input: {int(results['floor']['records']):,} ohlcv-1m records, {args.instruments} instruments, "
+            f"{size / 2**20:.1f} MiB .dbn.zst, decoded array {array_bytes / 2**20:.1f} MiB; "
+            f"cpus={os.cpu_count()}"
+        )
+        print(f"{'phase':<34}{'wall s':>9}{'peak RSS Δ MiB':>16}{'× array':>9}")
+        labels = {
+            "stage": "(a) stage: DBN.zst → 51 feats → pq",
+            "naive": "(b) naive: to_df + pandas → pq",
+            "floor": "(c) floor: to_ndarray only",
+        }
+        for phase in ("stage", "naive", "floor"):
+            if phase in results:
+                r = results[phase]
+                print(
+                    f"{labels[phase]:<34}{r['wall_s']:>9.2f}{r['peak_rss_delta_bytes'] / 2**20:>16.0f}"
+                    f"{r['peak_rss_delta_bytes'] / array_bytes:>9.2f}"
+                )
+        stage = results["stage"]["wall_s"]
+        summary = {"bars": args.bars, "results": results, "a_over_c": stage / results["floor"]["wall_s"]}
+        print(f"(a)/(c) = {summary['a_over_c']:.1f}× the decode floor (target ≤ 4×)")
+        if "naive" in results:
+            summary["b_over_a"] = results["naive"]["wall_s"] / stage
+            worst, name = _compare(Path(tmp) / "stage.parquet", Path(tmp) / "naive.parquet")
+            print(
+                f"(b)/(a) = {summary['b_over_a']:.1f}× faster than naive (target ≥ 5×); "
+                f"max |stage − naive| over non-EMA features = {worst:.2e} ({name})"
+            )
+        print(
+            f"peak RSS Δ of (a) = {results['stage']['peak_rss_delta_bytes'] / array_bytes:.2f}× the decoded "
+            "array (target ≤ 4×)"
+        )
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
