@@ -131,8 +131,10 @@ def portfolio_bars(bars: pl.DataFrame, return_column: str = "net_return") -> pl.
     """
     _validate_bars(bars, return_column)
     n_instruments = bars["symbol"].n_unique()
+    # Sorted input and maintain_order make every float sum run in a fixed order: same bars, same bytes.
     return (
-        bars.group_by("ts_event")
+        bars.sort("ts_event", "symbol")
+        .group_by("ts_event", maintain_order=True)
         .agg(
             pl.col("trading_day").first(),
             (pl.col(return_column).cast(pl.Float64).sum() / n_instruments).alias("portfolio_return"),
@@ -162,7 +164,7 @@ def _position_changes(bars: pl.DataFrame) -> pl.DataFrame:
 def _trade_hit_rate(changes: pl.DataFrame, return_column: str) -> tuple[float, int]:
     trades = (
         changes.filter(pl.col("position") != 0)
-        .group_by("symbol", "holding_period")
+        .group_by("symbol", "holding_period", maintain_order=True)
         .agg(((1.0 + pl.col(return_column).cast(pl.Float64)).product() - 1.0).alias("trade_return"))
     )
     n_holding = trades.height
@@ -200,7 +202,11 @@ def performance_summary(
 
     changes = _position_changes(bars)
     n_instruments = bars["symbol"].n_unique()
-    daily_turnover = changes.group_by("trading_day").agg(pl.col("abs_position_change").sum() / n_instruments)
+    daily_turnover = (
+        changes.sort("trading_day", "symbol", "ts_event")
+        .group_by("trading_day", maintain_order=True)
+        .agg(pl.col("abs_position_change").sum() / n_instruments)
+    )
     trade_hit_rate, n_holding_periods = _trade_hit_rate(changes, return_column)
 
     return {

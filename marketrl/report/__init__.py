@@ -1,15 +1,8 @@
-"""The self-contained eval_report.html.
-
-Not built yet: the entry point fails loudly instead of writing plausible output.
-"""
+"""The self-contained eval_report.html: statistics over the fan-out's outputs, rendered offline (docs/REPORT.md)."""
 
 from __future__ import annotations
 
-from typing import Any
+from marketrl.report.build import SECTIONS, build_report
+from marketrl.report.inputs import ReportInputError
 
-
-def build_report(**kwargs: Any) -> None:
-    """Not implemented yet."""
-    raise NotImplementedError(
-        "marketrl stage 'report' (build_report) is not implemented yet; see the open issues"
-    )
+__all__ = ["SECTIONS", "ReportInputError", "build_report"]

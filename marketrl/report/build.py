@@ -1,0 +1,436 @@
+"""Assemble the report: load inputs, compute every section, render the Jinja2 template, write atomically."""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+import polars as pl
+import yaml
+
+from marketrl import provenance
+from marketrl.config import derive_seed
+from marketrl.io import atomic_open
+from marketrl.report import analysis, figures, tuning
+from marketrl.report.inputs import BASELINES, RANDOM_BASELINE, ReportInputs, load_inputs
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+SECTIONS = (
+    ("verdict", "Verdict: agents vs baselines"),
+    ("equity", "Equity curves"),
+    ("drawdowns", "Drawdowns"),
+    ("per-fold", "Per-fold results"),
+    ("seeds", "Spread across seeds"),
+    ("positions", "Positions and turnover"),
+    ("costs", "Cost sensitivity"),
+    ("hyperopt", "Hyperparameter optimisation"),
+    ("training", "Training curves"),
+    ("data", "Data and folds"),
+    ("provenance", "Run provenance"),
+)
+PER_FOLD_COLUMNS = (
+    ("sharpe", "Net Sharpe", "num"),
+    ("gross_sharpe", "Gross Sharpe", "num"),
+    ("total_return", "Net return", "pct"),
+    ("gross_total_return", "Gross return", "pct"),
+    ("max_drawdown", "Max DD", "pct"),
+    ("hit_rate_days", "Day hit rate", "share"),
+    ("avg_daily_turnover", "Turnover / day", "num"),
+    ("n_trades", "Trades", "int"),
+    ("total_cost", "Costs", "pct"),
+)
+
+
+# ----------------------------------------------------------------------------------------------- formatting
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float | np.number) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+def _minus(text: str) -> str:
+    return text.replace("-", "−")
+
+
+def fmt_num(x: Any, digits: int = 2, sign: bool = False) -> str:
+    """A number with fixed decimals and a typographic minus; '—' for missing/undefined."""
+    if not _finite(x):
+        return "—"
+    return _minus(f"{float(x):{'+' if sign else ''}.{digits}f}")
+
+
+def fmt_pct(x: Any, digits: int = 2, sign: bool = False) -> str:
+    """A fraction as a percentage."""
+    return "—" if not _finite(x) else fmt_num(100 * float(x), digits, sign) + "%"
+
+
+def fmt_share(x: Any) -> str:
+    return "—" if not _finite(x) else f"{100 * float(x):.0f}%"
+
+
+def fmt_prob(x: Any) -> str:
+    return "—" if not _finite(x) else f"{float(x):.3f}"
+
+
+def fmt_int(x: Any) -> str:
+    return "—" if not _finite(x) else f"{int(x):,}".replace(",", "\u2009")
+
+
+def fmt_ci(lo: Any, hi: Any, digits: int = 2, sign: bool = False) -> str:
+    if not (_finite(lo) and _finite(hi)):
+        return ""
+    return f"[{fmt_num(lo, digits, sign)}, {fmt_num(hi, digits, sign)}]"
+
+
+def fmt_pct_ci(lo: Any, hi: Any, digits: int = 2) -> str:
+    if not (_finite(lo) and _finite(hi)):
+        return ""
+    return f"[{fmt_pct(lo, digits)}, {fmt_pct(hi, digits)}]"
+
+
+def fmt_value(x: Any) -> str:
+    """A hyperparameter or provenance value: numbers compactly, everything else as text."""
+    if isinstance(x, bool) or x is None:
+        return str(x)
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
+
+
+def data_value(x: Any) -> str:
+    """Machine-readable cell value for data-value attributes, 12 significant digits ('' when undefined).
+
+    12 digits rather than repr: float sums over unordered groups can differ in the last bit between runs,
+    and the report must be byte-stable."""
+    if not _finite(x):
+        return ""
+    return str(x) if isinstance(x, int) else f"{float(x):.12g}"
+
+
+FORMATTERS: dict[str, Callable[[Any], str]] = {
+    "num": fmt_num,
+    "pct": fmt_pct,
+    "share": fmt_share,
+    "int": fmt_int,
+}
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html",), default=True),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        num=fmt_num,
+        pct=fmt_pct,
+        share=fmt_share,
+        prob=fmt_prob,
+        int=fmt_int,
+        ci=fmt_ci,
+        pct_ci=fmt_pct_ci,
+        value=fmt_value,
+        data_value=data_value,
+        baseline_label=lambda name: analysis.BASELINE_LABELS.get(name, name),
+    )
+    env.globals.update(formatters=FORMATTERS, finite=_finite)
+    return env
+
+
+# ------------------------------------------------------------------------------------------------ sections
+
+
+def _per_fold_rows(
+    strategies: Sequence[analysis.Strategy], random_seeds: Sequence[analysis.Strategy], folds: Sequence[int]
+) -> list[dict[str, Any]]:
+    rows = []
+    for fold in folds:
+        for strategy in strategies:
+            if fold not in strategy.fold_summaries:
+                continue
+            summary = strategy.fold_summaries[fold]
+            if strategy.name == RANDOM_BASELINE and random_seeds:
+                # The seed-averaged position is fractional: its trade count would count every tiny change.
+                per_seed = [s.fold_summaries[fold] for s in random_seeds if fold in s.fold_summaries]
+                summary = {
+                    **summary,
+                    "avg_daily_turnover": float(np.mean([x["avg_daily_turnover"] for x in per_seed])),
+                    "n_trades": round(float(np.mean([x["n_trades"] for x in per_seed]))),
+                }
+            rows.append(
+                {
+                    "fold": fold,
+                    "strategy": strategy.name,
+                    "seed": strategy.seed_index,
+                    "label": strategy.label,
+                    "is_agent": strategy.is_agent,
+                    "summary": summary,
+                }
+            )
+    return rows
+
+
+def _bars_per_day(strategies: Sequence[analysis.Strategy]) -> float:
+    """Median bars per instrument and trading day over the first strategy's test tables."""
+    runs = list(strategies[0].fold_runs.values()) if strategies else []
+    counts = [run.bars.group_by("symbol", "trading_day").len()["len"] for run in runs]
+    return float(pl.concat(counts).median()) if counts else math.nan
+
+
+def _data_section(inputs: ReportInputs, strategies: Sequence[analysis.Strategy]) -> dict[str, Any]:
+    plan = inputs.plan
+    bars_per_day = _bars_per_day(strategies)
+    embargo = plan.config.embargo_bars
+    embargo_days = min(0.5, embargo / bars_per_day) if _finite(bars_per_day) and bars_per_day > 0 else 0.1
+    symbols = sorted({s for run in inputs.agent_runs for s in run.bars["symbol"].unique().to_list()})
+    windows = []
+    for fold in plan.folds:
+        windows.append(
+            {
+                "name": f"fold {fold.index}",
+                "train": (fold.first_train_day, fold.inner_train_days[-1] if fold.inner_train_days else None),
+                "n_train": len(fold.inner_train_days),
+                "validation": (fold.first_validation_day, fold.last_validation_day),
+                "n_validation": len(fold.validation_days),
+                "test": (fold.first_test_day, fold.last_test_day),
+                "n_test": len(fold.test_days),
+            }
+        )
+    return {
+        "plan": plan,
+        "config": plan.config,
+        "symbols": symbols,
+        "bars_per_day": bars_per_day,
+        "windows": windows,
+        "tuning": plan.tuning,
+        "timeline": figures.folds_timeline_figure(plan, max(embargo_days, 0.08)),
+    }
+
+
+def _hyperopt_section(inputs: ReportInputs, algos: Sequence[str]) -> list[dict[str, Any]]:
+    sections = []
+    for algo in algos:
+        summary = inputs.hyperopt.get(algo)
+        if summary is None:
+            sections.append(
+                {"algo": algo, "source": None, "missing": "no hyperopt summary was given for this algorithm"}
+            )
+            continue
+        color = figures.agent_color(algo, algos)
+        importances, message = tuning.param_importances(summary)
+        completed = [t for t in summary.trials if t.get("state") == "COMPLETE"]
+        data = summary.data
+        sections.append(
+            {
+                "algo": algo,
+                "missing": "" if completed else "no hyperopt trial completed",
+                "source": str(summary.source),
+                "n_trials": data.get("n_trials", len(summary.trials)),
+                "n_complete": data.get("n_complete", len(completed)),
+                "n_pruned": data.get("n_pruned", sum(t.get("state") == "PRUNED" for t in summary.trials)),
+                "n_failed": data.get("n_failed", sum(t.get("state") == "FAIL" for t in summary.trials)),
+                "objective": data.get("objective", ""),
+                "direction": data.get("direction", "maximize"),
+                "best_value": data.get("best_value"),
+                "best_trial": data.get("best_trial"),
+                "best_params": tuning.best_params_rows(summary),
+                "sampler": data.get("sampler") or {},
+                "tuning_window": data.get("tuning_window") or {},
+                "n_dsr": len(summary.trial_sharpe_daily),
+                "history": figures.hyperopt_history_figure(summary, color) if summary.trials else None,
+                "importance": figures.importance_figure(algo, importances, color) if importances else None,
+                "importance_message": message,
+            }
+        )
+    return sections
+
+
+def _training_section(inputs: ReportInputs, algos: Sequence[str]) -> dict[str, Any]:
+    figures_by_algo = []
+    for algo in sorted({log.algo for log in inputs.train_logs}):
+        logs = [log for log in inputs.train_logs if log.algo == algo]
+        if figures.training_metrics_present(logs):
+            color = figures.agent_color(algo, algos)
+            figures_by_algo.append({"algo": algo, "figure": figures.training_figure(algo, logs, color)})
+        else:
+            figures_by_algo.append({"algo": algo, "figure": None})
+    rows = []
+    for log in sorted(inputs.train_logs, key=lambda lg: (lg.algo, lg.fold, lg.seed_index)):
+        data = log.data
+        precision = data.get("precision") if isinstance(data.get("precision"), Mapping) else {}
+        rows.append(
+            {
+                "algo": log.algo,
+                "fold": log.fold,
+                "seed_index": log.seed_index,
+                "seed": data.get("seed"),
+                "device": data.get("device", ""),
+                "precision": precision.get("mode", ""),
+                "precision_reason": precision.get("reason", ""),
+                "total_steps": data.get("total_steps"),
+                "wall_s": data.get("wall_s"),
+                "steps_per_s": data.get("steps_per_s"),
+                "host_syncs": data.get("host_syncs"),
+                "hidden_sizes": data.get("hidden_sizes") or {},
+                "source": str(log.source),
+            }
+        )
+    return {"figures": figures_by_algo, "rows": rows}
+
+
+def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, Any]:
+    recorded_inputs: dict[str, str] = {}
+    upstream_commits = set()
+    for record in inputs.provenance_records:
+        if record.get("git_commit"):
+            upstream_commits.add(str(record["git_commit"]))
+        if isinstance(record.get("inputs"), Mapping):
+            recorded_inputs.update({str(k): str(v) for k, v in record["inputs"].items()})
+    files = []
+    for path in dict.fromkeys(inputs.files):
+        files.append(
+            {"path": str(path), "sha256": provenance.sha256_file(path), "bytes": path.stat().st_size}
+        )
+    return {
+        "config_yaml": yaml.safe_dump(_plain(config), sort_keys=True, allow_unicode=True, width=100),
+        "config_hash": provenance.config_hash(dict(config)),
+        "git_commit": provenance.git_commit(),
+        "upstream_commits": sorted(upstream_commits),
+        "packages": provenance.package_versions(
+            (*provenance.TRACKED_PACKAGES, "scipy", "matplotlib", "jinja2")
+        ),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "files": files,
+        "recorded_inputs": sorted(recorded_inputs.items()),
+    }
+
+
+def _plain(value: Any) -> Any:
+    """Config as plain YAML-safe types (Snakemake passes its own mapping/list subclasses)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# ----------------------------------------------------------------------------------------------- entry point
+
+
+def build_context(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every number and figure of the report, ready for the template."""
+    n_boot = int(analysis.config_value(config, "evaluation.bootstrap_samples"))
+    multipliers = [float(m) for m in analysis.config_value(config, "evaluation.cost_multipliers")]
+    root_seed = int(analysis.config_value(config, "seed"))
+    algos = inputs.algos
+
+    agents = analysis.build_strategies(inputs.agent_runs)
+    baselines = analysis.baseline_order(analysis.build_strategies(inputs.baseline_runs))
+    random_seeds = analysis.build_strategies(inputs.random_seed_runs)
+    strategies = [*agents, *baselines]
+
+    verdicts = analysis.agent_verdicts(inputs, agents, baselines, random_seeds, n_boot, root_seed)
+    baseline_stats = [
+        {
+            "name": b.name,
+            "stats": analysis.sharpe_stats(
+                b.pooled, b.pooled_summary, None, n_boot, derive_seed(root_seed, "report", "sharpe", b.name)
+            ),
+        }
+        for b in baselines
+        if b.pooled is not None
+    ]
+    spreads = [analysis.seed_spread(algo, agents, n_boot, root_seed) for algo in algos]
+    random_fold_sharpe = {
+        fold: np.array([s.fold_summaries[fold]["sharpe"] for s in random_seeds if fold in s.fold_summaries])
+        for fold in inputs.folds
+    }
+    random_fold_sharpe = {k: v[np.isfinite(v)] for k, v in random_fold_sharpe.items()}
+    cost_rows = analysis.cost_sensitivity(strategies, multipliers)
+    profile = analysis.position_profile(strategies, random_seeds)
+    warnings = analysis.stored_metric_warnings(strategies)
+    for warning in warnings:
+        log.warning(warning)
+
+    test_days = sorted({str(d) for s in agents for d in (s.pooled.daily()[0] if s.pooled else [])})
+    return {
+        "title": "marketrl evaluation report",
+        "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "sections": SECTIONS,
+        "algos": algos,
+        "baselines": [b.name for b in baselines],
+        "all_baselines": BASELINES,
+        "verdicts": verdicts,
+        "dsr_threshold": analysis.DSR_THRESHOLD,
+        "baseline_stats": baseline_stats,
+        "n_boot": n_boot,
+        "n_folds": len(inputs.folds),
+        "n_test_days": len(test_days),
+        "first_test_day": test_days[0] if test_days else "",
+        "last_test_day": test_days[-1] if test_days else "",
+        "n_seeds": {algo: sum(1 for a in agents if a.name == algo) for algo in algos},
+        "n_random_seeds": len(random_seeds),
+        "equity_figure": figures.equity_figure(strategies, algos),
+        "drawdown_figure": figures.drawdown_figure(strategies, algos),
+        "drawdown_rows": [
+            {"label": s.label, "is_agent": s.is_agent, "summary": s.pooled_summary} for s in strategies
+        ],
+        "per_fold_columns": PER_FOLD_COLUMNS,
+        "per_fold_rows": _per_fold_rows(strategies, random_seeds, inputs.folds),
+        "seed_spreads": spreads,
+        "seeds_figure": figures.seeds_figure(spreads, random_fold_sharpe, algos),
+        "random_fold_sharpe": {
+            k: (float(np.median(v)) if v.size else math.nan) for k, v in random_fold_sharpe.items()
+        },
+        "positions": profile,
+        "positions_figure": figures.positions_figure(profile, algos),
+        "multipliers": multipliers,
+        "cost_rows": cost_rows,
+        "cost_figure": figures.cost_figure(cost_rows, multipliers, algos),
+        "hyperopt": _hyperopt_section(inputs, algos),
+        "training": _training_section(inputs, algos),
+        "data": _data_section(inputs, strategies),
+        "provenance": _provenance_section(inputs, config),
+        "warnings": warnings,
+    }
+
+
+def render(context: Mapping[str, Any]) -> str:
+    """The HTML text of the report."""
+    return _environment().get_template("report.html").render(**context)
+
+
+def build_report(
+    *,
+    eval_files: list[str],
+    hyperopt_files: list[str],
+    folds_path: str,
+    train_logs: list[str],
+    config: dict[str, Any],
+    out_path: str,
+) -> None:
+    """Build the self-contained ``eval_report.html`` from the fan-out's outputs (docs/OUTPUTS.md) and write it
+    atomically to ``out_path``. Raises ReportInputError (a ValueError) naming a missing or malformed input."""
+    inputs = load_inputs(eval_files, hyperopt_files, folds_path, train_logs)
+    html = render(build_context(inputs, config))
+    with atomic_open(out_path, "w") as handle:
+        handle.write(html)
+    log.info("report: %s (%.0f kB)", out_path, len(html.encode()) / 1024)
+
+
+__all__ = ["SECTIONS", "build_context", "build_report", "render"]

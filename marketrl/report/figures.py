@@ -1,0 +1,490 @@
+"""Report figures: matplotlib (Agg, object API, no pyplot state) rendered to inline SVG with stable bytes.
+
+Text is drawn as glyph paths (no font needed offline, nothing from the data lands in SVG text), the SVG
+comments/metadata are stripped, and every figure gets its own hash salt so element ids never collide when
+several SVGs share one HTML document.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Callable, Mapping, Sequence
+from functools import wraps
+from typing import Any, ParamSpec
+
+import matplotlib
+import numpy as np
+from markupsafe import Markup, escape
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from marketrl.report.analysis import BASELINE_LABELS, SeedSpread, Strategy
+from marketrl.report.inputs import HyperoptSummary, TrainLog
+
+P = ParamSpec("P")
+
+_RC = {
+    "svg.fonttype": "path",
+    "font.family": "DejaVu Sans",
+    "font.size": 8.5,
+    "axes.titlesize": 9.5,
+    "axes.titleweight": "bold",
+    "axes.labelsize": 8.5,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.edgecolor": "#9ca3af",
+    "axes.grid": True,
+    "grid.color": "#e5e7eb",
+    "grid.linewidth": 0.6,
+    "legend.frameon": False,
+    "legend.fontsize": 8,
+    "xtick.color": "#4b5563",
+    "ytick.color": "#4b5563",
+    "path.simplify": True,
+}
+# Points kept per plotted line: enough for a smooth curve at report width, small enough for the size budget.
+MAX_LINE_POINTS = 1200
+AGENT_COLORS = ("#2563eb", "#059669", "#7c3aed", "#dc2626", "#0891b2", "#be185d")
+BASELINE_STYLES = {
+    "buy_and_hold": {"color": "#111827", "linestyle": "-"},
+    "momentum": {"color": "#d97706", "linestyle": "-"},
+    "random": {"color": "#9ca3af", "linestyle": "-"},
+    "flat": {"color": "#6b7280", "linestyle": ":"},
+}
+WINDOW_COLORS = {
+    "train": "#93c5fd",
+    "validation": "#fcd34d",
+    "test": "#f87171",
+    "tuning train": "#c4b5fd",
+    "tuning validation": "#a78bfa",
+}
+
+
+def plot_text(text: object) -> str:
+    """Data-derived text made literal for matplotlib: no mathtext, no legend-hiding leading underscore."""
+    value = str(text).replace("$", r"\$")
+    return " " + value if value.startswith("_") else value
+
+
+def agent_color(algo: str, algos: Sequence[str]) -> str:
+    return AGENT_COLORS[sorted(algos).index(algo) % len(AGENT_COLORS)] if algo in algos else AGENT_COLORS[0]
+
+
+def _clean_svg(svg: str, alt: str) -> Markup:
+    svg = re.sub(r"<\?xml[^>]*\?>\s*", "", svg)
+    svg = re.sub(r"<!DOCTYPE[^>]*>\s*", "", svg)
+    svg = re.sub(r"<!--.*?-->\s*", "", svg, flags=re.DOTALL)
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.DOTALL)
+    # Responsive: keep the viewBox, let CSS size it.
+    svg = re.sub(r'<svg([^>]*?)\swidth="[^"]*"\sheight="[^"]*"', r"<svg\1", svg, count=1)
+    label = str(escape(alt))
+    svg = svg.replace("<svg", f'<svg class="figure" role="img" aria-label="{label}"', 1)
+    return Markup(svg.strip())
+
+
+def figure_to_svg(fig: Figure, name: str, alt: str) -> Markup:
+    """Render a figure to a cleaned inline SVG; ``name`` salts its element ids (stable across runs)."""
+    with matplotlib.rc_context({"svg.hashsalt": f"marketrl-{name}"}):
+        buffer = io.StringIO()
+        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    return _clean_svg(buffer.getvalue(), alt)
+
+
+def styled(function: Callable[P, Markup]) -> Callable[P, Markup]:
+    """Run a figure function under the report's matplotlib style, without touching global rcParams."""
+
+    @wraps(function)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Markup:
+        with matplotlib.rc_context(_RC):
+            return function(*args, **kwargs)
+
+    return wrapper
+
+
+def _decimate(n: int, max_points: int = MAX_LINE_POINTS) -> np.ndarray:
+    if n <= max_points:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, max_points).round().astype(np.int64))
+
+
+def _line_style(strategy: Strategy, algos: Sequence[str]) -> dict[str, Any]:
+    if strategy.is_agent:
+        return {"color": agent_color(strategy.name, algos), "linestyle": "-", "linewidth": 1.1, "alpha": 0.9}
+    style = BASELINE_STYLES.get(strategy.name, {"color": "#6b7280", "linestyle": "-"})
+    return {**style, "linewidth": 1.0, "alpha": 0.95}
+
+
+def _legend_label(strategy: Strategy, labelled: set[str]) -> str | None:
+    key = strategy.name
+    if key in labelled:
+        return None
+    labelled.add(key)
+    if strategy.is_agent:
+        return plot_text(f"{strategy.name} (one line per seed)")
+    return plot_text(BASELINE_LABELS.get(strategy.name, strategy.name))
+
+
+def _time_axis(strategies: Sequence[Strategy]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Union of pooled bar timestamps (trading-time x axis), each bar's trading day, and day-start positions."""
+    stamps = np.unique(np.concatenate([s.pooled.ts for s in strategies if s.pooled is not None]))
+    days = np.empty(stamps.size, dtype="datetime64[D]")
+    for s in strategies:
+        if s.pooled is not None:
+            days[np.searchsorted(stamps, s.pooled.ts)] = s.pooled.day.astype("datetime64[D]")
+    starts = np.flatnonzero(np.r_[True, days[1:] != days[:-1]])
+    return stamps, days, starts
+
+
+def _decorate_time_axis(
+    ax: Any, days: np.ndarray, starts: np.ndarray, fold_starts: Mapping[int, int]
+) -> None:
+    step = max(1, len(starts) // 12)
+    ax.set_xticks(starts[::step], [str(d)[5:] for d in days[starts][::step]])
+    for fold, position in fold_starts.items():
+        ax.axvline(position, color="#6b7280", linewidth=0.8, linestyle="--", alpha=0.7)
+        ax.annotate(
+            f"fold {fold}",
+            (position, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -2),
+            textcoords="offset points",
+            va="top",
+            fontsize=7.5,
+            color="#4b5563",
+        )
+    ax.set_xlim(0, days.size - 1)
+
+
+def _fold_starts(strategies: Sequence[Strategy], stamps: np.ndarray) -> dict[int, int]:
+    reference = strategies[0]
+    return {
+        fold: int(np.searchsorted(stamps, run.bars["ts_event"].to_numpy().min()))
+        for fold, run in sorted(reference.fold_runs.items())
+    }
+
+
+@styled
+def equity_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Markup:
+    """Pooled out-of-sample equity (wealth from 1), net of costs and before costs, on a trading-time axis."""
+    stamps, days, starts = _time_axis(strategies)
+    fold_starts = _fold_starts(strategies, stamps)
+    fig = Figure(figsize=(10, 6.2))
+    axes = fig.subplots(2, 1, sharex=True)
+    for ax, multiplier, title in ((axes[0], 1.0, "Net of costs"), (axes[1], 0.0, "Before costs (gross)")):
+        labelled: set[str] = set()
+        for strategy in strategies:
+            assert strategy.pooled is not None
+            x = np.searchsorted(stamps, strategy.pooled.ts)
+            equity = np.cumprod(1.0 + strategy.pooled.bar_returns(multiplier))
+            keep = _decimate(equity.size)
+            ax.plot(
+                x[keep], equity[keep], label=_legend_label(strategy, labelled), **_line_style(strategy, algos)
+            )
+        ax.axhline(1.0, color="#9ca3af", linewidth=0.6)
+        ax.set_title(title, loc="left")
+        ax.set_ylabel("wealth (start = 1)")
+        _decorate_time_axis(ax, days, starts, fold_starts)
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes[1].set_xlabel("test bars in trading time (tick labels: first bar of a trading day, MM-DD)")
+    return figure_to_svg(fig, "equity", "Pooled out-of-sample equity curves, net of costs and before costs")
+
+
+@styled
+def drawdown_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Markup:
+    """Pooled drawdown from the running peak (net of costs), bar by bar."""
+    stamps, days, starts = _time_axis(strategies)
+    fig = Figure(figsize=(10, 3.4))
+    ax = fig.subplots()
+    labelled: set[str] = set()
+    for strategy in strategies:
+        assert strategy.pooled is not None
+        x = np.searchsorted(stamps, strategy.pooled.ts)
+        equity = np.cumprod(1.0 + strategy.pooled.net)
+        drawdown = equity / np.maximum.accumulate(np.maximum(equity, 1.0)) - 1.0
+        keep = _decimate(drawdown.size)
+        ax.plot(
+            x[keep],
+            100 * drawdown[keep],
+            label=_legend_label(strategy, labelled),
+            **_line_style(strategy, algos),
+        )
+    ax.set_ylabel("drawdown (%)")
+    _decorate_time_axis(ax, days, starts, _fold_starts(strategies, stamps))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return figure_to_svg(fig, "drawdown", "Pooled out-of-sample drawdowns, net of costs")
+
+
+@styled
+def seeds_figure(
+    spreads: Sequence[SeedSpread], random_fold_sharpe: Mapping[int, np.ndarray], algos: Sequence[str]
+) -> Markup:
+    """Per-seed net Sharpe per fold and pooled (dots), IQM with its stratified-bootstrap CI (bar), random-seed
+    Sharpes as a grey reference."""
+    folds = spreads[0].folds
+    positions = list(range(len(folds) + 1))
+    labels = [f"fold {k}" for k in folds] + ["pooled"]
+    fig = Figure(figsize=(10, 3.6))
+    ax = fig.subplots()
+    width = 0.7 / max(1, len(spreads) + 1)
+    for slot, position in enumerate(positions[:-1]):
+        reference = random_fold_sharpe.get(folds[slot])
+        if reference is not None and reference.size:
+            offset = position - 0.35 + width / 2
+            jitter = np.linspace(-width / 3, width / 3, reference.size)
+            ax.scatter(offset + jitter, reference, s=6, color="#d1d5db", zorder=1)
+    ax.scatter([], [], s=6, color="#d1d5db", label="random baseline seeds")
+    for index, spread in enumerate(spreads):
+        color = agent_color(spread.algo, algos)
+        offset = -0.35 + width * (index + 1.5)
+        columns = [spread.fold_sharpe[:, k] for k in range(len(folds))] + [spread.pooled_sharpe]
+        aggregates = [*spread.per_fold_iqm, spread.pooled_iqm]
+        for position, values, aggregate in zip(positions, columns, aggregates, strict=True):
+            x = position + offset
+            ax.scatter(np.full(values.size, x), values, s=16, color=color, alpha=0.75, zorder=3)
+            if np.isfinite(aggregate.point):
+                ax.plot([x - width / 2.5, x + width / 2.5], [aggregate.point] * 2, color=color, linewidth=2)
+                ax.plot([x, x], [aggregate.lo, aggregate.hi], color=color, linewidth=1, alpha=0.6)
+        ax.scatter(
+            [], [], s=16, color=color, label=plot_text(f"{spread.algo}: seeds (dots), IQM and CI (bar)")
+        )
+    ax.axhline(0.0, color="#6b7280", linewidth=0.7)
+    ax.set_xticks(positions, labels)
+    ax.set_ylabel("net Sharpe (annualised)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return figure_to_svg(fig, "seeds", "Net Sharpe of every seed per fold and pooled, with IQM and CI")
+
+
+@styled
+def positions_figure(profile: Sequence[Mapping[str, Any]], algos: Sequence[str]) -> Markup:
+    """Share of bars long / flat / short and average daily turnover per strategy."""
+    names = [row["name"] for row in profile]
+    labels = [
+        plot_text(BASELINE_LABELS.get(n, n) if not row["is_agent"] else n)
+        for n, row in zip(names, profile, strict=True)
+    ]
+    fig = Figure(figsize=(10, 0.9 + 0.38 * len(profile)))
+    left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
+    y = np.arange(len(profile))[::-1]
+    long_share = np.array([row["long_share"] for row in profile]) * 100
+    short_share = np.array([row["short_share"] for row in profile]) * 100
+    flat_share = 100 - long_share - short_share
+    left.barh(y, long_share, color="#16a34a", label="long")
+    left.barh(y, flat_share, left=long_share, color="#e5e7eb", label="flat")
+    left.barh(y, short_share, left=long_share + flat_share, color="#dc2626", label="short")
+    left.set_yticks(y, labels)
+    left.set_xlim(0, 100)
+    left.set_xlabel("share of bars (%)")
+    left.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=3)
+    colors = [
+        agent_color(row["name"], algos)
+        if row["is_agent"]
+        else BASELINE_STYLES.get(row["name"], {}).get("color", "#6b7280")
+        for row in profile
+    ]
+    right.barh(y, [row["avg_daily_turnover"] for row in profile], color=colors)
+    right.set_xlabel("average daily turnover (contracts per instrument)")
+    return figure_to_svg(fig, "positions", "Position shares and daily turnover per strategy")
+
+
+@styled
+def cost_figure(
+    rows: Sequence[Mapping[str, Any]], multipliers: Sequence[float], algos: Sequence[str]
+) -> Markup:
+    """Pooled net Sharpe against the cost multiplier (agents: IQM over seeds, thin lines per seed)."""
+    fig = Figure(figsize=(10, 3.4))
+    ax = fig.subplots()
+    xs = np.asarray(multipliers, dtype=np.float64)
+    for row in rows:
+        if row["is_agent"]:
+            color = agent_color(row["name"], algos)
+            for seed_values in row["per_seed_sharpe"]:
+                ax.plot(xs, seed_values, color=color, linewidth=0.7, alpha=0.35)
+            ax.plot(
+                xs, row["sharpe"], color=color, linewidth=1.8, marker="o", ms=4, label=plot_text(row["name"])
+            )
+        else:
+            style = BASELINE_STYLES.get(row["name"], {"color": "#6b7280", "linestyle": "-"})
+            ax.plot(
+                xs,
+                row["sharpe"],
+                marker="s",
+                ms=3,
+                linewidth=1.0,
+                label=plot_text(BASELINE_LABELS.get(row["name"], row["name"])),
+                **style,
+            )
+    ax.axhline(0.0, color="#6b7280", linewidth=0.7)
+    ax.set_xticks(xs, [f"{m:g}×" for m in xs])
+    ax.set_xlabel("cost multiplier m (net = gross − m × cost)")
+    ax.set_ylabel("pooled net Sharpe (annualised)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return figure_to_svg(fig, "costs", "Pooled net Sharpe at each cost multiplier")
+
+
+@styled
+def hyperopt_history_figure(summary: HyperoptSummary, color: str) -> Markup:
+    """Objective per trial (completed dots, pruned crosses at their last reported value) and the best so far."""
+    fig = Figure(figsize=(5.2, 3.0))
+    ax = fig.subplots()
+    complete_x, complete_y, pruned_x, pruned_y = [], [], [], []
+    for trial in summary.trials:
+        number = trial.get("number")
+        if not isinstance(number, int):
+            continue
+        value = trial.get("value")
+        if trial.get("state") == "COMPLETE" and isinstance(value, int | float):
+            complete_x.append(number)
+            complete_y.append(float(value))
+        elif trial.get("state") == "PRUNED":
+            intermediate = trial.get("intermediate") or {}
+            reported = [
+                v
+                for _, v in sorted(intermediate.items(), key=lambda kv: int(kv[0]))
+                if isinstance(v, int | float)
+            ]
+            if reported:
+                pruned_x.append(number)
+                pruned_y.append(float(reported[-1]))
+    ax.scatter(complete_x, complete_y, s=18, color=color, label="completed", zorder=3)
+    if pruned_x:
+        ax.scatter(
+            pruned_x, pruned_y, s=18, marker="x", color="#9ca3af", label="pruned (last report)", zorder=2
+        )
+    if complete_x:
+        order = np.argsort(complete_x)
+        values = np.asarray(complete_y)[order]
+        maximize = summary.data.get("direction", "maximize") != "minimize"
+        best = np.maximum.accumulate(values) if maximize else np.minimum.accumulate(values)
+        ax.step(
+            np.asarray(complete_x)[order],
+            best,
+            where="post",
+            color="#111827",
+            linewidth=1,
+            label="best so far",
+        )
+    ax.set_xlabel("trial")
+    ax.set_ylabel("objective")
+    ax.legend(loc="best")
+    return figure_to_svg(fig, f"hyperopt-history-{summary.algo}", f"Optimization history of {summary.algo}")
+
+
+@styled
+def importance_figure(name: str, importances: Mapping[str, float], color: str) -> Markup:
+    """Horizontal bars of parameter importances (largest on top)."""
+    items = sorted(importances.items(), key=lambda kv: kv[1])
+    fig = Figure(figsize=(4.6, 0.6 + 0.3 * max(1, len(items))))
+    ax = fig.subplots()
+    ax.barh(np.arange(len(items)), [v for _, v in items], color=color)
+    ax.set_yticks(np.arange(len(items)), [plot_text(k) for k, _ in items])
+    ax.set_xlabel("importance (PED-ANOVA, normalised)")
+    ax.grid(axis="y", visible=False)
+    return figure_to_svg(fig, f"importance-{name}", f"Hyperparameter importances of {name}")
+
+
+TRAINING_METRICS = (
+    ("episode_return_mean", "episode return (mean)"),
+    ("val_sharpe", "validation Sharpe"),
+    ("loss", "loss"),
+    ("entropy", "policy entropy"),
+    ("value_mean", "value estimate (mean)"),
+    ("q_mean", "Q estimate (mean)"),
+)
+
+
+def training_metrics_present(logs: Sequence[TrainLog]) -> list[tuple[str, str]]:
+    """The history metrics with at least one finite value in these logs, in display order."""
+    present = []
+    for key, title in TRAINING_METRICS:
+        if any(isinstance(entry.get(key), int | float) for log in logs for entry in log.history):
+            present.append((key, title))
+    return present
+
+
+@styled
+def training_figure(algo: str, logs: Sequence[TrainLog], color: str) -> Markup:
+    """Small multiples of the training history metrics, one line per (fold, seed)."""
+    metrics = training_metrics_present(logs)
+    ncols = min(3, len(metrics))
+    nrows = -(-len(metrics) // ncols)
+    fig = Figure(figsize=(10, 2.3 * nrows))
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    folds = sorted({log.fold for log in logs})
+    styles = ("-", "--", ":", "-.")
+    for ax, (key, title) in zip(axes, metrics, strict=False):
+        for log in sorted(logs, key=lambda lg: (lg.fold, lg.seed_index)):
+            points = [(e.get("step"), e.get(key)) for e in log.history]
+            points = [(s, v) for s, v in points if isinstance(s, int | float) and isinstance(v, int | float)]
+            if not points:
+                continue
+            steps, values = zip(*points, strict=True)
+            shade = 0.45 + 0.55 * (folds.index(log.fold) + 1) / len(folds)
+            ax.plot(
+                steps,
+                values,
+                color=color,
+                alpha=shade,
+                linewidth=1,
+                linestyle=styles[log.seed_index % len(styles)],
+            )
+        ax.set_title(title, loc="left")
+        ax.set_xlabel("env steps")
+    for ax in axes[len(metrics) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    return figure_to_svg(fig, f"training-{algo}", f"Training curves of {algo}")
+
+
+@styled
+def folds_timeline_figure(plan: Any, embargo_days: float) -> Markup:
+    """Tuning and fold windows on a trading-day axis; black ticks mark the per-instrument embargo purge."""
+    rows: list[tuple[str, list[tuple[str, int, int]]]] = []
+    position = {day: i for i, day in enumerate(plan.trading_days)}
+
+    def span(days: Sequence[Any]) -> tuple[int, int]:
+        return position[days[0]], position[days[-1]] + 1
+
+    tuning = plan.tuning
+    rows.append(
+        (
+            "tuning",
+            [
+                ("tuning train", *span(tuning.train_days)),
+                ("tuning validation", *span(tuning.validation_days)),
+            ],
+        )
+    )
+    for fold in plan.folds:
+        windows = [("train", *span(fold.inner_train_days))] if fold.inner_train_days else []
+        windows += [("validation", *span(fold.validation_days)), ("test", *span(fold.test_days))]
+        rows.append((f"fold {fold.index}", windows))
+    fig = Figure(figsize=(10, 0.8 + 0.42 * len(rows)))
+    ax = fig.subplots()
+    for index, (_, windows) in enumerate(rows):
+        y = len(rows) - 1 - index
+        for kind, start, stop in windows:
+            ax.barh(
+                y,
+                stop - start,
+                left=start,
+                height=0.6,
+                color=WINDOW_COLORS[kind],
+                edgecolor="white",
+                linewidth=0.5,
+            )
+            if kind != "test":
+                # Purged bars at the end of every split followed by another split.
+                ax.barh(y, embargo_days, left=stop - embargo_days, height=0.6, color="#111827")
+    handles = [Patch(color=color, label=kind) for kind, color in WINDOW_COLORS.items()]
+    handles.append(Patch(color="#111827", label="embargo (purged bars)"))
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows][::-1])
+    n_days = len(plan.trading_days)
+    step = max(1, n_days // 10)
+    ticks = list(range(0, n_days, step))
+    ax.set_xticks(ticks, [plan.trading_days[t].isoformat()[5:] for t in ticks])
+    ax.set_xlim(0, n_days)
+    ax.set_xlabel("trading days (MM-DD)")
+    ax.grid(axis="y", visible=False)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=6)
+    return figure_to_svg(fig, "folds", "Timeline of tuning, training, validation, embargo and test windows")

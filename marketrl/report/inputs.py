@@ -1,0 +1,324 @@
+"""Read and check the files the report is built from (docs/OUTPUTS.md); nothing else is read.
+
+Required inputs (every listed eval file, its bars.parquet, the fold plan, every listed hyperopt JSON and train log)
+raise a one-line :class:`ReportInputError` naming the file when missing or malformed. Optional content (no completed
+hyperopt trials, no training history) is kept as empty and reported by its section instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from marketrl.folds import FoldError, FoldPlan
+from marketrl.metrics import REQUIRED_COLUMNS, MetricsInputError, portfolio_bars
+
+DETERMINISTIC_BASELINES = ("buy_and_hold", "flat", "momentum")
+RANDOM_BASELINE = "random"
+BASELINES = (*DETERMINISTIC_BASELINES, RANDOM_BASELINE)
+_RANDOM_PREFIX = "random_"
+_NUMERIC_COLUMNS = ("position", "gross_return", "cost", "net_return")
+
+
+class ReportInputError(ValueError):
+    """A report input is missing or malformed; the one-line message names the file (or config key)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One strategy's per-bar test table for one fold: an agent seed, a baseline, or one random-baseline seed.
+
+    ``seed_index`` is the agent's seed index or the random baseline's seed number, None for the deterministic
+    baselines and for the random baseline averaged over its seeds.
+    """
+
+    strategy: str
+    is_agent: bool
+    fold: int
+    seed_index: int | None
+    bars: pl.DataFrame
+    source: Path
+    stored_metrics: Mapping[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        """Display name, e.g. ``ppo seed 1`` or ``momentum``."""
+        if self.is_agent:
+            return f"{self.strategy} seed {self.seed_index}"
+        return self.strategy
+
+
+@dataclass(frozen=True)
+class HyperoptSummary:
+    """One algorithm's hyperopt JSON (``results/hyperopt/{algo}.json``)."""
+
+    algo: str
+    source: Path
+    trials: list[dict[str, Any]]
+    trial_sharpe_daily: list[float]
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TrainLog:
+    """One training run's log (``train_log.json``)."""
+
+    algo: str
+    fold: int
+    seed_index: int
+    source: Path
+    history: list[dict[str, Any]]
+    data: Mapping[str, Any]
+
+
+@dataclass
+class ReportInputs:
+    """Everything the report reads, loaded and checked."""
+
+    agent_runs: list[Run]
+    baseline_runs: list[Run]
+    random_seed_runs: list[Run]
+    hyperopt: dict[str, HyperoptSummary]
+    train_logs: list[TrainLog]
+    plan: FoldPlan
+    files: list[Path] = field(default_factory=list)
+    provenance_records: list[Mapping[str, Any]] = field(default_factory=list)
+
+    @property
+    def algos(self) -> list[str]:
+        return sorted({run.strategy for run in self.agent_runs})
+
+    @property
+    def folds(self) -> list[int]:
+        return sorted({run.fold for run in self.agent_runs} | {run.fold for run in self.baseline_runs})
+
+
+def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
+    """A JSON object from ``path``; a one-line ReportInputError naming the file otherwise."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ReportInputError(f"{path}: {what} not found") from None
+    except OSError as err:
+        raise ReportInputError(f"{path}: cannot read {what} ({err.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ReportInputError(f"{path}: {what} is not valid JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(data, dict):
+        raise ReportInputError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _require(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: Path, what: str) -> Any:
+    value = data.get(key)
+    # bool is an int; a fold index of `true` is a malformed file, not fold 1.
+    if value is None or isinstance(value, bool) or not isinstance(value, kind):
+        expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ReportInputError(f"{path}: {what} field {key!r} must be {expected}, got {value!r}")
+    return value
+
+
+def _read_bars(metrics_path: Path, extra_columns: Sequence[str] = ()) -> tuple[Path, pl.DataFrame]:
+    bars_path = metrics_path.with_name("bars.parquet")
+    if not bars_path.is_file():
+        raise ReportInputError(
+            f"{bars_path}: per-bar evaluation table not found (expected beside {metrics_path})"
+        )
+    try:
+        bars = pl.read_parquet(bars_path)
+    except Exception as err:  # polars raises several unrelated types for a bad file
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ReportInputError(f"{bars_path}: cannot read Parquet ({reason})") from None
+    missing = [c for c in (*REQUIRED_COLUMNS, *extra_columns) if c not in bars.columns]
+    if missing:
+        raise ReportInputError(f"{bars_path}: missing column(s) {missing}; expected {list(REQUIRED_COLUMNS)}")
+    return bars_path, bars
+
+
+def _checked(run: Run) -> Run:
+    """Validate the table with marketrl.metrics' own checks, re-raised with the file name."""
+    try:
+        portfolio_bars(run.bars)
+    except MetricsInputError as err:
+        raise ReportInputError(f"{run.source}: {err}") from None
+    return run
+
+
+def _agent_run(path: Path, data: Mapping[str, Any]) -> Run:
+    what = "agent evaluation"
+    algo = _require(data, "algo", str, path, what)
+    fold = _require(data, "fold", int, path, what)
+    seed_index = _require(data, "seed_index", int, path, what)
+    bars_path, bars = _read_bars(path)
+    stored = data.get("metrics") if isinstance(data.get("metrics"), Mapping) else None
+    return _checked(Run(algo, True, fold, seed_index, bars.select(REQUIRED_COLUMNS), bars_path, stored))
+
+
+def _mean_over_random_seeds(bars: pl.DataFrame) -> pl.DataFrame:
+    """The random baseline as one strategy: per (symbol, bar) the mean over its seeds (equal capital per seed)."""
+    return (
+        bars.group_by("symbol", "ts_event")
+        .agg(pl.col("trading_day").first(), *(pl.col(c).cast(pl.Float64).mean() for c in _NUMERIC_COLUMNS))
+        .sort("symbol", "ts_event")
+        .select(REQUIRED_COLUMNS)
+    )
+
+
+def _baseline_runs(path: Path, data: Mapping[str, Any]) -> tuple[list[Run], list[Run]]:
+    fold = _require(data, "fold", int, path, "baseline evaluation")
+    strategies = _require(data, "strategies", dict, path, "baseline evaluation")
+    bars_path, bars = _read_bars(path, extra_columns=("strategy",))
+    names = sorted(bars["strategy"].unique().to_list())
+    missing = [name for name in DETERMINISTIC_BASELINES if name not in names]
+    random_names = [name for name in names if name.startswith(_RANDOM_PREFIX)]
+    if missing or not random_names:
+        expected = [*DETERMINISTIC_BASELINES, "random_0", "..."]
+        raise ReportInputError(
+            f"{bars_path}: column 'strategy' lacks {missing or ['random_<i>']}; expected {expected}"
+        )
+    runs = [
+        _checked(
+            Run(
+                name,
+                False,
+                fold,
+                None,
+                bars.filter(pl.col("strategy") == name).select(REQUIRED_COLUMNS),
+                bars_path,
+                strategies.get(name),
+            )
+        )
+        for name in DETERMINISTIC_BASELINES
+    ]
+    random_runs = []
+    for name in random_names:
+        suffix = name.removeprefix(_RANDOM_PREFIX)
+        if not suffix.isdigit():
+            raise ReportInputError(f"{bars_path}: strategy {name!r} is not random_<integer>")
+        table = bars.filter(pl.col("strategy") == name).select(REQUIRED_COLUMNS)
+        random_runs.append(_checked(Run(RANDOM_BASELINE, False, fold, int(suffix), table, bars_path)))
+    random_runs.sort(key=lambda run: run.seed_index or 0)
+    random_bars = bars.filter(pl.col("strategy").str.starts_with(_RANDOM_PREFIX))
+    runs.append(
+        _checked(Run(RANDOM_BASELINE, False, fold, None, _mean_over_random_seeds(random_bars), bars_path))
+    )
+    return runs, random_runs
+
+
+def _hyperopt(path: Path) -> HyperoptSummary:
+    data = read_json_object(path, "hyperopt summary")
+    what = "hyperopt summary"
+    algo = _require(data, "algo", str, path, what)
+    trials = _require(data, "trials", list, path, what)
+    sharpes = _require(data, "trial_sharpe_daily", list, path, what)
+    for trial in trials:
+        if not isinstance(trial, dict) or not isinstance(trial.get("params", {}), dict):
+            raise ReportInputError(
+                f"{path}: every entry of 'trials' must be an object with a 'params' object"
+            )
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in sharpes):
+        raise ReportInputError(f"{path}: 'trial_sharpe_daily' must be a list of numbers")
+    return HyperoptSummary(algo, path, trials, [float(x) for x in sharpes], data)
+
+
+def _train_log(path: Path) -> TrainLog:
+    data = read_json_object(path, "training log")
+    what = "training log"
+    algo = _require(data, "algo", str, path, what)
+    fold = _require(data, "fold", int, path, what)
+    seed_index = _require(data, "seed_index", int, path, what)
+    history = data.get("history") or []
+    if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
+        raise ReportInputError(f"{path}: training log field 'history' must be a list of objects")
+    return TrainLog(algo, fold, seed_index, path, history, data)
+
+
+def _check_layout(inputs: ReportInputs) -> None:
+    """Every agent has the same seeds in every fold, and every fold has baselines; no duplicates."""
+    seen: dict[tuple[str, int, int], Path] = {}
+    for run in inputs.agent_runs:
+        key = (run.strategy, run.fold, run.seed_index or 0)
+        if key in seen:
+            raise ReportInputError(f"{run.source}: duplicates {seen[key]} ({run.label}, fold {run.fold})")
+        seen[key] = run.source
+    baseline_sources: dict[int, Path] = {}
+    for run in inputs.baseline_runs:
+        if baseline_sources.setdefault(run.fold, run.source) != run.source:
+            raise ReportInputError(
+                f"{run.source}: duplicates {baseline_sources[run.fold]} (baselines, fold {run.fold})"
+            )
+    if not inputs.agent_runs:
+        raise ReportInputError(
+            "eval_files: no agent evaluation (results/eval/{algo}/fold_k/seed_s/metrics.json)"
+        )
+    baseline_folds = {run.fold for run in inputs.baseline_runs}
+    agent_folds = {run.fold for run in inputs.agent_runs}
+    if agent_folds - baseline_folds:
+        missing = sorted(agent_folds - baseline_folds)
+        raise ReportInputError(f"eval_files: no baseline evaluation for fold(s) {missing}")
+    for algo in inputs.algos:
+        seeds_by_fold = {
+            fold: sorted(
+                r.seed_index or 0 for r in inputs.agent_runs if r.strategy == algo and r.fold == fold
+            )
+            for fold in sorted(baseline_folds)
+        }
+        if len({tuple(seeds) for seeds in seeds_by_fold.values()}) != 1:
+            raise ReportInputError(
+                f"eval_files: {algo} has different seeds in different folds: {seeds_by_fold}"
+            )
+    n_folds = len(inputs.plan.folds)
+    for fold in inputs.folds:
+        if not 0 <= fold < n_folds:
+            raise ReportInputError(
+                f"eval_files: fold {fold} is not in the fold plan (folds 0..{n_folds - 1})"
+            )
+
+
+def load_inputs(
+    eval_files: Sequence[str | Path],
+    hyperopt_files: Sequence[str | Path],
+    folds_path: str | Path,
+    train_logs: Sequence[str | Path],
+) -> ReportInputs:
+    """Load and check every input file; raise ReportInputError naming the first bad one."""
+    try:
+        plan = FoldPlan.load(folds_path)
+    except FoldError as err:
+        raise ReportInputError(str(err)) from None
+    agent_runs: list[Run] = []
+    baseline_runs: list[Run] = []
+    random_runs: list[Run] = []
+    records: list[Mapping[str, Any]] = []
+    files: list[Path] = [Path(folds_path)]
+    for name in eval_files:
+        path = Path(name)
+        data = read_json_object(path, "evaluation metrics")
+        if "strategies" in data:
+            runs, seeds = _baseline_runs(path, data)
+            baseline_runs += runs
+            random_runs += seeds
+        else:
+            agent_runs.append(_agent_run(path, data))
+        files += [path, path.with_name("bars.parquet")]
+        records.append(data.get("provenance") or {})
+    hyperopt: dict[str, HyperoptSummary] = {}
+    for name in hyperopt_files:
+        summary = _hyperopt(Path(name))
+        hyperopt[summary.algo] = summary
+        files.append(Path(name))
+    logs = [_train_log(Path(name)) for name in train_logs]
+    files += [Path(name) for name in train_logs]
+    records += [summary.data.get("provenance") or {} for summary in hyperopt.values()]
+    records += [log.data.get("provenance") or {} for log in logs]
+    records = [record for record in records if isinstance(record, Mapping)]
+    inputs = ReportInputs(agent_runs, baseline_runs, random_runs, hyperopt, logs, plan, files, records)
+    _check_layout(inputs)
+    return inputs

@@ -1,0 +1,360 @@
+"""Synthetic but realistic pipeline outputs (the files of docs/OUTPUTS.md) for the report's tests.
+
+`write_pipeline_outputs(root)` writes a fold plan, per-seed agent evaluations, per-fold baselines with several
+random seeds, hyperopt summaries and training logs under `root`, and returns the paths and config that
+`marketrl.report.build_report` takes. Agents have a tunable `skill`: the probability that the sign of their
+position matches the sign of the coming bar return (0.5 = no skill; costs then make them lose).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from marketrl.config import load_config
+from marketrl.folds import FoldConfig, FoldPlan, make_fold_plan
+from marketrl.io import write_json_atomic
+from marketrl.metrics import performance_summary, to_json_safe
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BAR_VOLATILITY = 3e-4
+MINUTE_NS = 60 * 10**9
+
+
+@dataclass(frozen=True)
+class PipelineOutputs:
+    """Paths and config of one synthetic pipeline run; `report_kwargs(out)` feeds build_report."""
+
+    root: Path
+    eval_files: list[str]
+    hyperopt_files: list[str]
+    folds_path: str
+    train_logs: list[str]
+    config: dict[str, Any]
+    plan: FoldPlan
+
+    def report_kwargs(self, out_path: str | Path) -> dict[str, Any]:
+        return {
+            "eval_files": list(self.eval_files),
+            "hyperopt_files": list(self.hyperopt_files),
+            "folds_path": self.folds_path,
+            "train_logs": list(self.train_logs),
+            "config": copy.deepcopy(self.config),
+            "out_path": str(out_path),
+        }
+
+
+def _weekdays(start: date, count: int) -> list[date]:
+    days, day = [], start
+    while len(days) < count:
+        if day.weekday() < 5:
+            days.append(day)
+        day += timedelta(days=1)
+    return days
+
+
+def _market(
+    days: Sequence[date], symbols: Sequence[str], bars_per_day: int, rng: np.random.Generator
+) -> pl.DataFrame:
+    """Per (symbol, bar): fat-tailed, cross-correlated bar returns (the return the position earns over the bar)."""
+    n = len(days) * bars_per_day
+    shared = rng.standard_t(4, n) / math.sqrt(2.0)
+    frames = []
+    base = np.array([np.datetime64(d, "ns") for d in days])
+    ts = (base[:, None] + np.arange(bars_per_day)[None, :] * np.timedelta64(MINUTE_NS, "ns")).ravel()
+    day_of_bar = np.repeat(np.array(days, dtype="datetime64[D]"), bars_per_day)
+    for symbol in symbols:
+        own = rng.standard_t(4, n) / math.sqrt(2.0)
+        returns = BAR_VOLATILITY * (0.85 * shared + math.sqrt(1 - 0.85**2) * own)
+        frames.append(
+            pl.DataFrame({"ts_event": ts, "trading_day": day_of_bar, "symbol": symbol, "ret": returns})
+        )
+    return pl.concat(frames).with_columns(
+        pl.col("ts_event").dt.replace_time_zone("UTC"), pl.col("trading_day").cast(pl.Date)
+    )
+
+
+def _bars(market: pl.DataFrame, positions: np.ndarray, cost_per_side: float) -> pl.DataFrame:
+    """Per-bar table: gross = position × bar return, cost on every change of position (flat before the first bar)."""
+    frame = market.with_columns(pl.Series("position", positions, dtype=pl.Float64))
+    previous = pl.col("position").shift(1).over("symbol").fill_null(0.0)
+    frame = frame.with_columns(
+        (pl.col("position") * pl.col("ret")).alias("gross_return"),
+        (cost_per_side * (pl.col("position") - previous).abs()).alias("cost"),
+    ).with_columns((pl.col("gross_return") - pl.col("cost")).alias("net_return"))
+    return frame.select(
+        "ts_event",
+        "trading_day",
+        "symbol",
+        pl.col("position").cast(pl.Float32),
+        pl.col("gross_return").cast(pl.Float32),
+        pl.col("cost").cast(pl.Float32),
+        pl.col("net_return").cast(pl.Float32),
+    )
+
+
+def _agent_positions(market: pl.DataFrame, skill: float, hold: int, rng: np.random.Generator) -> np.ndarray:
+    """Decide every `hold` bars per symbol; the position's sign matches the next `hold` bars' return with
+    probability `skill` (a stand-in for a trained agent; skill > 0.5 is look-ahead by construction)."""
+    coming = market.select(
+        pl.col("ret").rolling_sum(hold, min_samples=1).shift(-(hold - 1)).over("symbol").fill_null(0.0)
+    )["ret"].to_numpy()
+    correct = rng.random(coming.size) < skill
+    position = np.where(correct, np.sign(coming), -np.sign(coming))
+    position = np.where(rng.random(coming.size) < 0.15, 0.0, position)
+    bar_of_symbol = market.select(pl.int_range(pl.len()).over("symbol"))["literal"].to_numpy()
+    decision_row = np.arange(coming.size) - bar_of_symbol % hold
+    return position[decision_row]
+
+
+def _momentum_positions(market: pl.DataFrame, lookback: int) -> np.ndarray:
+    signal = market.select(
+        pl.col("ret").rolling_sum(lookback, min_samples=1).shift(1).over("symbol").fill_null(0.0)
+    )["ret"]
+    return np.sign(signal.to_numpy())
+
+
+def _random_positions(n: int, rng: np.random.Generator) -> np.ndarray:
+    changes = rng.random(n) < 0.05
+    choice = rng.integers(-1, 2, n).astype(np.float64)
+    index = np.maximum.accumulate(np.where(changes, np.arange(n), 0))
+    return choice[index]
+
+
+def _summary(bars: pl.DataFrame) -> dict[str, Any]:
+    return to_json_safe(performance_summary(bars))
+
+
+def _hyperopt_summary(
+    algo: str, n_trials: int, n_complete_max: int | None, rng: np.random.Generator, plan: FoldPlan
+) -> dict[str, Any]:
+    trials, daily = [], []
+    for number in range(n_trials):
+        params: dict[str, Any] = {
+            "hidden_dim_base": int(rng.choice([64, 128, 256])),
+            "learning_rate": float(10 ** rng.uniform(-5, -3)),
+            "gamma": float(rng.uniform(0.9, 0.999)),
+        }
+        if algo == "ppo":
+            params["clip_range"] = float(rng.uniform(0.1, 0.3))
+        else:
+            params["target_update_steps"] = int(rng.integers(500, 5000))
+        sharpe_daily = float(rng.normal(0.0, 0.08))
+        pruned = number % 4 == 3
+        completed_so_far = len(daily)
+        if n_complete_max is not None and completed_so_far >= n_complete_max:
+            pruned = True
+        state = "PRUNED" if pruned else "COMPLETE"
+        annual = sharpe_daily * math.sqrt(252)
+        intermediate = {"1": annual * 0.5, "2": annual * 0.8}
+        trial = {
+            "number": number,
+            "state": state,
+            "value": None if pruned else annual,
+            "params": params,
+            "intermediate": {"1": intermediate["1"]} if pruned else intermediate,
+            "user_attrs": {"setup_s": 0.02, "train_s": float(rng.uniform(5, 15))}
+            | ({} if pruned else {"val_sharpe_daily": sharpe_daily}),
+        }
+        trials.append(trial)
+        if not pruned:
+            daily.append(sharpe_daily)
+    complete = [t for t in trials if t["state"] == "COMPLETE"]
+    best = max(complete, key=lambda t: t["value"]) if complete else None
+    tuning = plan.tuning
+    return {
+        "algo": algo,
+        "objective": "annualized Sharpe of daily net returns on the tuning validation tail",
+        "direction": "maximize",
+        "best_params": best["params"] if best else {},
+        "best_value": best["value"] if best else None,
+        "best_trial": best["number"] if best else None,
+        "n_trials": n_trials,
+        "n_complete": len(complete),
+        "n_pruned": n_trials - len(complete),
+        "n_failed": 0,
+        "trials": trials,
+        "trial_sharpe_daily": daily,
+        "sampler": {"name": "TPESampler", "seed": 123},
+        "tuning_window": {
+            "train_first": tuning.train_days[0].isoformat(),
+            "train_last": tuning.train_days[-1].isoformat(),
+            "validation_first": tuning.validation_days[0].isoformat(),
+            "validation_last": tuning.validation_days[-1].isoformat(),
+        },
+        "precision": {"mode": "fp32", "reason": "cpu: fp32"},
+        "provenance": {"packages": {"torch": "2.13.0"}, "git_commit": "0123abc", "config_hash": "fixture"},
+    }
+
+
+def _train_log(algo: str, fold: int, seed_index: int, rng: np.random.Generator) -> dict[str, Any]:
+    history = []
+    for i in range(1, 11):
+        step = i * 6000
+        history.append(
+            {
+                "step": step,
+                "loss": float(0.05 * math.exp(-i / 4) + rng.normal(0, 0.002)),
+                "entropy": float(1.09 - 0.04 * i) if algo == "ppo" else None,
+                "value_mean": float(rng.normal(0, 0.01)) if algo == "ppo" else None,
+                "q_mean": float(0.01 * i + rng.normal(0, 0.005)) if algo == "dqn" else None,
+                "episode_return_mean": float(-0.002 + 0.0003 * i + rng.normal(0, 0.0005)),
+                "val_sharpe": float(rng.normal(0.1 * i / 10, 0.2)),
+            }
+        )
+    return {
+        "algo": algo,
+        "fold": fold,
+        "seed_index": seed_index,
+        "seed": 1000 * fold + seed_index,
+        "hparams": {"hidden_dim_base": 128, "learning_rate": 3e-4},
+        "hidden_sizes": {"policy": [128, 64], "value": [256, 128, 64]},
+        "precision": {"mode": "fp32", "reason": "cpu: fp32"},
+        "device": "cpu",
+        "total_steps": 60000,
+        "wall_s": 41.2,
+        "steps_per_s": 1456.3,
+        "host_syncs": 610,
+        "history": history,
+        "provenance": {"git_commit": "0123abc", "inputs": {"results/features/demo.parquet": "ab" * 32}},
+    }
+
+
+def write_pipeline_outputs(
+    root: str | Path,
+    *,
+    algos: Sequence[str] = ("dqn", "ppo"),
+    n_folds: int = 3,
+    n_seeds: int = 2,
+    test_days: int = 3,
+    bars_per_day: int = 60,
+    symbols: Sequence[str] = ("SYNTH-ES", "SYNTH-NQ"),
+    random_seeds: int = 5,
+    n_trials: int = 10,
+    n_complete_max: int | None = None,
+    skill: Mapping[str, float] | None = None,
+    hold_bars: int = 10,
+    cost_per_side: float = 2e-5,
+    bootstrap_samples: int = 200,
+    seed: int = 0,
+) -> PipelineOutputs:
+    """Write a complete set of the fan-out's outputs under `root` (see the module docstring)."""
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    skill = dict(skill or {})
+    fold_config = FoldConfig(
+        n=n_folds,
+        scheme="expanding",
+        train_days=12,
+        test_days=test_days,
+        validation_days=2,
+        embargo_bars=30,
+        tuning_days=12,
+        tuning_validation_days=3,
+    )
+    plan = make_fold_plan(_weekdays(date(2024, 1, 2), fold_config.required_days), fold_config)
+    folds_path = root / "results" / "folds.json"
+    plan.save(folds_path)
+
+    eval_files: list[str] = []
+    for fold in plan.folds:
+        market = _market(fold.test_days, symbols, bars_per_day, rng)
+        fold_meta = {
+            "fold": fold.index,
+            "test_first": fold.first_test_day.isoformat(),
+            "test_last": fold.last_test_day.isoformat(),
+        }
+        for algo in algos:
+            for seed_index in range(n_seeds):
+                positions = _agent_positions(market, skill.get(algo, 0.5), hold_bars, rng)
+                bars = _bars(market, positions, cost_per_side)
+                folder = root / "results" / "eval" / algo / f"fold_{fold.index}" / f"seed_{seed_index}"
+                folder.mkdir(parents=True, exist_ok=True)
+                bars.write_parquet(folder / "bars.parquet")
+                write_json_atomic(
+                    folder / "metrics.json",
+                    {
+                        **fold_meta,
+                        "algo": algo,
+                        "seed_index": seed_index,
+                        "seed": 7 + seed_index,
+                        "metrics": _summary(bars),
+                        "provenance": {},
+                    },
+                )
+                eval_files.append(str(folder / "metrics.json"))
+        n = market.height
+        strategies = {
+            "buy_and_hold": np.ones(n),
+            "flat": np.zeros(n),
+            "momentum": _momentum_positions(market, 10),
+        }
+        tables = [
+            _bars(market, pos, cost_per_side).with_columns(pl.lit(name).alias("strategy"))
+            for name, pos in strategies.items()
+        ]
+        random_tables = [
+            _bars(market, _random_positions(n, rng), cost_per_side).with_columns(
+                pl.lit(f"random_{i}").alias("strategy")
+            )
+            for i in range(random_seeds)
+        ]
+        all_bars = pl.concat(tables + random_tables)
+        folder = root / "results" / "eval" / "baselines" / f"fold_{fold.index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        all_bars.write_parquet(folder / "bars.parquet")
+        random_mean = (
+            pl.concat(random_tables)
+            .group_by("symbol", "ts_event")
+            .agg(
+                pl.col("trading_day").first(),
+                *(pl.col(c).mean() for c in ("position", "gross_return", "cost", "net_return")),
+            )
+        )
+        summaries = {
+            name: _summary(table.drop("strategy")) for name, table in zip(strategies, tables, strict=True)
+        }
+        summaries["random"] = _summary(random_mean)
+        write_json_atomic(
+            folder / "metrics.json", {**fold_meta, "strategies": summaries, "random_seeds": random_seeds}
+        )
+        eval_files.append(str(folder / "metrics.json"))
+
+    hyperopt_files = []
+    for algo in algos:
+        path = root / "results" / "hyperopt" / f"{algo}.json"
+        write_json_atomic(path, _hyperopt_summary(algo, n_trials, n_complete_max, rng, plan))
+        hyperopt_files.append(str(path))
+
+    train_logs = []
+    for algo in algos:
+        for fold in plan.folds:
+            for seed_index in range(n_seeds):
+                path = (
+                    root
+                    / "results"
+                    / "models"
+                    / algo
+                    / f"fold_{fold.index}"
+                    / f"seed_{seed_index}"
+                    / "train_log.json"
+                )
+                write_json_atomic(path, _train_log(algo, fold.index, seed_index, rng))
+                train_logs.append(str(path))
+
+    config = load_config(REPO_ROOT / "config.yaml")
+    config["training"]["algos"] = list(algos)
+    config["training"]["seeds"] = n_seeds
+    config["folds"] = {**config["folds"], "n": n_folds, "test_days": test_days}
+    config["evaluation"]["bootstrap_samples"] = bootstrap_samples
+    config["evaluation"]["random_baseline_seeds"] = random_seeds
+    config["data"]["databento"]["symbols"] = list(symbols)
+    return PipelineOutputs(root, eval_files, hyperopt_files, str(folds_path), train_logs, config, plan)

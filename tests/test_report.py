@@ -1,0 +1,367 @@
+"""eval_report.html from synthetic pipeline outputs: self-contained, complete, correct numbers, honest verdict,
+escaped data, and one-line errors that name a missing or malformed input."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+
+from marketrl.metrics import performance_summary
+from marketrl.report import SECTIONS, ReportInputError, build_report
+from marketrl.report.analysis import Comparison, Deflation, SeedVerdict, SharpeStats, verdict_sentence
+from marketrl.stats import ConfidenceInterval
+from tests.report_fixtures import PipelineOutputs, write_pipeline_outputs
+
+SIZE_BUDGET_BYTES = 5 * 1024 * 1024
+TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC")
+HOSTILE_SYMBOL = "<script>alert(1)</script>"
+HOSTILE_PARAM = '<img src=x onerror="alert(2)">'
+
+
+class _Cells(HTMLParser):
+    """Collects every start tag's attributes and the data-* cells of table rows."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str]]] = []
+        self.cells: list[tuple[dict[str, str], dict[str, str]]] = []
+        self._row: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = {k: v or "" for k, v in attrs}
+        self.tags.append((tag, attributes))
+        if tag == "tr":
+            self._row = attributes
+        elif tag == "td" and "data-metric" in attributes:
+            self.cells.append((self._row, attributes))
+
+    def cell(self, metric: str, **row: str) -> dict[str, str]:
+        matches = [
+            c
+            for r, c in self.cells
+            if c["data-metric"] == metric and all(r.get(f"data-{k}") == v for k, v in row.items())
+        ]
+        assert len(matches) == 1, f"{metric} {row}: {len(matches)} cells"
+        return matches[0]
+
+
+def _parse(html: str) -> _Cells:
+    parser = _Cells()
+    parser.feed(html)
+    return parser
+
+
+def _build(outputs: PipelineOutputs, out: Path) -> str:
+    build_report(**outputs.report_kwargs(out))
+    return out.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineOutputs, str]:
+    """dqn without skill, ppo with strong (look-ahead) skill: one build exercises both verdicts."""
+    root = tmp_path_factory.mktemp("report")
+    outputs = write_pipeline_outputs(root / "run", skill={"ppo": 0.95}, test_days=4, seed=1)
+    return outputs, _build(outputs, root / "eval_report.html")
+
+
+# ------------------------------------------------------------------------------------------- self-contained
+
+
+def test_report_is_self_contained(report: tuple[PipelineOutputs, str]) -> None:
+    _, html = report
+    parsed = _parse(html)
+    assert not [t for t, _ in parsed.tags if t in ("script", "link", "iframe", "img", "object", "embed")]
+    references = [
+        value
+        for _, attrs in parsed.tags
+        for key, value in attrs.items()
+        if key in ("src", "href", "xlink:href")
+    ]
+    assert references, "the table of contents and SVG uses hold internal references"
+    assert all(value.startswith("#") for value in references), [
+        v for v in references if not v.startswith("#")
+    ]
+    assert not re.search(r"@import|url\(\s*['\"]?\s*(https?:)?//", html)
+    assert "http://" not in html.replace("http://www.w3.org/", "") and "https://" not in html
+
+
+def test_every_section_present_once_in_order(report: tuple[PipelineOutputs, str]) -> None:
+    _, html = report
+    ids = [attrs["id"] for tag, attrs in _parse(html).tags if tag == "section" and "id" in attrs]
+    assert ids == [section_id for section_id, _ in SECTIONS]
+    for section_id, _ in SECTIONS:
+        assert f'href="#{section_id}"' in html
+
+
+def test_rebuild_is_identical_apart_from_the_timestamp(
+    report: tuple[PipelineOutputs, str], tmp_path: Path
+) -> None:
+    outputs, html = report
+    again = _build(outputs, tmp_path / "again.html")
+    assert TIMESTAMP.sub("<t>", again) == TIMESTAMP.sub("<t>", html)
+    assert TIMESTAMP.search(html)
+
+
+def test_default_config_size_is_under_budget(tmp_path: Path) -> None:
+    """3 folds × 2 seeds × 2 algos over 3 test days of 1-minute bars (1,320 a day), 50 random seeds."""
+    outputs = write_pipeline_outputs(tmp_path / "run", bars_per_day=1320, random_seeds=50, test_days=3)
+    out = tmp_path / "eval_report.html"
+    build_report(**outputs.report_kwargs(out))
+    assert 100_000 < out.stat().st_size < SIZE_BUDGET_BYTES
+
+
+# ------------------------------------------------------------------------------------------------- verdict
+
+
+def test_verdict_says_which_agent_beats_the_baselines(report: tuple[PipelineOutputs, str]) -> None:
+    _, html = report
+    verdicts = {
+        attrs["data-algo"]: attrs["data-verdict"]
+        for tag, attrs in _parse(html).tags
+        if "data-verdict" in attrs
+    }
+    assert verdicts == {"ppo": "beats", "dqn": "does-not-beat"}
+    assert "ppo beats every baseline after costs" in html
+    assert re.search(r"dqn does not (significantly )?beat the baselines after costs", html)
+
+
+def test_verdict_numbers_are_consistent_with_the_rule(report: tuple[PipelineOutputs, str]) -> None:
+    _, html = report
+    parsed = _parse(html)
+    for seed in ("0", "1"):
+        assert float(parsed.cell("dsr", algo="ppo", seed=seed)["data-value"]) > 0.95
+        for baseline in ("buy_and_hold", "flat", "momentum", "random"):
+            assert float(parsed.cell(f"diff-{baseline}", algo="ppo", seed=seed)["data-lo"]) > 0
+
+
+def _seed(diffs_lo: list[float], dsr: float, index: int = 0) -> SeedVerdict:
+    nan = math.nan
+    stats = SharpeStats(ConfidenceInterval(1.0, 0.5, 1.5), 0.99, dsr, 60, 0.01, -0.01)
+    names = ["buy_and_hold", "flat", "momentum", "random"]
+    return SeedVerdict(
+        index,
+        stats,
+        [Comparison(n, lo + 0.5, lo, lo + 1.0, nan) for n, lo in zip(names, diffs_lo, strict=True)],
+    )
+
+
+@pytest.mark.parametrize(
+    ("seeds", "beats", "phrase"),
+    [
+        ([_seed([0.1] * 4, 0.99), _seed([0.2] * 4, 0.97, 1)], True, "beats every baseline"),
+        (
+            [_seed([0.1] * 4, 0.90)],
+            False,
+            "does not significantly beat",
+        ),  # significant, but not after deflation
+        (
+            [_seed([0.1] * 4, 0.99), _seed([0.1, 0.1, -0.2, 0.1], 0.99, 1)],
+            False,
+            "not significantly better than momentum",
+        ),
+        ([_seed([-2.0, -0.2, -0.2, -0.2], 0.2)], False, "significantly worse than buy & hold"),
+    ],
+)
+def test_verdict_rule_is_conservative(seeds: list[SeedVerdict], beats: bool, phrase: str) -> None:
+    said_beats, sentence = verdict_sentence("ppo", seeds, Deflation(20, 0.01, ""))
+    assert said_beats is beats
+    assert phrase in sentence
+
+
+def test_verdict_without_hyperopt_trials_never_beats() -> None:
+    beats, sentence = verdict_sentence(
+        "ppo", [_seed([0.5] * 4, math.nan)], Deflation(0, math.nan, "no completed hyperopt trials")
+    )
+    assert not beats
+    assert "unavailable (no completed hyperopt trials)" in sentence
+
+
+# ------------------------------------------------------------------------------------ numbers vs the bars
+
+
+def _independent_daily(bars: pl.DataFrame, column: str = "net_return") -> np.ndarray:
+    """Equal-weight portfolio (every instrument has every bar here) compounded per day, in plain numpy."""
+    table = bars.sort("ts_event", "symbol")
+    symbols = table["symbol"].n_unique()
+    returns = table[column].cast(pl.Float64).to_numpy().reshape(-1, symbols).mean(axis=1)
+    days = table["trading_day"].to_numpy()[::symbols]
+    return np.array([np.prod(1.0 + returns[days == day]) - 1.0 for day in np.unique(days)])
+
+
+def _sharpe(daily: np.ndarray) -> float:
+    return float(daily.mean() / daily.std(ddof=1) * math.sqrt(252))
+
+
+def test_per_fold_table_matches_metrics_on_the_bars(report: tuple[PipelineOutputs, str]) -> None:
+    outputs, html = report
+    parsed = _parse(html)
+    checked = 0
+    for fold in range(3):
+        for algo in ("dqn", "ppo"):
+            for seed in (0, 1):
+                bars = pl.read_parquet(
+                    outputs.root / f"results/eval/{algo}/fold_{fold}/seed_{seed}/bars.parquet"
+                )
+                expected = performance_summary(bars)
+                for key in (
+                    "sharpe",
+                    "gross_sharpe",
+                    "total_return",
+                    "max_drawdown",
+                    "n_trades",
+                    "total_cost",
+                ):
+                    cell = parsed.cell(key, fold=str(fold), strategy=algo, seed=str(seed))
+                    assert float(cell["data-value"]) == pytest.approx(expected[key], rel=1e-10, abs=1e-15)
+                daily = _independent_daily(bars)
+                sharpe = float(
+                    parsed.cell("sharpe", fold=str(fold), strategy=algo, seed=str(seed))["data-value"]
+                )
+                assert sharpe == pytest.approx(_sharpe(daily), rel=1e-9)
+                total = float(
+                    parsed.cell("total_return", fold=str(fold), strategy=algo, seed=str(seed))["data-value"]
+                )
+                assert total == pytest.approx(np.prod(1.0 + daily) - 1.0, rel=1e-9)
+                checked += 1
+        baselines = pl.read_parquet(outputs.root / f"results/eval/baselines/fold_{fold}/bars.parquet")
+        for name in ("buy_and_hold", "momentum"):
+            bars = baselines.filter(pl.col("strategy") == name).drop("strategy")
+            cell = parsed.cell("sharpe", fold=str(fold), strategy=name, seed="")
+            assert float(cell["data-value"]) == pytest.approx(_sharpe(_independent_daily(bars)), rel=1e-9)
+    assert checked == 12
+
+
+def test_cost_sensitivity_recomputes_net_from_gross_and_cost(report: tuple[PipelineOutputs, str]) -> None:
+    outputs, html = report
+    parsed = _parse(html)
+    multipliers = outputs.config["evaluation"]["cost_multipliers"]
+    tables = [
+        pl.read_parquet(outputs.root / f"results/eval/baselines/fold_{k}/bars.parquet").filter(
+            pl.col("strategy") == "momentum"
+        )
+        for k in range(3)
+    ]
+    pooled = pl.concat(tables).with_columns(pl.col("gross_return", "cost").cast(pl.Float64))
+    for j, m in enumerate(multipliers):
+        scaled = pooled.with_columns((pl.col("gross_return") - m * pl.col("cost")).alias("scaled"))
+        expected = _sharpe(_independent_daily(scaled, "scaled"))
+        cell = parsed.cell(f"sharpe-{j}", strategy="momentum")
+        assert float(cell["data-value"]) == pytest.approx(expected, rel=1e-6)
+    sharpes = [
+        float(parsed.cell(f"sharpe-{j}", strategy="momentum")["data-value"]) for j in range(len(multipliers))
+    ]
+    assert sharpes == sorted(sharpes, reverse=True), "more cost can only lower a trading strategy's Sharpe"
+
+
+# ------------------------------------------------------------------------------------------------- escaping
+
+
+def test_data_and_config_text_is_escaped(tmp_path: Path) -> None:
+    outputs = write_pipeline_outputs(tmp_path / "run", symbols=("SYNTH-ES", HOSTILE_SYMBOL), n_folds=2)
+    hyperopt = Path(outputs.hyperopt_files[0])
+    summary = json.loads(hyperopt.read_text())
+    for trial in summary["trials"]:
+        trial["params"][HOSTILE_PARAM] = trial["params"].pop("gamma")
+    summary["best_params"][HOSTILE_PARAM] = 0.99
+    summary["objective"] = "</dd><script>alert(3)</script>"
+    hyperopt.write_text(json.dumps(summary))
+    outputs.config["data"]["files"] = "</pre><script>alert(4)</script>"
+    html = _build(outputs, tmp_path / "eval_report.html")
+    assert "<script" not in html
+    assert "<img" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "&lt;img src=x onerror=&#34;alert(2)&#34;&gt;" in html
+    assert "&lt;script&gt;alert(3)" in html and "&lt;script&gt;alert(4)" in html
+
+
+# --------------------------------------------------------------------------------------- degraded inputs
+
+
+def test_sections_say_what_is_missing_instead_of_crashing(tmp_path: Path) -> None:
+    outputs = write_pipeline_outputs(tmp_path / "run", n_folds=2, n_trials=3)
+    # dqn: every trial pruned, so no trial Sharpes for the DSR; ppo keeps < 5 completed trials (no importances).
+    dqn = Path(outputs.hyperopt_files[0])
+    summary = json.loads(dqn.read_text())
+    for trial in summary["trials"]:
+        trial["state"], trial["value"] = "PRUNED", None
+    summary.update(trial_sharpe_daily=[], best_params={}, best_value=None, best_trial=None, n_complete=0)
+    dqn.write_text(json.dumps(summary))
+    # A stored metric that disagrees with its bars is reported, not silently trusted.
+    metrics_path = Path(outputs.eval_files[0])
+    metrics = json.loads(metrics_path.read_text())
+    metrics["metrics"]["sharpe"] = 99.0
+    metrics_path.write_text(json.dumps(metrics))
+    kwargs = outputs.report_kwargs(tmp_path / "eval_report.html")
+    kwargs["train_logs"] = []
+    build_report(**kwargs)
+    html = (tmp_path / "eval_report.html").read_text()
+    assert "no hyperopt trial completed" in html
+    assert "deflated Sharpe ratio is unavailable (no completed hyperopt trials)" in html
+    assert "parameter importances need at least 5" in html
+    assert "No training logs were given." in html
+    assert "Input inconsistency" in html and "stored sharpe = 99.0" in html
+    assert 'data-verdict="beats"' not in html
+
+
+@pytest.fixture
+def small_outputs(tmp_path: Path) -> PipelineOutputs:
+    return write_pipeline_outputs(tmp_path / "run", n_folds=2, algos=("ppo",), random_seeds=2)
+
+
+def _error(outputs: PipelineOutputs, tmp_path: Path, **overrides: Any) -> str:
+    kwargs = outputs.report_kwargs(tmp_path / "eval_report.html") | overrides
+    with pytest.raises(ReportInputError) as caught:
+        build_report(**kwargs)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert not (tmp_path / "eval_report.html").exists()
+    return message
+
+
+def test_missing_eval_file_is_named(small_outputs: PipelineOutputs, tmp_path: Path) -> None:
+    missing = small_outputs.eval_files[0]
+    Path(missing).unlink()
+    assert missing in _error(small_outputs, tmp_path)
+
+
+def test_missing_bars_file_is_named(small_outputs: PipelineOutputs, tmp_path: Path) -> None:
+    bars = Path(small_outputs.eval_files[-1]).with_name("bars.parquet")
+    bars.unlink()
+    assert str(bars) in _error(small_outputs, tmp_path)
+
+
+@pytest.mark.parametrize("which", ["hyperopt_files", "train_logs", "eval_files"])
+def test_malformed_json_is_named(small_outputs: PipelineOutputs, tmp_path: Path, which: str) -> None:
+    path = getattr(small_outputs, which)[0]
+    Path(path).write_text('{"algo": "ppo", ')
+    message = _error(small_outputs, tmp_path)
+    assert path in message and "not valid JSON" in message
+
+
+def test_malformed_fields_and_tables_are_named(small_outputs: PipelineOutputs, tmp_path: Path) -> None:
+    log = Path(small_outputs.train_logs[0])
+    log.write_text(json.dumps({"algo": "ppo", "fold": "zero", "seed_index": 0}))
+    assert str(log) in _error(small_outputs, tmp_path) and "'fold'" in _error(small_outputs, tmp_path)
+    log.write_text(json.dumps({"algo": "ppo", "fold": 0, "seed_index": 0, "history": []}))
+    bars_path = Path(small_outputs.eval_files[0]).with_name("bars.parquet")
+    bars = pl.read_parquet(bars_path)
+    bars.with_columns(pl.col("cost") * -1.0).write_parquet(bars_path)
+    message = _error(small_outputs, tmp_path)
+    assert str(bars_path) in message and "cost" in message
+
+
+def test_missing_fold_plan_and_config_key_are_named(small_outputs: PipelineOutputs, tmp_path: Path) -> None:
+    message = _error(small_outputs, tmp_path, folds_path=str(tmp_path / "nope.json"))
+    assert "nope.json" in message
+    config = small_outputs.config
+    del config["evaluation"]["bootstrap_samples"]
+    assert "evaluation.bootstrap_samples" in _error(small_outputs, tmp_path, config=config)
+    assert issubclass(ReportInputError, ValueError)
