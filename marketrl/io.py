@@ -20,6 +20,15 @@ from typing import IO, Any, Literal
 __all__ = ["atomic_open", "atomic_write", "write_json_atomic"]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_DEFAULT_MODE = 0o666 & ~_umask()
+
+
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -60,6 +69,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
         if not tmp.exists():
             raise FileNotFoundError(f"{dest}: the writer did not create the temp file {tmp}")
         _fsync_file(tmp)
+        os.chmod(tmp, _DEFAULT_MODE)  # mkstemp creates 0600; outputs get the usual umask-derived mode
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)

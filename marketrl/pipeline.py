@@ -125,12 +125,15 @@ def seed_indices(config: dict[str, Any]) -> list[int]:
 
 
 def gpu_units(config: dict[str, Any]) -> int:
-    """`resources: gpu=` of GPU-using rules: 1 unless training is pinned to the CPU or no NVIDIA driver exists.
+    """`resources: gpu=` of GPU-using rules, from training.gpu_jobs (auto: 1 unless training runs on the CPU).
 
     With the default profile's global gpu=1 this keeps two GPU jobs from sharing a device, while CPU-only machines
-    still run training jobs in parallel. Set training.device: cuda to force GPU requests (e.g. on a SLURM submit
-    host without a GPU).
+    still run training jobs in parallel. On a SLURM cluster gpu=1 becomes a GPU request (profiles/slurm); set
+    training.gpu_jobs: always when the submit host has no GPU but the compute nodes do, never to request none.
     """
+    policy = config["training"].get("gpu_jobs", "auto")
+    if policy != "auto":
+        return 1 if policy == "always" else 0
     device = config["training"]["device"]
     if device == "cpu":
         return 0

@@ -1,15 +1,173 @@
-"""Per-fold, per-seed training jobs (issue: walk-forward folds, hyperopt and fan-out).
+"""Per-fold, per-seed training jobs: best hyperparameters in, a checkpoint and a training log out.
 
-Not built yet: every entry point fails loudly instead of writing plausible output.
+The network is built from the study's `hidden_dim_base` (older hyperparameter files without it fall back to
+[128, 64]); normalization is fit on the fold's inner training rows and stored in the checkpoint; the validation tail
+is scored at a fixed cadence and reported in the job log with progress, steps/s and ETA.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+import torch
 
-def train_job(**kwargs: Any) -> None:
-    """Not implemented yet."""
-    raise NotImplementedError(
-        "marketrl stage 'training' (train_job) is not implemented yet; see the open issues"
+from gpu_utils import detect_precision, resolve_device
+from marketrl.agents import dqn, ppo
+from marketrl.agents.checkpoint import save_checkpoint
+from marketrl.agents.common import TrainResult
+from marketrl.config import derive_seed
+from marketrl.datasets import env_config_from_config, fold_window, load_features
+from marketrl.env import EnvConfig, MarketData
+from marketrl.folds import FoldPlan
+from marketrl.io import write_json_atomic
+from marketrl.metrics import to_json_safe
+from marketrl.provenance import collect
+
+log = logging.getLogger(__name__)
+
+TRAINERS = {"dqn": dqn, "ppo": ppo}
+EVALS_PER_RUN = 10  # validation scores (and progress lines) per training run
+
+
+class HparamsError(ValueError):
+    """A hyperparameter file is missing, malformed, or does not belong to the algorithm."""
+
+
+def load_hparams(path: str | Path, algo: str) -> dict[str, Any]:
+    """Best parameters from results/hyperopt/{algo}.json, checked; names the file on any problem."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HparamsError(f"{path}: cannot read hyperparameters: {exc}".splitlines()[0]) from exc
+    if not isinstance(data, dict) or not isinstance(data.get("best_params"), dict):
+        raise HparamsError(f"{path}: expected a JSON object with a 'best_params' mapping")
+    if data.get("algo", algo) != algo:
+        raise HparamsError(f"{path}: hyperparameters are for {data.get('algo')!r}, not {algo!r}")
+    params = data["best_params"]
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise HparamsError(f"{path}: best_params.{key} must be a number or string, got {value!r}")
+    return dict(params)
+
+
+def run_training(
+    algo: str,
+    *,
+    train_data: MarketData,
+    env_config: EnvConfig,
+    hparams: Mapping[str, Any],
+    precision: Any,
+    device: torch.device,
+    seed: int,
+    total_steps: int,
+    on_eval: Callable[[int, Callable], float | None] | None = None,
+    check_every: int = 100,
+) -> TrainResult:
+    """Train `algo` with the given hyperparameters; the one call hyperopt and the train job share."""
+    eval_every = max(1, total_steps // EVALS_PER_RUN) if on_eval is not None else 0
+    if algo == "dqn":
+        config = dqn.DQNConfig(
+            total_steps=total_steps, env=env_config, eval_every=eval_every, check_every=check_every
+        )
+    else:
+        config = ppo.PPOConfig(total_steps=total_steps, env=env_config, eval_every=eval_every)
+    return TRAINERS[algo].train(train_data, config, dict(hparams), precision, device, seed, on_eval=on_eval)
+
+
+class ProgressLog:
+    """Validation scores at a fixed cadence, logged with progress, steps/s and ETA for `tail -f`."""
+
+    def __init__(self, validation: MarketData, config: Mapping[str, Any], total_steps: int) -> None:
+        from marketrl.hyperopt import validation_sharpe  # the same objective hyperopt optimizes
+
+        self._score = lambda policy: validation_sharpe(policy, validation, config)
+        self.total_steps = total_steps
+        self.started = time.perf_counter()
+        self.records: list[dict[str, float]] = []
+
+    def __call__(self, step: int, policy: Callable) -> float:
+        score = self._score(policy)
+        elapsed = time.perf_counter() - self.started
+        rate = step / elapsed if elapsed > 0 else math.nan
+        eta = (self.total_steps - step) / rate if rate and rate > 0 else math.nan
+        self.records.append({"step": step, "val_sharpe": score, "elapsed_s": elapsed})
+        log.info(
+            "progress: step %d/%d (%.0f%%), %.0f steps/s, ETA %.0fs, validation Sharpe %.3f",
+            step,
+            self.total_steps,
+            100.0 * step / self.total_steps,
+            rate,
+            eta,
+            score,
+        )
+        return score
+
+
+def train_job(
+    *,
+    algo: str,
+    fold: int,
+    seed_index: int,
+    manifest_path: str,
+    folds_path: str,
+    hparams_path: str,
+    config: Mapping[str, Any],
+    model_path: str,
+    log_path: str,
+) -> dict[str, Any]:
+    """Train one algorithm on one fold with one seed; write model.pt and train_log.json atomically."""
+    hparams = load_hparams(hparams_path, algo)
+    device = resolve_device(config["training"]["device"])
+    precision = detect_precision(device, config["training"]["precision"])
+    log.info("precision %s: %s", precision.mode, precision.reason)
+    seed = derive_seed(config["seed"], "train", algo, fold, seed_index)
+    plan = FoldPlan.load(folds_path)
+    window = fold_window(load_features(manifest_path), plan, fold, config, device)
+    total_steps = config["training"]["total_steps"]
+    progress = ProgressLog(window.splits["validation"], config, total_steps)
+    started = time.perf_counter()
+    result = run_training(
+        algo,
+        train_data=window.splits["train"],
+        env_config=env_config_from_config(config),
+        hparams=hparams,
+        precision=precision,
+        device=device,
+        seed=seed,
+        total_steps=total_steps,
+        on_eval=progress,
+        check_every=config["training"]["check_every"],
     )
+    wall_s = time.perf_counter() - started
+    save_checkpoint(
+        model_path,
+        result,
+        algo=algo,
+        normalizer_state=window.normalizer.state_dict(),
+        feature_names=window.feature_names,
+        precision=precision.to_dict(),
+        hparams=hparams,
+        extra={"fold": fold, "seed_index": seed_index, "seed": seed},
+    )
+    train_log = {
+        "algo": algo,
+        "fold": fold,
+        "seed_index": seed_index,
+        "seed": seed,
+        "hparams": hparams,
+        "precision": precision.to_dict(),
+        "device": str(device),
+        "total_steps": total_steps,
+        "wall_s": wall_s,
+        "validation": progress.records,
+        **result.log,
+        "provenance": collect(dict(config), device=str(device)),
+    }
+    write_json_atomic(log_path, to_json_safe(train_log))
+    return train_log

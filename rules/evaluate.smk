@@ -1,6 +1,6 @@
 rule evaluate:
     input:
-        features=pipeline.feature_files(config),
+        manifest="results/features/manifest.json",
         folds="results/folds.json",
         model=trained_model,
     output:
@@ -23,7 +23,7 @@ rule evaluate:
 
 rule baselines:
     input:
-        features=pipeline.feature_files(config),
+        manifest="results/features/manifest.json",
         folds="results/folds.json",
     output:
         metrics="results/eval/baselines/fold_{fold}/metrics.json",

@@ -15,3 +15,19 @@ rule features:
         code=pipeline.code_hash(),
     script:
         "../workflow_scripts/features.py"
+
+
+rule feature_manifest:
+    input:
+        pipeline.feature_files(config),
+    output:
+        "results/features/manifest.json",
+    log:
+        "results/logs/feature_manifest.log",
+    benchmark:
+        "results/benchmarks/feature_manifest.tsv"
+    conda:
+        ENV_FILE
+    threads: 1
+    script:
+        "../workflow_scripts/feature_manifest.py"

@@ -1,6 +1,6 @@
 rule hyperopt_worker:
     input:
-        features=pipeline.feature_files(config),
+        manifest="results/features/manifest.json",
         folds="results/folds.json",
     output:
         "results/hyperopt/{algo}/worker_{worker}.json",

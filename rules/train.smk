@@ -1,6 +1,6 @@
 rule train:
     input:
-        features=pipeline.feature_files(config),
+        manifest="results/features/manifest.json",
         folds="results/folds.json",
         hparams=hyperopt_params,
     output:

@@ -8,7 +8,7 @@ from marketrl.jobs import job_context
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     baselines_job(
         fold=int(snakemake.wildcards.fold),
-        feature_files=list(snakemake.input.features),
+        manifest_path=snakemake.input.manifest,
         folds_path=snakemake.input.folds,
         config=snakemake.params.config,
         metrics_path=snakemake.output.metrics,

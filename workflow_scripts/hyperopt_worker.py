@@ -9,7 +9,7 @@ with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     run_worker(
         algo=snakemake.wildcards.algo,
         worker=int(snakemake.wildcards.worker),
-        feature_files=list(snakemake.input.features),
+        manifest_path=snakemake.input.manifest,
         folds_path=snakemake.input.folds,
         config=snakemake.params.config,
         out_path=snakemake.output[0],

@@ -1,0 +1,23 @@
+"""DQN and PPO agents on the tensor-resident TradingEnv (see docs/AGENTS.md).
+
+``dqn.train`` and ``ppo.train`` share one signature and return a `TrainResult`; `save_checkpoint` /
+`load_policy` store and rebuild a trained agent from plain data.
+"""
+
+from marketrl.agents.checkpoint import CheckpointError, load_checkpoint, load_policy, save_checkpoint
+from marketrl.agents.common import GreedyPolicy, HParamError, TrainResult
+from marketrl.agents.networks import FALLBACK_HIDDEN, ArchitectureError, build_networks, hidden_sizes
+
+__all__ = [
+    "FALLBACK_HIDDEN",
+    "ArchitectureError",
+    "CheckpointError",
+    "GreedyPolicy",
+    "HParamError",
+    "TrainResult",
+    "build_networks",
+    "hidden_sizes",
+    "load_checkpoint",
+    "load_policy",
+    "save_checkpoint",
+]

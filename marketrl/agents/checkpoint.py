@@ -1,0 +1,154 @@
+"""Agent checkpoints: plain data only, written atomically, loaded with ``torch.load(weights_only=True)``.
+
+A checkpoint is a dict of tensors, lists, numbers, strings, booleans and None:
+
+    format "marketrl-agent", version 1, algo "dqn" | "ppo",
+    architecture   the dict `networks.build_networks` rebuilds the exact networks from,
+    state_dicts    {"q": {...}} or {"policy": {...}, "value": {...}} (CPU float32 tensors),
+    normalizer     FeatureNormalizer.state_dict() of the training split,
+    feature_names  feature columns in observation order,
+    env            the environment settings the agent was trained with (window, fill, contracts, ...),
+    precision      PrecisionPlan.to_dict() of the training run,
+    hparams        resolved hyperparameters (defaults included),
+    extra          anything else the caller adds (plain data only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from gpu_utils import PrecisionError, PrecisionPlan, detect_precision
+from marketrl.agents.common import GreedyPolicy, TrainResult
+from marketrl.agents.networks import build_networks
+from marketrl.io import atomic_write
+
+__all__ = ["ACTING_NETWORK", "CheckpointError", "load_checkpoint", "load_policy", "save_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "marketrl-agent"
+VERSION = 1
+#: The network whose argmax is the greedy action, per algorithm.
+ACTING_NETWORK = {"dqn": "q", "ppo": "policy"}
+_SAVED_NETWORKS = {"dqn": ("q",), "ppo": ("policy", "value")}
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be written or read back as an agent."""
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    result: TrainResult,
+    *,
+    algo: str,
+    normalizer_state: Mapping[str, Any],
+    feature_names: list[str],
+    precision: PrecisionPlan | Mapping[str, Any] | None = None,
+    hparams: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Write ``result``'s networks and everything needed to rebuild and feed them, atomically.
+
+    ``precision`` and ``hparams`` default to the ones recorded in ``result``.
+    """
+    if algo != result.algo:
+        raise CheckpointError(f"{path}: algo {algo!r} does not match the trained agent ({result.algo!r})")
+    if precision is None:
+        precision = result.precision
+    checkpoint = {
+        "format": FORMAT,
+        "version": VERSION,
+        "algo": algo,
+        "architecture": result.architecture,
+        "state_dicts": {
+            name: {
+                key: value.detach().to("cpu", copy=True)
+                for key, value in result.networks[name].state_dict().items()
+            }
+            for name in _SAVED_NETWORKS[algo]
+        },
+        "normalizer": dict(normalizer_state),
+        "feature_names": list(feature_names),
+        "env": result.log.get("env"),
+        "precision": precision.to_dict() if isinstance(precision, PrecisionPlan) else dict(precision),
+        "hparams": dict(hparams if hparams is not None else result.hparams),
+        "extra": dict(extra or {}),
+    }
+    _check_plain(checkpoint, str(path), "checkpoint")
+    with atomic_write(path) as tmp:
+        torch.save(checkpoint, tmp)
+
+
+def load_checkpoint(path: str | os.PathLike[str], device: torch.device | str = "cpu") -> dict[str, Any]:
+    """The checkpoint dict (tensors mapped to ``device``), validated; ``torch.load(weights_only=True)``."""
+    try:
+        checkpoint = torch.load(path, map_location=torch.device(device), weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: checkpoint not found") from None
+    except Exception as error:  # unpickling errors come in several types
+        raise CheckpointError(
+            f"{path}: not a readable weights-only checkpoint ({type(error).__name__})"
+        ) from None
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a marketrl agent checkpoint")
+    if checkpoint.get("version") != VERSION:
+        raise CheckpointError(f"{path}: checkpoint version {checkpoint.get('version')!r}, expected {VERSION}")
+    if checkpoint.get("algo") not in ACTING_NETWORK:
+        raise CheckpointError(f"{path}: algo {checkpoint.get('algo')!r} is not dqn or ppo")
+    return checkpoint
+
+
+def load_policy(
+    path: str | os.PathLike[str], device: torch.device | str = "cpu", precision: str | None = None
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, Any]]:
+    """Rebuild the trained networks from the checkpoint alone; return (greedy policy, metadata).
+
+    The policy runs in the training precision where ``device`` supports it (else fp32, logged), or in
+    ``precision`` (auto/bf16/fp16/fp32) if given. ``metadata`` is the checkpoint without ``state_dicts``, plus
+    ``networks`` (the rebuilt modules, in eval mode) and ``plan`` (the PrecisionPlan used).
+    """
+    device = torch.device(device)
+    checkpoint = load_checkpoint(path, device)
+    networks = build_networks(checkpoint["architecture"])
+    for name, module in networks.items():
+        try:
+            module.load_state_dict(checkpoint["state_dicts"][name])
+        except (KeyError, RuntimeError) as error:
+            raise CheckpointError(
+                f"{path}: weights for {name!r} do not fit the stored architecture ({error})"
+            ) from None
+        module.to(device).eval().requires_grad_(False)
+    plan = _inference_plan(device, precision or checkpoint["precision"].get("mode", "fp32"), str(path))
+    algo = checkpoint["algo"]
+    meta = {key: value for key, value in checkpoint.items() if key != "state_dicts"}
+    meta.update(networks=networks, plan=plan)
+    return GreedyPolicy(networks[ACTING_NETWORK[algo]], plan), meta
+
+
+def _inference_plan(device: torch.device, mode: str, where: str) -> PrecisionPlan:
+    try:
+        return detect_precision(device, mode)
+    except PrecisionError:
+        log.info("%s: trained in %s, which %s cannot run; evaluating in fp32", where, mode, device)
+        return detect_precision(device, "fp32")
+
+
+def _check_plain(value: Any, path: str, where: str) -> None:
+    """Refuse anything ``torch.load(weights_only=True)`` would reject, naming where it sits."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str | int):
+                raise CheckpointError(f"{path}: {where} has a non-string key {key!r}")
+            _check_plain(item, path, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_plain(item, path, f"{where}[{index}]")
+    elif not isinstance(value, _PLAIN):
+        raise CheckpointError(f"{path}: {where} holds a {type(value).__name__}; only plain data can be saved")

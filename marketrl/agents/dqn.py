@@ -1,0 +1,404 @@
+"""Double DQN on the tensor-resident TradingEnv, in one readable file.
+
+Everything stays on the training device: N envs step in one batched op, ε-greedy actions are drawn with torch
+ops, all N transitions enter a preallocated ring buffer in ONE call, and gradient-step statistics (loss,
+Q-values, grad norm, episode returns) accumulate on the device. The host reads them, and checks them for NaN/inf,
+once every ``config.check_every`` gradient steps: the loop's only device→host sync in steady state.
+
+Hyperparameters (``hparams`` dict, see `DQNHyperparams` and docs/AGENTS.md) follow Stable-Baselines3's names
+where they exist.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_utils import OptimStep, PrecisionPlan, make_optimizer
+from marketrl.agents.common import (
+    EvalCallback,
+    EvalSchedule,
+    GreedyPolicy,
+    TrainResult,
+    WindowStats,
+    autocast,
+    check_run_setting,
+    env_settings,
+    parse_hparams,
+    require,
+    resolve_precision,
+    seeded,
+)
+from marketrl.agents.networks import build_networks, make_architecture
+from marketrl.env import N_ACTIONS, EnvConfig, MarketData, TradingEnv
+
+__all__ = ["DQNConfig", "DQNHyperparams", "ReplayBuffer", "td_loss", "train"]
+
+_RANDOM_POOL_STEPS = 64  # exploration draws are made for this many vector steps at once
+
+
+@dataclass(frozen=True)
+class DQNHyperparams:
+    """Tunable DQN settings (keys of the ``hparams`` dict). Units: env steps count transitions (N per vector
+    step); ``train_freq`` counts vector steps; ``target_update`` counts gradient steps."""
+
+    learning_rate: float = 1e-4
+    gamma: float = 0.99
+    batch_size: int = 256
+    buffer_size: int = 100_000
+    learning_starts: int = 1_000
+    train_freq: int = 1
+    gradient_steps: int = 1
+    target_update: int = 1_000
+    tau: float = 1.0
+    exploration_fraction: float = 0.1
+    exploration_initial_eps: float = 1.0
+    exploration_final_eps: float = 0.05
+    max_grad_norm: float | None = 10.0
+    n_step_return: int = 1
+    double_q: bool = True
+    dueling: bool = False
+    reward_scale: float = 1.0
+    hidden_dim_base: int | None = None
+    net_arch: list[int] | None = None
+
+    def validate(self) -> None:
+        """Range checks (types were checked by `parse_hparams`)."""
+        require(self.learning_rate > 0, "learning_rate", "a number > 0", self.learning_rate)
+        require(0 < self.gamma <= 1, "gamma", "a number in (0, 1]", self.gamma)
+        require(0 < self.tau <= 1, "tau", "a number in (0, 1]", self.tau)
+        for key in (
+            "batch_size",
+            "buffer_size",
+            "train_freq",
+            "gradient_steps",
+            "target_update",
+            "n_step_return",
+        ):
+            require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
+        require(self.learning_starts >= 0, "learning_starts", "an integer >= 0", self.learning_starts)
+        require(
+            0 < self.exploration_fraction <= 1,
+            "exploration_fraction",
+            "a number in (0, 1]",
+            self.exploration_fraction,
+        )
+        for key in ("exploration_initial_eps", "exploration_final_eps"):
+            require(0 <= getattr(self, key) <= 1, key, "a number in [0, 1]", getattr(self, key))
+        require(
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            "max_grad_norm",
+            "> 0 or null",
+            self.max_grad_norm,
+        )
+        require(self.reward_scale > 0, "reward_scale", "a number > 0", self.reward_scale)
+
+
+@dataclass(frozen=True)
+class DQNConfig:
+    """Run settings (not tuned): length, environment, evaluation and statistics cadence."""
+
+    total_steps: int = 60_000  # env steps (transitions, N per vector step)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    eval_every: int = 0  # env steps between on_eval calls (0: only at the end)
+    check_every: int = 100  # gradient steps between statistics reads (= NaN checks)
+
+    def __post_init__(self) -> None:
+        check_run_setting("total_steps", self.total_steps, 1)
+        check_run_setting("eval_every", self.eval_every, 0)
+        check_run_setting("check_every", self.check_every, 1)
+
+
+class Batch(NamedTuple):
+    """A sampled minibatch of (n-step) transitions."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    discounts: torch.Tensor  # γ^k of the bootstrap term, 0 where the episode terminated within the k steps
+    next_obs: torch.Tensor
+
+
+class ReplayBuffer:
+    """Preallocated ring buffer on the device: obs, next_obs, action, reward and bootstrap discount per transition.
+
+    ``add`` writes all N envs' transitions at once (one ``index_copy_`` per field at ring indices computed on the
+    device from a host-side cursor); ``sample`` draws every minibatch of a training round with one ``randint`` and
+    one ``index_select`` per field, so each minibatch is contiguous (strided views would slow the matmuls down).
+    The cursor and the fill level are host integers known without reading the device: neither call syncs.
+    """
+
+    def __init__(self, capacity: int, obs_dim: int, device: torch.device) -> None:
+        self.capacity = capacity
+        self.obs_dim = obs_dim
+        # empty, not zeros: rows are only read after being written, and untouched pages cost nothing
+        self.obs = torch.empty(capacity, obs_dim, dtype=torch.float32, device=device)
+        self.next_obs = torch.empty(capacity, obs_dim, dtype=torch.float32, device=device)
+        self.actions = torch.empty(capacity, dtype=torch.int64, device=device)
+        self.rewards = torch.empty(capacity, dtype=torch.float32, device=device)
+        self.discounts = torch.empty(capacity, dtype=torch.float32, device=device)
+        self.cursor = 0
+        self.size = 0
+        self._offsets: torch.Tensor | None = None
+
+    def add(
+        self,
+        obs: torch.Tensor,
+        next_obs: torch.Tensor,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        discounts: torch.Tensor,
+    ) -> None:
+        """Insert one transition per env (every tensor has N rows) in one call, without a per-sample loop."""
+        n = obs.shape[0]
+        if self._offsets is None or self._offsets.shape[0] != n:
+            self._offsets = torch.arange(n, device=self.obs.device)
+        index = torch.remainder(self._offsets + self.cursor, self.capacity)
+        self.obs.index_copy_(0, index, obs)
+        self.next_obs.index_copy_(0, index, next_obs)
+        self.actions.index_copy_(0, index, actions)
+        self.rewards.index_copy_(0, index, rewards)
+        self.discounts.index_copy_(0, index, discounts)
+        self.cursor = (self.cursor + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int, n_batches: int, generator: torch.Generator) -> list[Batch]:
+        """``n_batches`` minibatches drawn uniformly with replacement (one gather per field for all of them)."""
+        index = torch.randint(
+            0, self.size, (n_batches * batch_size,), generator=generator, device=self.obs.device
+        )
+        fields = [
+            tensor.index_select(0, index).split(batch_size)
+            for tensor in (self.obs, self.actions, self.rewards, self.discounts, self.next_obs)
+        ]
+        return [Batch(*parts) for parts in zip(*fields, strict=True)]
+
+
+class NStepWindow:
+    """Turns the last n vector steps into n-step transitions for the oldest one, per env, on the device.
+
+    R = Σ_{k<m} γ^k r_{t+k} and the bootstrap discount γ^m·(1 − terminated), where m ≤ n stops at the first episode
+    end; the bootstrap obs is the true next state at that end (the env's ``final_obs``, not the auto-reset obs).
+    """
+
+    def __init__(self, n: int, gamma: float) -> None:
+        self.n = n
+        self.gamma = gamma
+        self.steps: deque[tuple[torch.Tensor, ...]] = deque()
+
+    def push(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        next_obs: torch.Tensor,
+        terminated: torch.Tensor,
+        done: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...] | None:
+        """Add one vector step; once n are held return (obs, actions, next_obs, returns, discounts) of the oldest."""
+        self.steps.append((obs, actions, rewards, next_obs, terminated, done))
+        if len(self.steps) < self.n:
+            return None
+        first_obs, first_actions, returns, bootstrap_obs, first_terminated, first_done = self.steps.popleft()
+        discounts = torch.where(first_terminated, 0.0, self.gamma)
+        if not self.steps:  # n = 1
+            return first_obs, first_actions, bootstrap_obs, returns, discounts
+        alive = ~first_done
+        for k, (_, _, reward, later_next_obs, later_terminated, later_done) in enumerate(self.steps, start=1):
+            returns = returns + torch.where(alive, reward * self.gamma**k, 0.0)
+            bootstrap_obs = torch.where(alive[:, None], later_next_obs, bootstrap_obs)
+            discounts = torch.where(
+                alive, self.gamma ** (k + 1) * (1.0 - later_terminated.float()), discounts
+            )
+            alive = alive & ~later_done
+        return first_obs, first_actions, bootstrap_obs, returns, discounts
+
+
+def td_loss(
+    q_net: nn.Module, target_net: nn.Module, batch: Batch, plan: PrecisionPlan, *, double_q: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Huber TD loss (fp32) and the taken actions' Q-values; Double DQN picks a′ with the online network."""
+    with torch.no_grad(), autocast(plan):
+        next_target = target_net(batch.next_obs)
+        best = q_net(batch.next_obs).argmax(dim=1, keepdim=True) if double_q else None
+    next_target = next_target.float()
+    next_q = next_target.gather(1, best).squeeze(1) if double_q else next_target.max(dim=1).values
+    target = batch.rewards + batch.discounts * next_q
+    with autocast(plan):
+        q = q_net(batch.obs)
+    q_taken = q.float().gather(1, batch.actions[:, None]).squeeze(1)
+    return F.smooth_l1_loss(q_taken, target), q_taken
+
+
+def train(
+    train_data: MarketData,
+    config: DQNConfig,
+    hparams: Mapping[str, Any] | None,
+    precision: PrecisionPlan | str,
+    device: torch.device | str,
+    seed: int,
+    on_eval: EvalCallback | None = None,
+) -> TrainResult:
+    """Train a DQN agent on ``train_data`` for ``config.total_steps`` env steps; see the module docstring."""
+    hp: DQNHyperparams = parse_hparams(DQNHyperparams, hparams, "dqn")
+    device = torch.device(device)
+    plan = resolve_precision(precision, device)
+    env = TradingEnv(train_data, config.env, seed=seed, device=device)
+    n_envs = env.n_envs
+    require(hp.buffer_size >= n_envs, "buffer_size", f"an integer >= env.n_envs ({n_envs})", hp.buffer_size)
+
+    architecture = make_architecture("dqn", env.obs_dim, asdict(hp))
+    with seeded(seed):
+        q_net = build_networks(architecture)["q"].to(device)
+    target_net = copy.deepcopy(q_net).requires_grad_(False)
+    stepper = OptimStep(
+        make_optimizer(q_net.parameters(), hp.learning_rate, plan, device), plan, hp.max_grad_norm
+    )
+    replay = ReplayBuffer(hp.buffer_size, env.obs_dim, device)
+    n_step = NStepWindow(hp.n_step_return, hp.gamma)
+    generator = torch.Generator(device=device).manual_seed(seed + 7919)
+    policy = GreedyPolicy(q_net, plan)
+    evals = EvalSchedule(on_eval, config.eval_every)
+    stats = WindowStats(
+        ["loss", "q_mean", "q_low", "q_high", "grad_norm"],
+        device,
+        counters=("episode_return", "episodes"),
+        watched=("loss", "q_mean"),
+        capacity=config.check_every,
+        counter_width=n_envs,
+    )
+    finished_returns, finished_episodes = stats.counter("episode_return"), stats.counter("episodes")
+    history: list[dict[str, Any]] = []
+
+    n_vector_steps = max(1, math.ceil(config.total_steps / n_envs))
+    exploration_steps = hp.exploration_fraction * n_vector_steps * n_envs
+    obs = env.reset()
+    episode_return = torch.zeros(n_envs, device=device)
+    env_steps = grad_steps = window_grad_steps = 0
+    epsilon = hp.exploration_initial_eps
+    started = time.perf_counter()
+
+    for vector_step in range(n_vector_steps):
+        # ε-greedy on the device; uniform draws come from a pool refilled every _RANDOM_POOL_STEPS steps.
+        if vector_step % _RANDOM_POOL_STEPS == 0:
+            explore_draws = torch.rand(_RANDOM_POOL_STEPS, n_envs, generator=generator, device=device)
+            random_actions = torch.randint(
+                0, N_ACTIONS, (_RANDOM_POOL_STEPS, n_envs), generator=generator, device=device
+            )
+        progress = min(1.0, env_steps / exploration_steps)
+        epsilon = hp.exploration_initial_eps + progress * (
+            hp.exploration_final_eps - hp.exploration_initial_eps
+        )
+        with torch.no_grad(), autocast(plan):
+            greedy = q_net(obs).argmax(dim=1)
+        pool_row = vector_step % _RANDOM_POOL_STEPS
+        actions = torch.where(explore_draws[pool_row] < epsilon, random_actions[pool_row], greedy)
+
+        next_obs, rewards, terminated, truncated = env.step(actions)
+        done = terminated | truncated
+        transition = n_step.push(
+            obs, actions, rewards * hp.reward_scale, env.final_obs, terminated, done
+        )  # final_obs: the true next state, also where the env auto-reset
+        if transition is not None:
+            first_obs, first_actions, bootstrap_obs, returns, discounts = transition
+            replay.add(first_obs, bootstrap_obs, first_actions, returns, discounts)
+        episode_return.add_(rewards)
+        finished_returns.add_(episode_return * done)
+        finished_episodes.add_(done)
+        episode_return.masked_fill_(done, 0.0)
+        obs = next_obs
+        env_steps += n_envs
+
+        if env_steps >= hp.learning_starts and replay.size > 0 and vector_step % hp.train_freq == 0:
+            for batch in replay.sample(hp.batch_size, hp.gradient_steps, generator):
+                loss, q_taken = td_loss(q_net, target_net, batch, plan, double_q=hp.double_q)
+                grad_norm = stepper.step(loss)
+                q_low, q_high = torch.aminmax(q_taken.detach())
+                stats.record([loss.detach(), q_taken.detach().mean(), q_low, q_high, grad_norm.float()])
+                grad_steps += 1
+                window_grad_steps += 1
+                if grad_steps % hp.target_update == 0:
+                    _update_target(target_net, q_net, hp.tau)
+                if grad_steps % config.check_every == 0:
+                    history.append(
+                        _record(stats.read(grad_steps), env_steps, grad_steps, window_grad_steps, epsilon)
+                    )
+                    window_grad_steps = 0
+        evals.maybe(env_steps, policy)
+
+    if window_grad_steps > 0 or not history:  # the last partial window
+        history.append(_record(stats.read(grad_steps), env_steps, grad_steps, window_grad_steps, epsilon))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - started
+    evals.final(env_steps, policy)
+
+    log: dict[str, Any] = {
+        "algo": "dqn",
+        "env_steps": env_steps,
+        "grad_steps": grad_steps,
+        "steps_per_second": env_steps / elapsed if elapsed > 0 else float("inf"),
+        "host_syncs": stats.host_reads,
+        "precision": plan.to_dict(),
+        "env": env_settings(config.env),
+        "hidden_sizes": architecture["hidden"],
+        "architecture": architecture,
+        "hparams": asdict(hp),
+        "final_epsilon": epsilon,
+        **_last_values(history, ("loss", "q_mean", "q_min", "q_max", "grad_norm", "episode_return_mean")),
+        "evals": evals.records,
+        "history": history,
+    }
+    return TrainResult(
+        algo="dqn",
+        networks={"q": q_net, "target": target_net},
+        policy=policy,
+        architecture=architecture,
+        hparams=asdict(hp),
+        precision=plan,
+        log=log,
+    )
+
+
+@torch.no_grad()
+def _update_target(target_net: nn.Module, q_net: nn.Module, tau: float) -> None:
+    """Hard copy (τ = 1) or Polyak averaging target ← τ·online + (1 − τ)·target."""
+    for target_param, param in zip(target_net.parameters(), q_net.parameters(), strict=True):
+        if tau == 1.0:
+            target_param.copy_(param)
+        else:
+            target_param.lerp_(param, tau)
+
+
+def _record(
+    window: dict[str, float], env_steps: int, grad_steps: int, n_grad: int, epsilon: float
+) -> dict[str, Any]:
+    """Turn one window's sums into means (gradient-step means over n_grad, episode mean over its count)."""
+    episodes = int(window["episodes"])
+    record: dict[str, Any] = {"env_steps": env_steps, "grad_steps": grad_steps, "epsilon": epsilon}
+    for name in ("loss", "q_mean", "grad_norm"):
+        record[name] = window[name] / n_grad if n_grad else None
+    record["q_min"] = window["q_low_min"] if n_grad else None
+    record["q_max"] = window["q_high_max"] if n_grad else None
+    record["episodes"] = episodes
+    record["episode_return_mean"] = window["episode_return"] / episodes if episodes else None
+    return record
+
+
+def _last_values(history: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, Any]:
+    """The most recent non-None value of each name across the history (None if never recorded)."""
+    values: dict[str, Any] = dict.fromkeys(names)
+    for record in history:
+        for name in names:
+            if record.get(name) is not None:
+                values[name] = record[name]
+    return values

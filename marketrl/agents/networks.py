@@ -1,0 +1,150 @@
+"""Network builders shared by training and checkpoint loading.
+
+Widths come from ``hidden_dim_base`` (b) in the hyperparameters:
+
+* DQN Q-network  ``obs → b → b/2 → b/4 → 3`` (ReLU; optional dueling head), PyTorch default init;
+* PPO policy     ``obs → b → b/2 → 3 logits`` (tanh), and a separate value net ``obs → 2b → b → b/2 → 1``;
+  orthogonal init (hidden gain √2, policy head 0.01, value head 1, zero biases).
+
+Hyperparameter files without ``hidden_dim_base`` get ``[128, 64]`` for every network (older files keep working);
+``net_arch`` (an explicit list of widths for every network) is used for like-for-like comparisons with
+Stable-Baselines3. Everything needed to rebuild a network lives in a plain ``architecture`` dict, which
+checkpoints store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from marketrl.env import N_ACTIONS
+
+__all__ = [
+    "FALLBACK_HIDDEN",
+    "ArchitectureError",
+    "QNetwork",
+    "build_networks",
+    "hidden_sizes",
+    "make_architecture",
+    "mlp",
+]
+
+#: Hidden widths for every network when the hyperparameters carry neither hidden_dim_base nor net_arch.
+FALLBACK_HIDDEN = (128, 64)
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
+
+
+class ArchitectureError(ValueError):
+    """A network description (hyperparameters or checkpoint architecture) is invalid."""
+
+
+def hidden_sizes(algo: str, hparams: Mapping[str, Any]) -> dict[str, list[int]]:
+    """Hidden widths per network: ``{"q": [...]}`` for DQN, ``{"policy": [...], "value": [...]}`` for PPO.
+
+    ``net_arch`` wins (same widths for every network), then ``hidden_dim_base``, then the [128, 64] fallback.
+    """
+    if algo not in ("dqn", "ppo"):
+        raise ArchitectureError(f"algo: expected 'dqn' or 'ppo', got {algo!r}")
+    names = ("q",) if algo == "dqn" else ("policy", "value")
+    net_arch = hparams.get("net_arch")
+    base = hparams.get("hidden_dim_base")
+    if net_arch is not None and base is not None:
+        raise ArchitectureError("hparams: give either hidden_dim_base or net_arch, not both")
+    if net_arch is not None:
+        widths = list(net_arch)
+        if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+            raise ArchitectureError(
+                f"hparams.net_arch: expected a non-empty list of integers >= 1, got {net_arch!r}"
+            )
+        return {name: list(widths) for name in names}
+    if base is None:
+        return {name: list(FALLBACK_HIDDEN) for name in names}
+    if isinstance(base, bool) or not isinstance(base, int) or base < 4:
+        raise ArchitectureError(f"hparams.hidden_dim_base: expected an integer >= 4, got {base!r}")
+    if algo == "dqn":
+        return {"q": [base, base // 2, base // 4]}
+    return {"policy": [base, base // 2], "value": [2 * base, base, base // 2]}
+
+
+def make_architecture(algo: str, obs_dim: int, hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The plain-data description `build_networks` rebuilds from (stored in checkpoints)."""
+    return {
+        "algo": algo,
+        "obs_dim": int(obs_dim),
+        "n_actions": N_ACTIONS,
+        "hidden": hidden_sizes(algo, hparams),
+        "activation": "relu" if algo == "dqn" else "tanh",
+        "dueling": bool(hparams.get("dueling", False)) if algo == "dqn" else False,
+    }
+
+
+def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str) -> nn.Sequential:
+    """``Linear → act`` for each hidden width, then a final ``Linear`` to ``out_dim``."""
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [nn.Linear(in_dim, width), _ACTIVATIONS[activation]()]
+        in_dim = width
+    layers.append(nn.Linear(in_dim, out_dim))
+    return nn.Sequential(*layers)
+
+
+class QNetwork(nn.Module):
+    """Q-values for the 3 actions; dueling: ``V(s) + A(s, a) − mean_a A(s, a)`` on a shared body."""
+
+    def __init__(
+        self, obs_dim: int, hidden: list[int], n_actions: int, activation: str, dueling: bool
+    ) -> None:
+        super().__init__()
+        self.dueling = dueling
+        if not dueling:
+            self.net = mlp(obs_dim, hidden, n_actions, activation)
+            return
+        body = mlp(obs_dim, hidden[:-1], hidden[-1], activation)
+        self.net = nn.Sequential(*body, _ACTIVATIONS[activation]())
+        self.value_head = nn.Linear(hidden[-1], 1)
+        self.advantage_head = nn.Linear(hidden[-1], n_actions)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values [B, n_actions]."""
+        features = self.net(obs)
+        if not self.dueling:
+            return features
+        advantage = self.advantage_head(features)
+        return self.value_head(features) + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+def _orthogonal_init(net: nn.Sequential, head_gain: float) -> None:
+    linears = [layer for layer in net if isinstance(layer, nn.Linear)]
+    for index, layer in enumerate(linears):
+        nn.init.orthogonal_(layer.weight, gain=head_gain if index == len(linears) - 1 else math.sqrt(2))
+        nn.init.zeros_(layer.bias)
+
+
+def build_networks(architecture: Mapping[str, Any]) -> dict[str, nn.Module]:
+    """Fresh networks (on the CPU, float32) for an architecture dict: ``{"q"}`` or ``{"policy", "value"}``.
+
+    Initialization draws from torch's global RNG: seed it (or fork it) before calling for reproducible weights.
+    """
+    try:
+        algo = architecture["algo"]
+        obs_dim = int(architecture["obs_dim"])
+        n_actions = int(architecture["n_actions"])
+        hidden = {name: [int(w) for w in widths] for name, widths in architecture["hidden"].items()}
+        activation = architecture["activation"]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ArchitectureError(f"architecture: malformed or missing entry ({error})") from None
+    if activation not in _ACTIVATIONS:
+        raise ArchitectureError(f"architecture.activation: expected relu or tanh, got {activation!r}")
+    if algo == "dqn":
+        return {"q": QNetwork(obs_dim, hidden["q"], n_actions, activation, bool(architecture.get("dueling")))}
+    if algo == "ppo":
+        policy = mlp(obs_dim, hidden["policy"], n_actions, activation)
+        value = mlp(obs_dim, hidden["value"], 1, activation)
+        _orthogonal_init(policy, head_gain=0.01)
+        _orthogonal_init(value, head_gain=1.0)
+        return {"policy": policy, "value": value}
+    raise ArchitectureError(f"architecture.algo: expected 'dqn' or 'ppo', got {algo!r}")

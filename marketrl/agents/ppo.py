@@ -1,0 +1,405 @@
+"""PPO (clipped surrogate, separate policy and value networks) on the tensor-resident TradingEnv, in one file.
+
+Per update:
+1. rollout: T vector steps of N envs on the device; actions by Gumbel-max on the policy logits (noise for the
+   whole rollout drawn in one op, no distribution objects);
+2. values V(s_t) and V(s′_t) (s′ = the true next state, the env's ``final_obs`` where it auto-reset) and old
+   log-probs in batched passes over the whole rollout;
+3. exactly ONE device→host copy: rewards, values, next values, terminated and truncated stacked in one tensor;
+4. GAE on the CPU in numpy, vectorized over envs (loop over time only); advantages and returns go back to the
+   device (a host→device copy, which does not stall);
+5. ``n_epochs`` of shuffled minibatches; the loss terms accumulate on the device and are read once per update
+   (once per epoch with ``target_kl``, which needs the epoch's KL on the host to decide whether to stop).
+
+So a rollout costs a fixed number of host syncs, independent of T and N. Hyperparameters follow Stable-Baselines3's
+names (``n_steps`` = T, ``batch_size`` = minibatch size); see `PPOHyperparams` and docs/AGENTS.md.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_utils import NonFiniteError, OptimStep, PrecisionPlan, make_optimizer
+from marketrl.agents.common import (
+    EvalCallback,
+    EvalSchedule,
+    GreedyPolicy,
+    TrainResult,
+    WindowStats,
+    autocast,
+    check_run_setting,
+    env_settings,
+    parse_hparams,
+    require,
+    resolve_precision,
+    seeded,
+)
+from marketrl.agents.networks import build_networks, make_architecture
+from marketrl.env import N_ACTIONS, EnvConfig, MarketData, TradingEnv
+
+__all__ = ["PPOConfig", "PPOHyperparams", "compute_gae", "ppo_loss", "train"]
+
+_LOSS_TERMS = ["policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"]
+
+
+@dataclass(frozen=True)
+class PPOHyperparams:
+    """Tunable PPO settings (keys of the ``hparams`` dict)."""
+
+    learning_rate: float = 3e-4
+    n_steps: int = 128  # rollout length T per env
+    batch_size: int = 1024  # minibatch size
+    n_epochs: int = 4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_range: float = 0.2
+    clip_range_vf: float | None = None  # None: no value clipping
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float | None = 0.5
+    normalize_advantage: bool = True
+    target_kl: float | None = None  # stop the update's epochs once an epoch's mean approx. KL exceeds this
+    anneal_lr: bool = False  # linear decay of the learning rate to 0 over training
+    reward_scale: float = 1.0
+    hidden_dim_base: int | None = None
+    net_arch: list[int] | None = None
+
+    def validate(self) -> None:
+        """Range checks (types were checked by `parse_hparams`)."""
+        require(self.learning_rate > 0, "learning_rate", "a number > 0", self.learning_rate)
+        for key in ("n_steps", "batch_size", "n_epochs"):
+            require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
+        for key in ("gamma", "gae_lambda"):
+            require(0 <= getattr(self, key) <= 1, key, "a number in [0, 1]", getattr(self, key))
+        require(self.clip_range > 0, "clip_range", "a number > 0", self.clip_range)
+        require(
+            self.clip_range_vf is None or self.clip_range_vf > 0,
+            "clip_range_vf",
+            "> 0 or null",
+            self.clip_range_vf,
+        )
+        require(self.ent_coef >= 0, "ent_coef", "a number >= 0", self.ent_coef)
+        require(self.vf_coef >= 0, "vf_coef", "a number >= 0", self.vf_coef)
+        require(
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            "max_grad_norm",
+            "> 0 or null",
+            self.max_grad_norm,
+        )
+        require(self.target_kl is None or self.target_kl > 0, "target_kl", "> 0 or null", self.target_kl)
+        require(self.reward_scale > 0, "reward_scale", "a number > 0", self.reward_scale)
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Run settings (not tuned): length, environment and evaluation cadence."""
+
+    total_steps: int = 60_000  # env steps (transitions); rounded up to whole rollouts of n_steps × n_envs
+    env: EnvConfig = field(default_factory=EnvConfig)
+    eval_every: int = 0  # env steps between on_eval calls, checked after each update (0: only at the end)
+
+    def __post_init__(self) -> None:
+        check_run_setting("total_steps", self.total_steps, 1)
+        check_run_setting("eval_every", self.eval_every, 0)
+
+
+class Minibatch(NamedTuple):
+    """Columns of one minibatch, views into one gathered tensor."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    old_log_probs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    old_values: torch.Tensor
+
+
+def compute_gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    next_values: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generalized advantage estimates and returns, all arrays [T, N]; loops over time only.
+
+    ``next_values[t]`` is V of the true next state of step t (the final obs where an episode ended), so a
+    truncated step bootstraps from it while a terminated one does not; the recursion never crosses an episode end.
+    """
+    deltas = rewards + gamma * next_values * (1.0 - terminated) - values
+    carry = gamma * gae_lambda * (1.0 - np.maximum(terminated, truncated))
+    advantages = np.empty_like(deltas)
+    running = np.zeros_like(deltas[0])
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        running = deltas[t] + carry[t] * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    policy_net: nn.Module, value_net: nn.Module, batch: Minibatch, hp: PPOHyperparams, plan: PrecisionPlan
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Total loss (fp32) and the detached 0-dim terms [policy_loss, value_loss, entropy, approx_kl, clip_fraction]."""
+    with autocast(plan):
+        logits = policy_net(batch.obs)
+        values = value_net(batch.obs)
+    log_probs_all = F.log_softmax(logits.float(), dim=1)
+    entropy = -(log_probs_all.exp() * log_probs_all).sum(dim=1).mean()
+    log_ratio = log_probs_all.gather(1, batch.actions[:, None]).squeeze(1) - batch.old_log_probs
+    ratio = log_ratio.exp()
+    advantages = batch.advantages
+    if hp.normalize_advantage:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    surrogate = torch.minimum(
+        advantages * ratio, advantages * ratio.clamp(1 - hp.clip_range, 1 + hp.clip_range)
+    )
+    policy_loss = -surrogate.mean()
+
+    values = values.float().squeeze(1)
+    value_error = (values - batch.returns).square()
+    if hp.clip_range_vf is not None:
+        clipped = batch.old_values + (values - batch.old_values).clamp(-hp.clip_range_vf, hp.clip_range_vf)
+        value_error = torch.maximum(value_error, (clipped - batch.returns).square())
+    value_loss = value_error.mean()
+
+    loss = policy_loss - hp.ent_coef * entropy + hp.vf_coef * value_loss
+    with torch.no_grad():
+        approx_kl = (ratio - 1 - log_ratio).mean()
+        clip_fraction = ((ratio - 1).abs() > hp.clip_range).float().mean()
+    return loss, [policy_loss.detach(), value_loss.detach(), entropy.detach(), approx_kl, clip_fraction]
+
+
+def train(
+    train_data: MarketData,
+    config: PPOConfig,
+    hparams: Mapping[str, Any] | None,
+    precision: PrecisionPlan | str,
+    device: torch.device | str,
+    seed: int,
+    on_eval: EvalCallback | None = None,
+) -> TrainResult:
+    """Train a PPO agent on ``train_data`` for ``config.total_steps`` env steps; see the module docstring."""
+    hp: PPOHyperparams = parse_hparams(PPOHyperparams, hparams, "ppo")
+    device = torch.device(device)
+    plan = resolve_precision(precision, device)
+    env = TradingEnv(train_data, config.env, seed=seed, device=device)
+    n_envs, n_steps, obs_dim = env.n_envs, hp.n_steps, env.obs_dim
+    rollout_size = n_steps * n_envs
+
+    architecture = make_architecture("ppo", obs_dim, asdict(hp))
+    with seeded(seed):
+        networks = build_networks(architecture)
+    policy_net, value_net = networks["policy"].to(device), networks["value"].to(device)
+    # One optimizer (and one GradScaler under fp16) over both networks: one backward of the summed loss.
+    optimizer = make_optimizer(
+        [*policy_net.parameters(), *value_net.parameters()], hp.learning_rate, plan, device
+    )
+    stepper = OptimStep(optimizer, plan, hp.max_grad_norm)
+    generator = torch.Generator(device=device).manual_seed(seed + 7919)
+    policy = GreedyPolicy(policy_net, plan)
+    evals = EvalSchedule(on_eval, config.eval_every)
+    minibatches_per_epoch = math.ceil(rollout_size / hp.batch_size)
+    stats = WindowStats(
+        _LOSS_TERMS,
+        device,
+        watched=("policy_loss", "value_loss", "entropy"),
+        capacity=minibatches_per_epoch * (1 if hp.target_kl is not None else hp.n_epochs),
+    )
+    history: list[dict[str, Any]] = []
+    rollout_copies = 0
+
+    n_updates = max(1, math.ceil(config.total_steps / rollout_size))
+    obs = env.reset()
+    episode_return = np.zeros(n_envs, dtype=np.float64)
+    env_steps = grad_steps = 0
+    started = time.perf_counter()
+
+    for update in range(n_updates):
+        learning_rate = hp.learning_rate * (1.0 - update / n_updates) if hp.anneal_lr else hp.learning_rate
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
+
+        # 1. Rollout, entirely on the device.
+        gumbel = torch.empty(n_steps, n_envs, N_ACTIONS, device=device).exponential_(generator=generator)
+        gumbel = gumbel.log_().neg_()
+        rollout_obs, rollout_next_obs, rollout_logits, rollout_actions = [], [], [], []
+        rollout_rewards, rollout_terminated, rollout_truncated = [], [], []
+        with (
+            torch.no_grad(),
+            autocast(plan),
+        ):  # one context for the whole rollout (the env ops are not autocast)
+            for t in range(n_steps):
+                logits = policy_net(obs).float()
+                actions = (logits + gumbel[t]).argmax(dim=1)  # Gumbel-max: a sample from softmax(logits)
+                next_obs, rewards, terminated, truncated = env.step(actions)
+                rollout_obs.append(obs)
+                rollout_next_obs.append(env.final_obs)  # the true next state, also where the env auto-reset
+                rollout_logits.append(logits)
+                rollout_actions.append(actions)
+                rollout_rewards.append(rewards)
+                rollout_terminated.append(terminated)
+                rollout_truncated.append(truncated)
+                obs = next_obs
+        env_steps += rollout_size
+
+        # 2. Batched values of s and s′, and the behaviour policy's log-probs.
+        flat_obs = torch.stack(rollout_obs).view(rollout_size, obs_dim)
+        flat_next_obs = torch.stack(rollout_next_obs).view(rollout_size, obs_dim)
+        flat_actions = torch.stack(rollout_actions).view(rollout_size)
+        with torch.no_grad(), autocast(plan):
+            values = value_net(flat_obs).float().view(n_steps, n_envs)
+            next_values = value_net(flat_next_obs).float().view(n_steps, n_envs)
+        old_log_probs = (
+            F.log_softmax(torch.stack(rollout_logits).view(rollout_size, N_ACTIONS), dim=1)
+            .gather(1, flat_actions[:, None])
+            .squeeze(1)
+        )
+
+        # 3. The rollout's one device→host copy.
+        packed = torch.stack(
+            [
+                torch.stack(rollout_rewards),
+                values,
+                next_values,
+                torch.stack(rollout_terminated).float(),
+                torch.stack(rollout_truncated).float(),
+            ]
+        )
+        rewards_h, values_h, next_values_h, terminated_h, truncated_h = (
+            packed.cpu().numpy().astype(np.float64)
+        )
+        rollout_copies += 1
+        if not (np.isfinite(values_h).all() and np.isfinite(next_values_h).all()):
+            raise NonFiniteError(f"non-finite value estimates in the rollout ending at env step {env_steps}")
+
+        # 4. GAE on the host, then advantages and returns back to the device.
+        advantages_h, returns_h = compute_gae(
+            rewards_h * hp.reward_scale,
+            values_h,
+            next_values_h,
+            terminated_h,
+            truncated_h,
+            hp.gamma,
+            hp.gae_lambda,
+        )
+        finished = _finished_episode_returns(episode_return, rewards_h, np.maximum(terminated_h, truncated_h))
+        targets = torch.as_tensor(np.stack([advantages_h, returns_h]).astype(np.float32), device=device)
+
+        # 5. Minibatch epochs. Observations stay a contiguous [T·N, obs_dim] tensor (a strided slice of a wider
+        # table would slow every matmul down); the per-sample scalars are packed in one [T·N, 5] table, so a
+        # minibatch costs two gathers.
+        scalars = torch.stack(
+            [
+                flat_actions.to(torch.float32),
+                old_log_probs,
+                targets[0].reshape(-1),
+                targets[1].reshape(-1),
+                values.reshape(-1),
+            ],
+            dim=1,
+        )
+        window: dict[str, float] = dict.fromkeys(_LOSS_TERMS, 0.0)
+        minibatches = epochs = 0
+        for _ in range(hp.n_epochs):
+            order = torch.randperm(rollout_size, generator=generator, device=device)
+            for index in order.split(hp.batch_size):
+                batch = _minibatch(flat_obs.index_select(0, index), scalars.index_select(0, index))
+                loss, terms = ppo_loss(policy_net, value_net, batch, hp, plan)
+                grad_norm = stepper.step(loss)
+                stats.record([*terms, grad_norm.float()])
+                minibatches += 1
+                grad_steps += 1
+            epochs += 1
+            if hp.target_kl is not None:  # one read per epoch, only when early stopping needs the KL
+                epoch_terms = stats.read(grad_steps)
+                for name in _LOSS_TERMS:
+                    window[name] += epoch_terms[name]
+                if epoch_terms["approx_kl"] / minibatches_per_epoch > hp.target_kl:
+                    break
+        if hp.target_kl is None:
+            window = stats.read(grad_steps)
+
+        record: dict[str, Any] = {"env_steps": env_steps, "update": update + 1, "grad_steps": grad_steps}
+        record.update({name: window[name] / minibatches for name in _LOSS_TERMS})
+        record.update(
+            epochs=epochs,
+            learning_rate=learning_rate,
+            value_mean=float(values_h.mean()),
+            value_min=float(values_h.min()),
+            value_max=float(values_h.max()),
+            explained_variance=_explained_variance(values_h, returns_h),
+            episodes=len(finished),
+            episode_return_mean=float(np.mean(finished)) if finished else None,
+        )
+        history.append(record)
+        evals.maybe(env_steps, policy)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - started
+    evals.final(env_steps, policy)
+
+    last = history[-1]
+    log: dict[str, Any] = {
+        "algo": "ppo",
+        "env_steps": env_steps,
+        "grad_steps": grad_steps,
+        "updates": n_updates,
+        "steps_per_second": env_steps / elapsed if elapsed > 0 else float("inf"),
+        "host_syncs": rollout_copies + stats.host_reads,
+        "precision": plan.to_dict(),
+        "env": env_settings(config.env),
+        "hidden_sizes": architecture["hidden"],
+        "architecture": architecture,
+        "hparams": asdict(hp),
+        **{name: last[name] for name in (*_LOSS_TERMS, "value_mean", "explained_variance")},
+        "episode_return_mean": next(
+            (r["episode_return_mean"] for r in reversed(history) if r["episode_return_mean"] is not None),
+            None,
+        ),
+        "evals": evals.records,
+        "history": history,
+    }
+    return TrainResult(
+        algo="ppo",
+        networks={"policy": policy_net, "value": value_net},
+        policy=policy,
+        architecture=architecture,
+        hparams=asdict(hp),
+        precision=plan,
+        log=log,
+    )
+
+
+def _minibatch(obs: torch.Tensor, scalars: torch.Tensor) -> Minibatch:
+    """A minibatch from gathered obs rows and the matching rows of [action, old log-prob, advantage, return, value]."""
+    actions, old_log_probs, advantages, returns, old_values = scalars.unbind(dim=1)
+    return Minibatch(obs, actions.long(), old_log_probs, advantages, returns, old_values)
+
+
+def _finished_episode_returns(running: np.ndarray, rewards: np.ndarray, done: np.ndarray) -> list[float]:
+    """Advance per-env running returns (updated in place) over a rollout; return the episodes that ended."""
+    finished: list[float] = []
+    for t in range(rewards.shape[0]):
+        running += rewards[t]
+        ended = done[t] > 0
+        if ended.any():
+            finished.extend(running[ended].tolist())
+            running[ended] = 0.0
+    return finished
+
+
+def _explained_variance(values: np.ndarray, returns: np.ndarray) -> float | None:
+    variance = float(np.var(returns))
+    return None if variance == 0 else 1.0 - float(np.var(returns - values)) / variance

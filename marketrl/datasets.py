@@ -1,0 +1,189 @@
+"""Feature tables -> fold splits -> device-resident MarketData, shared by hyperopt, training and evaluation.
+
+Normalization is always fit on the training rows of the window at hand (a fold's inner train split, or the tuning
+window's train split) and reused, unchanged, for that window's validation and test rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+import torch
+
+from marketrl.costs import CostModel
+from marketrl.env import EnvConfig, MarketData, parse_duration
+from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES
+from marketrl.folds import FoldPlan, select_rows, select_tuning_rows
+from marketrl.io import write_json_atomic
+from marketrl.normalize import FeatureNormalizer
+from marketrl.provenance import sha256_file
+
+
+class DatasetError(ValueError):
+    """Feature tables that cannot be combined (overlaps, missing columns, non-finite values)."""
+
+
+def load_feature_tables(feature_files: Sequence[str | Path]) -> pl.DataFrame:
+    """All feature tables in one frame sorted by (instrument_id, ts_event); overlapping bars are an error."""
+    if not feature_files:
+        raise DatasetError("no feature files given (data.files / data.demo produced nothing)")
+    frames = []
+    for path in feature_files:
+        try:
+            frame = pl.read_parquet(path)
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise DatasetError(f"{path}: cannot read feature table: {exc}".splitlines()[0]) from exc
+        missing = [name for name in FEATURE_NAMES if name not in frame.columns]
+        if missing:
+            raise DatasetError(f"{path}: not a marketrl feature table (no column {missing[0]!r})")
+        frames.append(frame.with_columns(pl.lit(str(path)).alias("_source")))
+    common = [c for c in frames[0].columns if all(c in f.columns for f in frames)]
+    table = pl.concat([f.select(common) for f in frames], how="vertical")
+    duplicates = (
+        table.group_by("instrument_id", "ts_event")
+        .agg(pl.col("_source").unique().sort(), pl.col("symbol").first())
+        .filter(pl.col("_source").list.len() > 1)
+    )
+    if duplicates.height:
+        row = duplicates.sort("ts_event").row(0, named=True)
+        raise DatasetError(
+            f"overlapping data: {row['_source'][0]} and {row['_source'][1]} both hold {row['symbol']} at "
+            f"{row['ts_event']} (two files cover the same day?)"
+        )
+    return table.drop("_source").sort("instrument_id", "ts_event")
+
+
+def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | Path) -> dict[str, Any]:
+    """results/features/manifest.json: every feature table with its sha256, rows and days.
+
+    The fan-out jobs depend on this one file instead of on every feature table, which keeps the DAG small
+    (thousands of jobs x hundreds of files would be hundreds of thousands of edges).
+    """
+    entries = []
+    for path in feature_files:
+        days = pl.read_parquet(path, columns=["trading_day"])["trading_day"]
+        entries.append(
+            {
+                "path": str(path),
+                "sha256": sha256_file(path),
+                "rows": days.len(),
+                "first_day": str(days.min()) if days.len() else None,
+                "last_day": str(days.max()) if days.len() else None,
+            }
+        )
+    manifest = {"files": entries}
+    write_json_atomic(out_path, manifest)
+    return manifest
+
+
+def manifest_files(manifest_path: str | Path, verify: bool = True) -> list[str]:
+    """The feature tables listed in a manifest; with `verify`, each file's sha256 must still match."""
+    try:
+        manifest = json.loads(Path(manifest_path).read_text(encoding="utf-8"))
+        entries = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"{manifest_path}: not a feature manifest: {exc}".splitlines()[0]) from exc
+    paths = []
+    for entry in entries:
+        if verify and sha256_file(entry["path"]) != entry["sha256"]:
+            raise DatasetError(
+                f"{entry['path']}: changed since {manifest_path} was written; rerun the pipeline"
+            )
+        paths.append(entry["path"])
+    return paths
+
+
+def load_features(manifest_path: str | Path) -> pl.DataFrame:
+    """Every feature table of a manifest, combined (see load_feature_tables)."""
+    return load_feature_tables(manifest_files(manifest_path))
+
+
+def feature_names_of(table: pl.DataFrame) -> list[str]:
+    """The 51 base features, plus the book group when every file carries it."""
+    names = list(FEATURE_NAMES)
+    if all(name in table.columns for name in BOOK_FEATURE_NAMES):
+        names += list(BOOK_FEATURE_NAMES)
+    return names
+
+
+def cost_model_from_config(costs: Mapping[str, Any]) -> CostModel:
+    """The `costs` section of config.yaml (model: futures | bps) as a CostModel."""
+    if costs["model"] == "bps":
+        return CostModel.from_config({"kind": "bps", "bps": costs["bps"]})
+    keys = ("commission_per_contract", "half_spread_ticks", "tick_size", "tick_value")
+    return CostModel.from_config({"kind": "futures", **{key: costs[key] for key in keys}})
+
+
+def env_config_from_config(config: Mapping[str, Any]) -> EnvConfig:
+    """EnvConfig from the `env` section and training.n_envs."""
+    env = config["env"]
+    return EnvConfig(
+        window=env["window"],
+        contracts=env["contracts"],
+        episode_length=env["episode_length"],
+        fill=env["fill"],
+        n_envs=config["training"]["n_envs"],
+        max_gap=parse_duration(env["max_gap"], key="env.max_gap"),
+    )
+
+
+@dataclass
+class WindowData:
+    """One window's splits on the device, and the normalizer fit on its training rows."""
+
+    normalizer: FeatureNormalizer
+    feature_names: list[str]
+    splits: dict[str, MarketData]
+    frames: dict[str, pl.DataFrame]
+
+
+def build_window(
+    table: pl.DataFrame,
+    split_frames: Mapping[str, pl.DataFrame],
+    config: Mapping[str, Any],
+    device: torch.device | str,
+    fit_on: str = "train",
+) -> WindowData:
+    """Fit the normalizer on `split_frames[fit_on]` and move every split to `device` as MarketData."""
+    names = feature_names_of(table)
+    normalizer = FeatureNormalizer().fit(split_frames[fit_on], names)
+    costs = cost_model_from_config(config["costs"])
+    splits = {
+        name: MarketData.from_frame(frame, names, normalizer, costs, device)
+        for name, frame in split_frames.items()
+    }
+    return WindowData(normalizer, names, splits, dict(split_frames))
+
+
+FoldSplitName = Literal["train", "validation", "train_full", "test"]
+
+
+def fold_window(
+    table: pl.DataFrame,
+    plan: FoldPlan,
+    fold: int,
+    config: Mapping[str, Any],
+    device: torch.device | str,
+    splits: Sequence[FoldSplitName] = ("train", "validation"),
+) -> WindowData:
+    """A fold's splits; the normalizer is always fit on the fold's inner training rows."""
+    fold_spec = plan.fold(fold)
+    frames = {name: select_rows(table, fold_spec, name) for name in dict.fromkeys(("train", *splits))}
+    window = build_window(table, frames, config, device)
+    if "train" not in splits:
+        window.splits.pop("train")
+        window.frames.pop("train")
+    return window
+
+
+def tuning_window(
+    table: pl.DataFrame, plan: FoldPlan, config: Mapping[str, Any], device: torch.device | str
+) -> WindowData:
+    """Hyperopt's window: inner train and validation rows, all before the first test day of any fold."""
+    frames = {name: select_tuning_rows(table, plan, name) for name in ("train", "validation")}
+    return build_window(table, frames, config, device)

@@ -1,0 +1,198 @@
+"""Hyperopt study mechanics: exact trial counts across workers, resume after a kill, pruning, the summary JSON."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from gpu_utils import NonFiniteError
+from marketrl.config import validate_config
+from marketrl.hyperopt import (
+    INTERRUPTED,
+    OWNER,
+    HyperoptError,
+    claim_trial,
+    counted_trials,
+    load_study,
+    suggest_dqn,
+    suggest_ppo,
+    work_on_study,
+    write_study_summary,
+)
+from marketrl.training import HparamsError, load_hparams
+
+
+def make_config(n_trials: int = 6, workers: int = 1) -> dict:
+    return validate_config({"hyperopt": {"n_trials": n_trials, "workers": workers}, "seed": 5})
+
+
+def quadratic(trial: optuna.Trial) -> float:
+    x = trial.suggest_float("x", -2.0, 2.0)
+    trial.set_user_attr("val_sharpe_daily", -(x**2) / 16.0)
+    return -(x**2)
+
+
+def _worker(results_dir: str, worker: int, n_trials: int, out: str) -> None:
+    study = load_study(make_config(n_trials, 2), "dqn", worker, results_dir)
+    ran = work_on_study(study, "dqn", n_trials, quadratic, results_dir)
+    Path(out).write_text(json.dumps(ran))
+
+
+def test_two_parallel_workers_run_exactly_n_trials(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    outs = [tmp_path / f"w{i}.json" for i in range(2)]
+    procs = [context.Process(target=_worker, args=(str(tmp_path), i, 9, str(outs[i]))) for i in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+    ran = [json.loads(out.read_text()) for out in outs]
+    assert sorted(ran[0] + ran[1]) == list(range(9))  # every trial run once, none twice, none extra
+    study = load_study(make_config(9, 2), "dqn", 0, tmp_path)
+    assert len(study.trials) == 9
+
+
+def test_interrupted_study_resumes_with_its_trials(tmp_path: Path) -> None:
+    config = make_config(n_trials=4)
+    study = load_study(config, "dqn", 0, tmp_path)
+    work_on_study(study, "dqn", 2, quadratic, tmp_path)  # two finished trials survive the "crash"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    orphan = study.ask()
+    orphan.suggest_float("x", -2.0, 2.0)
+    orphan.set_user_attr(OWNER, f"{__import__('socket').gethostname()}:{dead.stdout.strip()}")
+    orphan_params = study.trials[-1].params
+    # A new worker process picks the study up: the orphan is marked interrupted and its params run again.
+    resumed = load_study(config, "dqn", 0, tmp_path)
+    ran = work_on_study(resumed, "dqn", 4, quadratic, tmp_path)
+    trials = load_study(config, "dqn", 0, tmp_path).trials
+    assert [t.state.name for t in trials[:2]] == ["COMPLETE", "COMPLETE"]
+    assert trials[2].user_attrs.get(INTERRUPTED) is True
+    assert len(counted_trials(resumed)) == 4 and len(ran) == 2
+    assert trials[3].params == orphan_params  # re-enqueued, not lost
+
+
+def test_live_workers_trials_are_not_stolen(tmp_path: Path) -> None:
+    study = load_study(make_config(), "dqn", 0, tmp_path)
+    trial = claim_trial(study, 6)  # owned by this (alive) process
+    assert trial is not None
+    resumed = load_study(make_config(), "dqn", 1, tmp_path)
+    ran = work_on_study(resumed, "dqn", 3, quadratic, tmp_path)
+    assert len(ran) == 2  # the running trial counts towards n_trials and stays RUNNING
+    assert resumed.trials[0].state == optuna.trial.TrialState.RUNNING
+
+
+def test_non_finite_trial_is_pruned_not_crashed(tmp_path: Path) -> None:
+    study = load_study(make_config(), "dqn", 0, tmp_path)
+    calls = iter([NonFiniteError("non-finite 'loss' between steps 101 and 200"), None, None])
+
+    def objective(trial: optuna.Trial) -> float:
+        error = next(calls)
+        if error is not None:
+            raise error
+        return quadratic(trial)
+
+    ran = work_on_study(study, "dqn", 3, objective, tmp_path)
+    assert len(ran) == 3
+    first = study.trials[0]
+    assert first.state == optuna.trial.TrialState.PRUNED
+    assert "steps 101 and 200" in first.user_attrs["pruned_reason"]
+
+
+def test_other_errors_fail_the_trial_and_propagate(tmp_path: Path) -> None:
+    study = load_study(make_config(), "dqn", 0, tmp_path)
+
+    def broken(trial: optuna.Trial) -> float:
+        raise RuntimeError("bug")
+
+    with pytest.raises(RuntimeError, match="bug"):
+        work_on_study(study, "dqn", 3, broken, tmp_path)
+    assert study.trials[0].state == optuna.trial.TrialState.FAIL
+
+
+def test_search_spaces_always_tune_hidden_dim_base_and_never_costs() -> None:
+    for suggest in (suggest_dqn, suggest_ppo):
+        trial = optuna.trial.FixedTrial(
+            {
+                "hidden_dim_base": 256,
+                "learning_rate": 1e-4,
+                "gamma": 0.99,
+                "batch_size": 256,
+                "exploration_fraction": 0.1,
+                "exploration_final_eps": 0.05,
+                "target_update": 500,
+                "gradient_steps": 1,
+                "gae_lambda": 0.95,
+                "n_steps": 64,
+                "n_epochs": 4,
+                "clip_range": 0.2,
+                "ent_coef": 0.01,
+                "reward_scale": 100.0,
+            }
+        )
+        params = suggest(trial, (64, 4096))
+        assert params["hidden_dim_base"] == 256
+        assert not any("cost" in key or "commission" in key or "spread" in key for key in params)
+
+
+def test_batch_choices_respect_hardware_bounds() -> None:
+    seen = set()
+    for number in range(30):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=number))
+        seen.add(suggest_dqn(study.ask(), (64, 128))["batch_size"])
+    assert seen <= {64, 128}
+
+
+def test_summary_json_carries_best_params_and_every_trial(tmp_path: Path) -> None:
+    config = make_config(n_trials=5)
+    study = load_study(config, "dqn", 0, tmp_path / "results")
+    work_on_study(study, "dqn", 5, quadratic, tmp_path / "results")
+    worker = tmp_path / "results/hyperopt/dqn/worker_0.json"
+    worker.write_text(json.dumps({"trials_run": list(range(5)), "precision": {"mode": "fp32"}}))
+    summary = write_study_summary(
+        algo="dqn",
+        worker_summaries=[str(worker)],
+        config=config,
+        out_path=str(tmp_path / "results/hyperopt/dqn.json"),
+    )
+    assert summary["n_trials"] == 5 == len(summary["trials"]) == len(summary["trial_sharpe_daily"])
+    assert summary["best_value"] == max(t["value"] for t in summary["trials"])
+    assert load_hparams(tmp_path / "results/hyperopt/dqn.json", "dqn") == summary["best_params"]
+
+
+def test_summary_refuses_a_short_study(tmp_path: Path) -> None:
+    config = make_config(n_trials=5)
+    study = load_study(config, "dqn", 0, tmp_path / "results")
+    work_on_study(study, "dqn", 3, quadratic, tmp_path / "results")
+    with pytest.raises(HyperoptError, match="holds 3 trials"):
+        write_study_summary(
+            algo="dqn",
+            worker_summaries=[],
+            config=config,
+            out_path=str(tmp_path / "results/hyperopt/dqn.json"),
+        )
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "cannot read hyperparameters"),
+        ('{"algo": "dqn"}', "best_params"),
+        ('{"algo": "dqn", "best_params": {"learning_rate": [1]}}', "best_params.learning_rate"),
+        ('{"algo": "ppo", "best_params": {}}', "not 'dqn'"),
+    ],
+)
+def test_bad_hyperparameter_files_name_the_file(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "dqn.json"
+    path.write_text(content)
+    with pytest.raises(HparamsError, match=message) as excinfo:
+        load_hparams(path, "dqn")
+    assert str(path) in str(excinfo.value)

@@ -1,0 +1,116 @@
+"""End to end: the tiny config runs the whole pipeline and produces every expected file, consistently."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+import yaml
+
+from marketrl import pipeline
+from marketrl.config import load_config
+from marketrl.features import FEATURE_NAMES
+from marketrl.folds import FoldPlan
+from tests.conftest import REPO_ROOT
+from tests.test_workflow import TINY, snakemake, workdir_with_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One full run of the tiny config (about a minute and a half on 2 cores), shared by this module's tests."""
+    workdir = workdir_with_config(tmp_path_factory.mktemp("tiny_run"), TINY)
+    result = snakemake("--cores", "2", cwd=workdir, timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return workdir
+
+
+def expected_outputs(config: dict) -> list[str]:
+    files = [*pipeline.demo_files(config), *pipeline.feature_files(config)]
+    files += ["results/features/manifest.json", "results/folds.json", "results/eval_report.html"]
+    files += [f"results/hyperopt/{algo}.json" for algo in config["training"]["algos"]]
+    files += pipeline.model_files(config) + pipeline.train_log_files(config)
+    for path in pipeline.eval_files(config):
+        files += [path, path.replace("metrics.json", "bars.parquet")]
+    return files
+
+
+def test_every_expected_file_exists(tiny_run: Path) -> None:
+    config = load_config(TINY)
+    missing = [path for path in expected_outputs(config) if not (tiny_run / path).is_file()]
+    assert missing == []
+    leftovers = [str(p) for p in (tiny_run / "results").rglob("*.tmp*")]
+    assert leftovers == []  # atomic writes leave no temp files behind
+    assert len(list((tiny_run / "results" / "logs").rglob("*.log"))) >= 20
+    assert len(list((tiny_run / "results" / "benchmarks").rglob("*.tsv"))) >= 20
+
+
+def test_feature_tables_follow_the_contract(tiny_run: Path) -> None:
+    table = pl.read_parquet(next((tiny_run / "results" / "features").glob("*.parquet")))
+    assert [c for c in table.columns if c in FEATURE_NAMES] == list(FEATURE_NAMES)
+    assert all(table.schema[name] == pl.Float32 for name in FEATURE_NAMES)
+    assert set(table["symbol"].unique()) == {"SYNTH-ES", "SYNTH-NQ"}
+
+
+def test_test_days_never_in_tuning_or_training(tiny_run: Path) -> None:
+    plan = FoldPlan.load(tiny_run / "results" / "folds.json")
+    test_days = {day for fold in plan.folds for day in fold.test_days}
+    assert test_days and not test_days & set(plan.tuning.days)
+    for fold in plan.folds:
+        assert max(fold.train_days) < min(fold.test_days)
+    for algo in ("dqn", "ppo"):
+        study = json.loads((tiny_run / f"results/hyperopt/{algo}.json").read_text())
+        assert study["tuning_window"]["last_day"] < str(min(test_days))
+
+
+def test_hidden_dim_base_reaches_the_trained_network(tiny_run: Path) -> None:
+    expected = {
+        "dqn": lambda b: {"q": [b, b // 2, b // 4]},
+        "ppo": lambda b: {"policy": [b, b // 2], "value": [2 * b, b, b // 2]},
+    }
+    for algo, shapes in expected.items():
+        study = json.loads((tiny_run / f"results/hyperopt/{algo}.json").read_text())
+        base = study["best_params"]["hidden_dim_base"]
+        assert study["n_trials"] == 2 and len(study["trials"]) == 2
+        for model in (tiny_run / "results" / "models" / algo).rglob("model.pt"):
+            checkpoint = torch.load(model, weights_only=True)
+            assert checkpoint["architecture"]["hidden"] == shapes(base)
+            log = json.loads((model.parent / "train_log.json").read_text())
+            assert log["hidden_sizes"] == shapes(base)
+            assert log["precision"]["mode"] == "fp32"
+
+
+def test_evaluation_outputs_are_consistent(tiny_run: Path) -> None:
+    plan = FoldPlan.load(tiny_run / "results" / "folds.json")
+    for metrics_path in (tiny_run / "results" / "eval").rglob("metrics.json"):
+        metrics = json.loads(metrics_path.read_text())
+        bars = pl.read_parquet(metrics_path.with_name("bars.parquet"))
+        fold = plan.fold(metrics["fold"])
+        days = set(bars["trading_day"].unique())
+        assert days <= set(fold.test_days)
+        assert (bars["net_return"] - (bars["gross_return"] - bars["cost"])).abs().max() < 1e-12
+    baselines = json.loads((tiny_run / "results/eval/baselines/fold_0/metrics.json").read_text())
+    assert set(baselines["strategies"]) == {"buy_and_hold", "flat", "momentum", "random"}
+    assert baselines["strategies"]["flat"]["total_return"] == 0.0
+
+
+def test_report_is_self_contained(tiny_run: Path) -> None:
+    html = (tiny_run / "results" / "eval_report.html").read_text()
+    assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
+    assert "SYNTH-ES" in html and "hidden_dim_base" in html
+    assert (tiny_run / "results" / "eval_report.html").stat().st_size < 5 * 1024 * 1024
+
+
+def test_second_run_has_nothing_to_do(tiny_run: Path) -> None:
+    result = snakemake("-n", cwd=tiny_run)
+    assert result.returncode == 0
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_tiny_config_is_valid() -> None:
+    assert load_config(TINY)["training"]["device"] == "cpu"
+    assert yaml.safe_load((REPO_ROOT / "tests/configs/tiny.yaml").read_text())["seed"] == 11
