@@ -3,12 +3,16 @@
     python bench/features.py                 # 1,000,000 ohlcv-1m bars (2 instruments)
     python bench/features.py --bars 100000   # smaller
 
-Phases, each in a fresh subprocess so its peak RSS is its own (``ru_maxrss`` after the phase minus the RSS
-measured just before it, with all imports done):
+Phases, each in a fresh subprocess so its peak RSS is its own (VmHWM after the phase minus the RSS measured
+just before it, with all imports done); "cpu s" is the process's user+system time over the phase,
+all threads (the machine is shared, so it is steadier than wall time):
 
   (a) stage  - ``marketrl.features.build_feature_file`` (decode, bars, 51 features, checks, zstd Parquet)
   (b) naive  - databento ``to_df()`` + pandas groupby/rolling for the same 51 features + ``to_parquet``
   (c) floor  - ``DBNStore.from_file(p).to_ndarray()`` only
+and two parts of (a) alone, to show where its time goes:
+  bars       - ``read_bars`` (decode + bars + symbols)
+  write      - writing (a)'s finished table again, chunk by chunk, with the stage's Parquet settings
 
 The input is generated with a numpy structured array in databento's own record layout written after
 ``bytes(databento_dbn.Metadata)`` (building a million record objects in Python would dominate the run).
@@ -182,7 +186,13 @@ def run_phase(phase: str, src: Path, dst: Path) -> dict[str, float]:
 
     if phase == "naive":
         import pandas  # noqa: F401  (import cost is not part of the phase)
+    table = None
+    if phase == "write":  # the input of this phase is (a)'s output; reading it is not part of the phase
+        import polars as pl
+
+        table = pl.read_parquet(dst.with_name("stage.parquet"))
     rss_before = _rss_bytes()
+    cpu_before = _cpu_seconds()
     start = time.perf_counter()
     extra: dict[str, float] = {}
     if phase == "floor":
@@ -193,11 +203,38 @@ def run_phase(phase: str, src: Path, dst: Path) -> dict[str, float]:
         extra["rows"] = float(build_feature_file(src, dst)["rows"])
     elif phase == "naive":
         extra["rows"] = float(naive_pandas_features(src, dst))
+    elif phase == "bars":
+        from marketrl.data.reader import read_bars
+
+        extra["rows"] = float(read_bars(src).bars.height)
+    elif phase == "write":
+        from marketrl.features import CHUNK_BARS, _write_chunks
+
+        assert table is not None
+        extra["rows"] = float(_write_chunks(table.iter_slices(CHUNK_BARS), dst, {}, src))
     else:
-        raise ValueError(f"phase: expected floor, stage or naive, got {phase!r}")
+        raise ValueError(f"phase: expected floor, stage, naive, bars or write, got {phase!r}")
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    return {"wall_s": wall, "peak_rss_delta_bytes": float(max(peak - rss_before, 0)), **extra}
+    cpu = _cpu_seconds() - cpu_before
+    peak = _peak_rss_bytes()
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_delta_bytes": float(max(peak - rss_before, 0)), **extra}
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak RSS. Linux: VmHWM of its own address space. ``ru_maxrss`` would not do: it keeps the
+    RSS of the parent at fork time, which would floor every phase at the size of the benchmark driver."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux, bytes on macOS
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _subprocess_phase(phase: str, src: Path, dst: Path) -> dict[str, float]:
@@ -242,7 +279,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="marketrl-bench-") as tmp:
         src = Path(tmp) / "bench.ohlcv-1m.dbn.zst"
         size = generate_ohlcv_file(src, args.bars, args.instruments)
-        phases = ["floor", "stage"] + ([] if args.skip_naive else ["naive"])
+        phases = ["floor", "stage", "bars", "write"] + ([] if args.skip_naive else ["naive"])
         results = {p: _subprocess_phase(p, src, Path(tmp) / f"{p}.parquet") for p in phases}
         array_bytes = results["floor"]["array_bytes"]
         print(
@@ -250,19 +287,23 @@ def main() -> None:
             f"{size / 2**20:.1f} MiB .dbn.zst, decoded array {array_bytes / 2**20:.1f} MiB; "
             f"cpus={os.cpu_count()}"
         )
-        print(f"{'phase':<34}{'wall s':>9}{'peak RSS Δ MiB':>16}{'× array':>9}")
+        print(f"{'phase':<36}{'wall s':>8}{'cpu s':>8}{'peak RSS Δ MiB':>16}{'× array':>9}")
         labels = {
             "stage": "(a) stage: DBN.zst → 51 feats → pq",
             "naive": "(b) naive: to_df + pandas → pq",
             "floor": "(c) floor: to_ndarray only",
+            "bars": "    part of (a): read_bars",
+            "write": "    part of (a): Parquet write",
         }
-        for phase in ("stage", "naive", "floor"):
+        for phase in ("stage", "naive", "floor", "bars", "write"):
             if phase in results:
                 r = results[phase]
                 print(
-                    f"{labels[phase]:<34}{r['wall_s']:>9.2f}{r['peak_rss_delta_bytes'] / 2**20:>16.0f}"
-                    f"{r['peak_rss_delta_bytes'] / array_bytes:>9.2f}"
+                    f"{labels[phase]:<36}{r['wall_s']:>8.2f}{r['cpu_s']:>8.2f}"
+                    f"{r['peak_rss_delta_bytes'] / 2**20:>16.0f}{r['peak_rss_delta_bytes'] / array_bytes:>9.2f}"
                 )
+        stage_file = Path(tmp) / "stage.parquet"
+        print(f"(a) wrote {stage_file.stat().st_size / 2**20:.0f} MiB of Parquet")
         stage = results["stage"]["wall_s"]
         summary = {"bars": args.bars, "results": results, "a_over_c": stage / results["floor"]["wall_s"]}
         print(f"(a)/(c) = {summary['a_over_c']:.1f}× the decode floor (target ≤ 4×)")

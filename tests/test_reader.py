@@ -14,6 +14,7 @@ import pytest
 import zstandard
 from polars.testing import assert_frame_equal
 
+from marketrl.data import reader
 from marketrl.data.reader import (
     SUPPORTED_SCHEMAS,
     DataFileError,
@@ -196,6 +197,57 @@ def test_quote_schema_bars_carry_book_at_bar_close(tmp_path: Path) -> None:
         (100.5, 100.5, 3.0, 100.25, 100.75, 4.0, 9.0),
     ]
     assert bars["symbol"].to_list() == ["4", "4"]  # no mappings in the header → str(instrument_id)
+
+
+def test_decoding_in_small_chunks_gives_the_same_bars(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of 5 records split instruments and days across chunks; out-of-order records are sorted."""
+    bars = random_walk_bars(60, {3: 100.0, 8: 50.0, 5: 20.0}, seed=9)
+    msgs = ohlcv_messages(bars)
+    msgs[10], msgs[40] = msgs[40], msgs[10]  # one pair out of time order, as a non-Databento writer might
+    start = int(bars["ts_event"].min())
+    path = write_dbn(
+        tmp_path / "c.dbn.zst",
+        encode_dbn(msgs, schema="ohlcv-1m", start_ns=start, end_ns=start + 1, symbols={"A": 3, "B": 8}),
+    )
+    whole = read_bars(path, "1m").bars
+    monkeypatch.setattr(reader, "DECODE_CHUNK_RECORDS", 5)
+    chunked = read_bars(path, "1m").bars
+    assert_frame_equal(chunked, whole)
+    expected = bars.with_columns(pl.col("ts_event").cast(pl.Datetime("ns", "UTC")))
+    assert_frame_equal(
+        chunked.select(expected.columns), expected.sort("instrument_id", "ts_event"), check_dtypes=False
+    )
+    assert chunked["symbol"].unique().sort().to_list() == ["5", "A", "B"]
+
+
+def test_quote_book_decoded_in_small_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(4)
+    n = 120
+    base = 1_704_153_600 * 1_000_000_000
+    price = 100 + np.round(np.cumsum(rng.normal(0, 0.1, n)) * 4) / 4
+    rows = pl.DataFrame(
+        {
+            "ts_event": base + np.sort(rng.integers(0, 5 * MINUTE_NS, n)),
+            "instrument_id": rng.choice([4, 6], n),
+            "price": price,
+            "size": rng.integers(1, 9, n),
+            "action": rng.choice(["T", "A", "C"], n),
+            "bid_px": price - 0.25,
+            "ask_px": price + 0.25,
+            "bid_sz": rng.integers(1, 50, n),
+            "ask_sz": rng.integers(1, 50, n),
+        }
+    )
+    path = write_dbn(
+        tmp_path / "q.dbn.zst",
+        encode_dbn(trade_messages(rows, "mbp-1"), schema="mbp-1", start_ns=base, end_ns=base + 1),
+    )
+    whole = read_bars(path, "1m").bars
+    monkeypatch.setattr(reader, "DECODE_CHUNK_RECORDS", 7)
+    assert_frame_equal(read_bars(path, "1m").bars, whole)
+    assert whole["instrument_id"].unique().to_list() == [4, 6] and whole["bid_px"].null_count() == 0
 
 
 def test_undef_price_and_undef_timestamp(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

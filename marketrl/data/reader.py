@@ -22,12 +22,15 @@ Conventions (also in docs/FEATURES.md):
 from __future__ import annotations
 
 import hashlib
-import io
+import itertools
 import logging
+import os
 import re
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 import databento
 import databento_dbn
@@ -44,6 +47,7 @@ __all__ = [
     "BarFile",
     "DataFileError",
     "DecodedFile",
+    "chunked_like",
     "decode_dbn",
     "parse_bar_size",
     "read_bars",
@@ -136,7 +140,28 @@ def parse_bar_size(bar_size: str) -> int:
     return ns
 
 
-def _check_zstd_frames(data: bytes, path: Path) -> None:
+class _FileBytes:
+    """Read-only ``bytes``-like view of an open file (``len``, ``[i]``, ``[a:b]``) by positional reads, so that
+    the zstd frame walk reads a few bytes per block rather than the whole file."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._size = os.fstat(fd).st_size
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, key: int) -> int: ...
+    @overload
+    def __getitem__(self, key: slice) -> bytes: ...
+    def __getitem__(self, key: int | slice) -> int | bytes:
+        if isinstance(key, slice):
+            return os.pread(self._fd, max(0, key.stop - key.start), key.start)
+        return os.pread(self._fd, 1, key)[0]
+
+
+def _check_zstd_frames(data: bytes | _FileBytes, path: Path) -> None:
     """Walk the zstd frame and block headers (no decompression) and fail unless the data ends at a frame end.
 
     databento only *warns* on a truncated stream, and says nothing when the cut lands on a record boundary; the
@@ -180,54 +205,97 @@ def _check_zstd_frames(data: bytes, path: Path) -> None:
             raise DataFileError(path, "truncated zstd stream (missing frame checksum)")
 
 
-def decode_dbn(path: str | Path) -> DecodedFile:
-    """Decode a ``.dbn`` / ``.dbn.zst`` file into its records, refusing anything not a clean single-schema file."""
-    path = Path(path)
+# Records decoded at a time (7 MB of ohlcv records, 47 MB of mbp-10): read_bars keeps only the columns it needs
+# from each chunk, so the raw records of a whole file never sit in memory at once.
+DECODE_CHUNK_RECORDS = 1 << 17
+
+
+@dataclass(frozen=True)
+class _OpenedFile:
+    """A DBN file whose bytes, zstd framing and header have been checked; its records are not decoded yet."""
+
+    path: Path
+    store: databento.DBNStore
+    metadata: databento_dbn.Metadata
+    schema: str
+    sha256: str
+
+
+def _open_dbn(path: Path) -> _OpenedFile:
+    """Check the file's bytes, zstd framing and header, and hash it, without holding the file in memory.
+
+    The frame walk reads only the block headers and the hash streams the file; decoding then streams it again
+    (from the OS page cache).
+    """
     try:
-        data = path.read_bytes()
+        with path.open("rb") as handle:
+            head = handle.read(4)
+            if not head:
+                raise DataFileError(path, "empty file (0 bytes)")
+            if head == _ZSTD_MAGIC:
+                _check_zstd_frames(_FileBytes(handle.fileno()), path)
+            elif head[:3] != _DBN_MAGIC:
+                raise DataFileError(path, "not a DBN file (neither zstd- nor DBN-magic at the start)")
+            handle.seek(0)
+            sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
     except OSError as exc:
         raise DataFileError(path, f"cannot read file ({exc.strerror or exc})") from exc
-    if not data:
-        raise DataFileError(path, "empty file (0 bytes)")
-    if data[:4] == _ZSTD_MAGIC:
-        _check_zstd_frames(data, path)
-    elif data[:3] != _DBN_MAGIC:
-        raise DataFileError(path, "not a DBN file (neither zstd- nor DBN-magic at the start)")
-    sha256 = hashlib.sha256(data).hexdigest()
-
     try:
         with warnings.catch_warnings():
-            # databento signals a trailing partial record only with a warning: make it an error here.
             warnings.simplefilter("error", BentoWarning)
-            store = databento.DBNStore.from_bytes(io.BytesIO(data))
-            del data
-            metadata = store.metadata
-            if store.schema is None:
-                raise DataFileError(path, "mixed-schema file (metadata schema is None, e.g. a live stream)")
-            schema = str(store.schema)
-            if schema not in SUPPORTED_SCHEMAS:
-                raise DataFileError(
-                    path, f"unsupported schema {schema!r} (supported: {', '.join(SUPPORTED_SCHEMAS)})"
-                )
-            records = store.to_ndarray()
-    except DataFileError:
-        raise
+            store = databento.DBNStore.from_file(path)
+            metadata, schema = store.metadata, store.schema
     except BentoWarning as exc:
         raise DataFileError(path, f"truncated DBN data ({exc})") from exc
     except Exception as exc:  # databento/zstd raise many types for garbage input; one message for all
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataFileError(path, f"not a valid DBN stream ({detail})") from exc
+        raise DataFileError(path, f"not a valid DBN stream ({_first_line(exc)})") from exc
+    if schema is None:
+        raise DataFileError(path, "mixed-schema file (metadata schema is None, e.g. a live stream)")
+    if str(schema) not in SUPPORTED_SCHEMAS:
+        raise DataFileError(
+            path, f"unsupported schema {str(schema)!r} (supported: {', '.join(SUPPORTED_SCHEMAS)})"
+        )
+    return _OpenedFile(path=path, store=store, metadata=metadata, schema=str(schema), sha256=sha256)
 
-    if records.ndim != 1 or len(records) == 0:
-        raise DataFileError(path, f"no records (header-only {schema} file)")
-    _check_record_types(records, schema, path)
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _record_chunks(opened: _OpenedFile) -> Iterator[np.ndarray]:
+    """The file's records, ``DECODE_CHUNK_RECORDS`` at a time, each chunk checked against the header's schema."""
+    path = opened.path
+    chunks = opened.store.to_ndarray(count=DECODE_CHUNK_RECORDS)
+    while True:
+        try:
+            # Only around the decoding step itself: the warnings filter is process-wide state.
+            with warnings.catch_warnings():
+                # databento signals a trailing partial record only with a warning: make it an error here.
+                warnings.simplefilter("error", BentoWarning)
+                chunk = next(chunks)
+        except StopIteration:
+            return
+        except BentoWarning as exc:
+            raise DataFileError(path, f"truncated DBN data ({exc})") from exc
+        except Exception as exc:  # databento/zstd raise many types for garbage input; one message for all
+            raise DataFileError(path, f"not a valid DBN stream ({_first_line(exc)})") from exc
+        _check_record_types(chunk, opened.schema, path)
+        yield chunk
+
+
+def decode_dbn(path: str | Path) -> DecodedFile:
+    """Decode a ``.dbn`` / ``.dbn.zst`` file into its records, refusing anything not a clean single-schema file."""
+    opened = _open_dbn(Path(path))
+    chunks = list(_record_chunks(opened))
+    if not chunks:
+        raise DataFileError(opened.path, f"no records (header-only {opened.schema} file)")
     return DecodedFile(
-        path=path,
-        records=records,
-        metadata=metadata,
-        schema=schema,
-        dbn_version=int(metadata.version),
-        sha256=sha256,
+        path=opened.path,
+        records=chunks[0] if len(chunks) == 1 else np.concatenate(chunks),
+        metadata=opened.metadata,
+        schema=opened.schema,
+        dbn_version=int(opened.metadata.version),
+        sha256=opened.sha256,
     )
 
 
@@ -251,16 +319,20 @@ def _check_record_types(records: np.ndarray, schema: str, path: Path) -> None:
 
 def _prices(values: np.ndarray) -> pl.Series:
     """Fixed-point int64 prices → Float64, UNDEF_PRICE → null."""
+    # Converted by polars rather than numpy so that the columns live in polars' allocator, whose freed memory
+    # the later sort re-uses (freed numpy buffers stay in the process and only add to the peak).
     series = pl.Series(values)
+    if not (values == databento_dbn.UNDEF_PRICE).any():
+        return series / PRICE_DIVISOR
     return pl.select(
         pl.when(series == databento_dbn.UNDEF_PRICE).then(None).otherwise(series / PRICE_DIVISOR)
     ).to_series()
 
 
-def _timestamps(records: np.ndarray) -> tuple[np.ndarray, int]:
-    """Keep-mask for records with a defined ts_event, and how many were undefined."""
+def _defined_ts(records: np.ndarray) -> np.ndarray:
+    """The records with a defined ts_event."""
     defined = records["ts_event"] != databento_dbn.UNDEF_TIMESTAMP
-    return defined, int(len(defined) - defined.sum())
+    return records if defined.all() else records[defined]
 
 
 def _ts_column(values: np.ndarray) -> pl.Series:
@@ -279,6 +351,70 @@ def _ohlcv_frame(records: np.ndarray) -> pl.DataFrame:
             pl.Series("volume", records["volume"]).cast(pl.Float64),
         ]
     )
+
+
+def _trade_frame(records: np.ndarray) -> pl.DataFrame:
+    trades = records[records["action"] == _TRADE_ACTION]
+    return pl.DataFrame(
+        [
+            _ts_column(trades["ts_event"]),
+            pl.Series("instrument_id", trades["instrument_id"]),
+            _prices(trades["price"]).alias("price"),
+            pl.Series("size", trades["size"]),
+        ]
+    )
+
+
+def _book_frame(records: np.ndarray) -> pl.DataFrame:
+    """Top of book after every record (trade or not)."""
+    return pl.DataFrame(
+        [
+            _ts_column(records["ts_event"]),
+            pl.Series("instrument_id", records["instrument_id"]),
+            _prices(records["bid_px_00"]).alias("bid_px"),
+            _prices(records["ask_px_00"]).alias("ask_px"),
+            pl.Series("bid_sz", records["bid_sz_00"]).cast(pl.Float64),
+            pl.Series("ask_sz", records["ask_sz_00"]).cast(pl.Float64),
+        ]
+    )
+
+
+class _ByInstrument:
+    """Rows gathered chunk by chunk into per-instrument pieces, handed out sorted by (instrument_id, ts_event).
+
+    Splitting each decoded chunk by instrument as it arrives replaces a sort of the whole table, which would
+    hold two copies of it at once. Databento files are time-ordered, so the pieces of one instrument are
+    already in time order; any that are not are sorted (stable: ties keep file order).
+    """
+
+    def __init__(self) -> None:
+        self._pieces: dict[int, list[pl.DataFrame]] = {}
+        self._empty: pl.DataFrame | None = None
+
+    def add(self, frame: pl.DataFrame) -> None:
+        if self._empty is None:
+            self._empty = frame.clear()
+        for (instrument_id,), piece in frame.partition_by(
+            "instrument_id", maintain_order=True, as_dict=True
+        ).items():
+            self._pieces.setdefault(instrument_id, []).append(piece)
+
+    def take(self) -> pl.DataFrame:
+        """All rows, sorted; the pieces are released as they are used.
+
+        The columns stay in pieces (chunks): later steps read them chunk by chunk, and copying them into one
+        chunk each would need a second copy of the table at once.
+        """
+        instruments = []
+        for instrument_id in sorted(self._pieces):
+            rows = pl.concat(self._pieces.pop(instrument_id), how="vertical", rechunk=False)
+            if not rows["ts_event"].is_sorted():
+                rows = rows.sort("ts_event", maintain_order=True)
+            instruments.append(rows)
+        if not instruments:
+            assert self._empty is not None, "take() before any add()"
+            return self._empty
+        return pl.concat(instruments, how="vertical", rechunk=False)
 
 
 def _aggregate_to_bars(frame: pl.DataFrame, bar_ns: int, *, from_trades: bool) -> pl.DataFrame:
@@ -303,18 +439,20 @@ def _aggregate_to_bars(frame: pl.DataFrame, bar_ns: int, *, from_trades: bool) -
     return frame.with_columns(bar_start).group_by("instrument_id", "ts_event", maintain_order=True).agg(aggs)
 
 
-def _bars_from_ohlcv(records: np.ndarray, schema: str, bar_ns: int, path: Path) -> pl.DataFrame:
+def _check_ohlcv_bar_size(schema: str, bar_ns: int, path: Path) -> None:
     native_ns = OHLCV_SCHEMAS[schema]
     if bar_ns < native_ns or bar_ns % native_ns != 0:
         raise DataFileError(
             path,
             f"bar_size of {bar_ns // NS_PER_SECOND}s cannot be built from {schema} bars (needs a multiple)",
         )
-    frame = (
-        _ohlcv_frame(records)
-        .drop_nulls(["open", "high", "low", "close"])
-        .sort("instrument_id", "ts_event", maintain_order=True)
-    )
+
+
+def _bars_from_ohlcv(frame: pl.DataFrame, schema: str, bar_ns: int) -> pl.DataFrame:
+    """OHLCV rows sorted by (instrument_id, ts_event) → bars of ``bar_ns``."""
+    prices = ["open", "high", "low", "close"]
+    if frame.select(pl.any_horizontal(pl.col(prices).is_null().any())).item():
+        frame = frame.drop_nulls(prices)
     # Sorted, so a repeated (instrument, bar) shows up as equal neighbours.
     duplicated = frame.select(
         (
@@ -322,48 +460,26 @@ def _bars_from_ohlcv(records: np.ndarray, schema: str, bar_ns: int, path: Path) 
             & (pl.col("ts_event") == pl.col("ts_event").shift(1))
         ).any()
     ).item()
-    if bar_ns == native_ns and not duplicated:
+    if bar_ns == OHLCV_SCHEMAS[schema] and not duplicated:
         return frame
     # Coarser bars, or the same bar from several publishers: merge.
     return _aggregate_to_bars(frame, bar_ns, from_trades=False)
 
 
-def _bars_from_trades(records: np.ndarray, schema: str, bar_ns: int) -> pl.DataFrame:
-    is_trade = records["action"] == _TRADE_ACTION
-    trades = records[is_trade]
-    frame = (
-        pl.DataFrame(
-            [
-                _ts_column(trades["ts_event"]),
-                pl.Series("instrument_id", trades["instrument_id"]),
-                _prices(trades["price"]).alias("price"),
-                pl.Series("size", trades["size"]),
-            ]
-        )
-        .drop_nulls("price")
-        .sort("instrument_id", "ts_event", maintain_order=True)
-    )
-    bars = _aggregate_to_bars(frame, bar_ns, from_trades=True)
-    if schema not in QUOTE_SCHEMAS:
+def _bars_from_trades(trades: pl.DataFrame, book: pl.DataFrame | None, bar_ns: int) -> pl.DataFrame:
+    """Trades (and book states) sorted by (instrument_id, ts_event) → bars of ``bar_ns``."""
+    bars = _aggregate_to_bars(trades.drop_nulls("price"), bar_ns, from_trades=True)
+    if book is None:
         return bars
     # Top of book at each bar's close: the last book state of any record (trade or not) inside the bar.
-    book = (
-        pl.DataFrame(
-            [
-                _ts_column(records["ts_event"]),
-                pl.Series("instrument_id", records["instrument_id"]),
-                _prices(records["bid_px_00"]).alias("bid_px"),
-                _prices(records["ask_px_00"]).alias("ask_px"),
-                pl.Series("bid_sz", records["bid_sz_00"]).cast(pl.Float64),
-                pl.Series("ask_sz", records["ask_sz_00"]).cast(pl.Float64),
-            ]
+    closing_book = (
+        book.with_columns(
+            (pl.col("ts_event").cast(pl.Int64) // bar_ns * bar_ns).cast(pl.Datetime("ns", "UTC"))
         )
-        .sort("instrument_id", "ts_event", maintain_order=True)
-        .with_columns((pl.col("ts_event").cast(pl.Int64) // bar_ns * bar_ns).cast(pl.Datetime("ns", "UTC")))
         .group_by("instrument_id", "ts_event", maintain_order=True)
         .agg(pl.col(*BOOK_COLUMNS).last())
     )
-    return bars.join(book, on=["instrument_id", "ts_event"], how="left", maintain_order="left")
+    return bars.join(closing_book, on=["instrument_id", "ts_event"], how="left", maintain_order="left")
 
 
 def _symbol_map(metadata: databento_dbn.Metadata) -> pl.DataFrame:
@@ -385,12 +501,38 @@ def _symbol_map(metadata: databento_dbn.Metadata) -> pl.DataFrame:
     )
 
 
+def chunked_like(series: pl.Series, like: pl.Series) -> pl.Series:
+    """``series`` cut (without copying) into the chunks of ``like``.
+
+    Bars are kept in the pieces they were decoded in; a frame whose columns are chunked differently gets all
+    its columns copied into single chunks by the next frame operation, which would double its memory.
+    """
+    lengths = like.chunk_lengths()
+    if len(lengths) <= 1:
+        return series
+    offsets = [0, *itertools.accumulate(lengths)]
+    return pl.concat([series.slice(offsets[i], n) for i, n in enumerate(lengths)], rechunk=False)
+
+
 def _attach_symbols(bars: pl.DataFrame, metadata: databento_dbn.Metadata) -> pl.DataFrame:
-    """Add ``symbol`` by (instrument_id, UTC date) interval lookup; unmapped → str(instrument_id)."""
+    """Add ``trading_day`` and ``symbol`` by (instrument_id, UTC date) interval lookup; unmapped → str(id).
+
+    ``bars`` are sorted by (instrument_id, ts_event), so each (instrument, day) is one run of rows: the lookup
+    runs once per run and its result is spread over the run's rows.
+    """
+    # Date is days since the epoch: integer division of the UTC nanoseconds is that, without calendar work.
+    day = (pl.col("ts_event").cast(pl.Int64) // NS_PER_DAY).cast(pl.Int32).cast(pl.Date)
+    bars = bars.with_columns(day.alias("trading_day"))
+    new_run = bars.select(
+        (
+            (pl.col("instrument_id") != pl.col("instrument_id").shift(1))
+            | (pl.col("trading_day") != pl.col("trading_day").shift(1))
+        ).fill_null(True)
+    ).to_series()
+    runs = bars.select("instrument_id", "trading_day").filter(new_run)
     mapping = _symbol_map(metadata)
-    days = bars.select("instrument_id", pl.col("ts_event").dt.date().alias("trading_day")).unique()
     resolved = (
-        days.join(mapping, on="instrument_id", how="left")
+        runs.join(mapping, on="instrument_id", how="left")
         .filter(
             pl.col("symbol").is_null() | pl.col("trading_day").is_between("start_date", "end_date", "left")
         )
@@ -398,11 +540,29 @@ def _attach_symbols(bars: pl.DataFrame, metadata: databento_dbn.Metadata) -> pl.
         .unique(["instrument_id", "trading_day"], keep="first")
         .select("instrument_id", "trading_day", "symbol")
     )
-    return (
-        bars.with_columns(pl.col("ts_event").dt.date().alias("trading_day"))
-        .join(resolved, on=["instrument_id", "trading_day"], how="left", maintain_order="left")
-        .with_columns(pl.col("symbol").fill_null(pl.col("instrument_id").cast(pl.String)))
+    run_symbols = (
+        runs.join(resolved, on=["instrument_id", "trading_day"], how="left", maintain_order="left")
+        .select(pl.col("symbol").fill_null(pl.col("instrument_id").cast(pl.String)))
+        .to_series()
     )
+    run_of_row = new_run.cast(pl.UInt32).cum_sum() - 1
+    return bars.hstack([chunked_like(run_symbols.gather(run_of_row).alias("symbol"), bars["ts_event"])])
+
+
+def _collect_rows(opened: _OpenedFile) -> tuple[_ByInstrument, _ByInstrument, int, int]:
+    """Decode chunk by chunk, keeping per chunk only what bars need: OHLCV rows or trades, and book states
+    (quote schemas). Returns those, the record count and the count of records with an undefined ts_event."""
+    is_ohlcv, has_book = opened.schema in OHLCV_SCHEMAS, opened.schema in QUOTE_SCHEMAS
+    main, book = _ByInstrument(), _ByInstrument()
+    records = dropped = 0
+    for chunk in _record_chunks(opened):
+        records += len(chunk)
+        defined = _defined_ts(chunk)
+        dropped += len(chunk) - len(defined)
+        main.add(_ohlcv_frame(defined) if is_ohlcv else _trade_frame(defined))
+        if has_book:
+            book.add(_book_frame(defined))
+    return main, book, records, dropped
 
 
 def read_bars(path: str | Path, bar_size: str = "1m") -> BarFile:
@@ -411,36 +571,41 @@ def read_bars(path: str | Path, bar_size: str = "1m") -> BarFile:
     Columns: ``ts_event`` (Datetime ns UTC, bar open), ``trading_day`` (UTC date), ``instrument_id`` (UInt32),
     ``symbol``, ``open``/``high``/``low``/``close``/``volume`` (Float64), plus ``bid_px``/``ask_px``/``bid_sz``/
     ``ask_sz`` (last top of book in the bar, may be null) for quote schemas. Sorted by (instrument_id, ts_event).
+    The records are decoded in chunks, each reduced to the columns the bars need before the next is decoded.
     """
     try:
         bar_ns = parse_bar_size(bar_size)
     except ValueError as exc:
         raise DataFileError(path, str(exc)) from exc
-    decoded = decode_dbn(path)
-    records = decoded.records
-    defined, dropped = _timestamps(records)
+    opened = _open_dbn(Path(path))
+    schema, is_ohlcv, has_book = opened.schema, opened.schema in OHLCV_SCHEMAS, opened.schema in QUOTE_SCHEMAS
+    path, metadata, sha256 = opened.path, opened.metadata, opened.sha256
+    main, book, records, dropped = _collect_rows(opened)
+    del opened  # nothing of the file is needed any more
+    if records == 0:
+        raise DataFileError(path, f"no records (header-only {schema} file)")
     if dropped:
-        log.warning("%s: dropped %d record(s) with undefined ts_event", decoded.path, dropped)
-        records = records[defined]
-    if len(records) == 0:
-        raise DataFileError(decoded.path, f"no records with a defined ts_event ({dropped} undefined)")
-
-    if decoded.schema in OHLCV_SCHEMAS:
-        bars = _bars_from_ohlcv(records, decoded.schema, bar_ns, decoded.path)
+        log.warning("%s: dropped %d record(s) with undefined ts_event", path, dropped)
+    if records == dropped:
+        raise DataFileError(path, f"no records with a defined ts_event ({dropped} undefined)")
+    if is_ohlcv:  # after decoding, so that a broken file is reported as such whatever the bar size
+        _check_ohlcv_bar_size(schema, bar_ns, path)
+        bars = _bars_from_ohlcv(main.take(), schema, bar_ns)
     else:
-        bars = _bars_from_trades(records, decoded.schema, bar_ns)
-    bars = _attach_symbols(bars, decoded.metadata)
+        bars = _bars_from_trades(main.take(), book.take() if has_book else None, bar_ns)
+    bars = _attach_symbols(bars, metadata)
     columns = ["ts_event", "trading_day", "instrument_id", "symbol", "open", "high", "low", "close", "volume"]
-    if decoded.schema in QUOTE_SCHEMAS:
+    if has_book:
         columns += list(BOOK_COLUMNS)
     return BarFile(
-        path=decoded.path,
-        bars=bars.select(columns),
-        schema=decoded.schema,
-        dataset=str(decoded.metadata.dataset),
-        dbn_version=decoded.dbn_version,
-        sha256=decoded.sha256,
+        path=path,
+        # From the columns, not with select(), which would first copy every column into one chunk.
+        bars=pl.DataFrame([bars[name] for name in columns]),
+        schema=schema,
+        dataset=str(metadata.dataset),
+        dbn_version=int(metadata.version),
+        sha256=sha256,
         bar_ns=bar_ns,
-        records=len(decoded.records),
+        records=records,
         dropped_undef_ts=dropped,
     )
