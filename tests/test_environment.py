@@ -52,8 +52,6 @@ def test_every_declared_dependency_is_pinned() -> None:
     pins = _lock_pins()
     for requirement in declared:
         name = _normalize(re.split(r"[<>=!\[ ;]", requirement, maxsplit=1)[0])
-        if name == "snakemake-executor-plugin-slurm":
-            continue  # optional cluster extra, installed on demand (docs: Running on a SLURM cluster)
         assert name in pins, (
             f"{requirement} is declared in pyproject.toml but not pinned in requirements.lock"
         )

@@ -25,7 +25,7 @@ import torch
 from gpu_utils import PrecisionError, PrecisionPlan, detect_precision
 from marketrl.agents.common import GreedyPolicy, TrainResult
 from marketrl.agents.networks import build_networks
-from marketrl.io import atomic_write
+from marketrl.io import atomic_open
 
 __all__ = ["ACTING_NETWORK", "CheckpointError", "load_checkpoint", "load_policy", "save_checkpoint"]
 
@@ -82,8 +82,10 @@ def save_checkpoint(
         "extra": dict(extra or {}),
     }
     _check_plain(checkpoint, str(path), "checkpoint")
-    with atomic_write(path) as tmp:
-        torch.save(checkpoint, tmp)
+    # Saved through a handle, not the temp path: torch names the zip's root after a path, which would make the
+    # same weights give different bytes on every write.
+    with atomic_open(path, "wb") as handle:
+        torch.save(checkpoint, handle)
 
 
 def load_checkpoint(path: str | os.PathLike[str], device: torch.device | str = "cpu") -> dict[str, Any]:
