@@ -41,6 +41,7 @@ def load_feature_tables(feature_files: Sequence[str | Path]) -> pl.DataFrame:
         missing = [name for name in FEATURE_NAMES if name not in frame.columns]
         if missing:
             raise DatasetError(f"{path}: not a marketrl feature table (no column {missing[0]!r})")
+        _check_finite(frame, path)
         frames.append(frame.with_columns(pl.lit(str(path)).alias("_source")))
     common = [c for c in frames[0].columns if all(c in f.columns for f in frames)]
     table = pl.concat([f.select(common) for f in frames], how="vertical")
@@ -56,6 +57,18 @@ def load_feature_tables(feature_files: Sequence[str | Path]) -> pl.DataFrame:
             f"{row['ts_event']} (two files cover the same day?)"
         )
     return table.drop("_source").sort("instrument_id", "ts_event")
+
+
+def _check_finite(frame: pl.DataFrame, path: str | Path) -> None:
+    """A NaN, inf or null in any float column would poison normalization and training: name the column."""
+    floats = [name for name, dtype in frame.schema.items() if dtype in (pl.Float32, pl.Float64)]
+    bad = frame.select((~pl.col(floats).is_finite()).fill_null(True).any()).row(0, named=True)
+    offenders = [name for name in floats if bad[name]]
+    if offenders:
+        raise DatasetError(
+            f"{path}: non-finite value (NaN, inf or null) in column {offenders[0]!r} "
+            f"({len(offenders)} column(s) affected)"
+        )
 
 
 def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | Path) -> dict[str, Any]:

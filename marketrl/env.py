@@ -421,6 +421,27 @@ class TradingEnv:
         self._start_pool = torch.zeros(0, self.n_envs, dtype=torch.int64, device=self.device)
         self._pool_cursor = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything later steps depend on besides the data: rows, positions, clocks and the start RNG."""
+        return {
+            "generator": self._generator.get_state(),
+            "start_pool": self._start_pool,
+            "pool_cursor": self._pool_cursor,
+            "row": self.row,
+            "position": self.position,
+            "elapsed": self.elapsed,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue exactly where `state_dict` was taken (for resumable training)."""
+        self._generator.set_state(state["generator"])
+        self._start_pool = state["start_pool"].to(self.device)
+        self._pool_cursor = int(state["pool_cursor"])
+        self.row = state["row"].to(self.device)
+        self.position = state["position"].to(self.device)
+        self.elapsed = state["elapsed"].to(self.device)
+        self._final_state = None
+
     def _draw_starts(self) -> torch.Tensor:
         # Starts are drawn for _START_POOL_STEPS steps at once: one random draw and gather per pool, not per step.
         if self._pool_cursor == self._start_pool.shape[0]:

@@ -45,6 +45,8 @@ HIDDEN_DIM_BASES = (64, 128, 256, 512)
 REWARD_SCALES = (1.0, 10.0, 100.0, 1000.0)
 INTERRUPTED = "interrupted"
 OWNER = "owner"
+SLOT = "slot"  # the trial's place 0..n_trials-1 in the study; its sampler and training seeds derive from it
+SAMPLED = "params_sampled"  # False from the claim until the objective has suggested every parameter
 
 
 class HyperoptError(ValueError):
@@ -120,8 +122,36 @@ def open_storage(config: Mapping[str, Any], algo: str, results_dir: str | Path =
             ) from exc
     directory = study_dir(algo, results_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    backend = optuna.storages.journal.JournalFileBackend(str(directory / "journal.log"))
+    backend = optuna.storages.journal.JournalFileBackend(
+        str(directory / "journal.log"), lock_obj=JournalFlock(directory / "journal.lock")
+    )
     return optuna.storages.JournalStorage(backend)
+
+
+class JournalFlock:
+    """The journal's write lock as a kernel file lock (flock), which dies with the process holding it.
+
+    Optuna's default symlink lock outlives a worker killed mid-write: the next worker waits for a grace period,
+    and forever when the journal path is relative (the lock's symlink then dangles, so its age is never read).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._handle: Any = None
+
+    def acquire(self) -> bool:
+        """Block until this process holds the lock."""
+        handle = open(self.path, "a+")  # stays open while the lock is held
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        self._handle = handle
+        return True
+
+    def release(self) -> None:
+        """Release the lock."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            handle.close()
 
 
 def load_study(
@@ -178,6 +208,15 @@ def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(INTERRUPTED)]
 
 
+def slot_sampler_seed(seed: int, slot: int) -> int:
+    """The TPE sampler seed of one trial slot, from the study's sampler seed root."""
+    return derive_seed(seed, SLOT, slot)
+
+
+def _waiting(trials: Sequence[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+
+
 def recover_interrupted(study: optuna.Study) -> int:
     """Fail RUNNING trials whose worker on this host is gone, and re-enqueue their parameters; return the count."""
     recovered = 0
@@ -186,16 +225,36 @@ def recover_interrupted(study: optuna.Study) -> int:
         if owner and _owner_is_dead(owner):
             study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-            study.enqueue_trial(trial.params, skip_if_exists=False)
+            # The rerun keeps the trial's slot, hence its seeds, and its parameters once they were all drawn (a
+            # partial set would shift the slot's sampler draws): the study ends as if it was never interrupted.
+            slot = {SLOT: trial.user_attrs[SLOT]} if SLOT in trial.user_attrs else None
+            params = trial.params if trial.user_attrs.get(SAMPLED, True) else {}
+            study.enqueue_trial(params, user_attrs=slot, skip_if_exists=False)
             recovered += 1
     return recovered
 
 
-def claim_trial(study: optuna.Study, n_trials: int) -> optuna.Trial | None:
-    """Start a new trial unless the study already holds n_trials; call under `study_lock`."""
-    if len(counted_trials(study)) >= n_trials:
+def claim_trial(study: optuna.Study, n_trials: int, *, seed: int | None = None) -> optuna.Trial | None:
+    """Start the next trial (a re-enqueued one first) unless the study already holds n_trials; call under
+    `study_lock`.
+
+    Every trial gets a slot (0..n_trials-1, kept by a re-enqueued trial). With `seed`, the sampler is reseeded
+    per slot, so the parameters a slot draws do not depend on which worker process claims it or on restarts.
+    """
+    counted = counted_trials(study)
+    waiting = _waiting(counted)
+    if len(counted) - len(waiting) >= n_trials:
         return None
+    free = sorted(set(range(n_trials)) - {t.user_attrs.get(SLOT) for t in counted})
+    slot = free[0] if free else len(counted)
+    if waiting:  # ask() pops the oldest waiting (re-enqueued) trial, which keeps its slot
+        slot = waiting[0].user_attrs.get(SLOT, slot)
+    if seed is not None:
+        study.sampler = optuna.samplers.TPESampler(seed=slot_sampler_seed(seed, slot))
     trial = study.ask()
+    if SLOT not in trial.user_attrs:
+        trial.set_user_attr(SLOT, slot)
+    trial.set_user_attr(SAMPLED, False)
     trial.set_user_attr(OWNER, _owner())
     return trial
 
@@ -206,8 +265,13 @@ def work_on_study(
     n_trials: int,
     objective: Callable[[optuna.Trial], float],
     results_dir: str | Path = "results",
+    *,
+    seed: int | None = None,
 ) -> list[int]:
-    """Claim and run trials until the study holds `n_trials` (shared with other workers); return this worker's."""
+    """Claim and run trials until the study holds `n_trials` (shared with other workers); return this worker's.
+
+    `seed`: reseed the sampler per trial slot (see `claim_trial`).
+    """
     with study_lock(algo, results_dir):
         recovered = recover_interrupted(study)
     if recovered:
@@ -215,7 +279,7 @@ def work_on_study(
     ran: list[int] = []
     while True:
         with study_lock(algo, results_dir):
-            trial = claim_trial(study, n_trials)
+            trial = claim_trial(study, n_trials, seed=seed)
         if trial is None:
             return ran
         try:
@@ -258,7 +322,8 @@ def run_trial(
     """Train one configuration on the tuning train rows, report validation scores, return the final one."""
     started = time.perf_counter()
     hparams = SEARCH_SPACES[algo](trial, batch_bounds)
-    seed = derive_seed(config["seed"], "hyperopt-trial", algo, trial.number)
+    trial.set_user_attr(SAMPLED, True)
+    seed = derive_seed(config["seed"], "hyperopt-trial", algo, trial.user_attrs.get(SLOT, trial.number))
     reports = 0
 
     def on_eval(step: int, policy: Callable) -> float:
@@ -325,7 +390,10 @@ def run_worker(
     def objective(trial: optuna.Trial) -> float:
         return run_trial(trial, algo, window, config, device, precision, batch_bounds)
 
-    ran = work_on_study(study, algo, config["hyperopt"]["n_trials"], objective, results_dir)
+    sampler_seed = derive_seed(config["seed"], "hyperopt", algo)
+    ran = work_on_study(
+        study, algo, config["hyperopt"]["n_trials"], objective, results_dir, seed=sampler_seed
+    )
     summary = {
         "algo": algo,
         "worker": worker,
@@ -404,7 +472,8 @@ def write_study_summary(
         ],
         "sampler": {
             "name": "TPESampler",
-            "seeds": [derive_seed(config["seed"], "hyperopt", algo, w) for w in range(len(workers))],
+            "seed": derive_seed(config["seed"], "hyperopt", algo),
+            "reseeded": "per trial slot k: slot_sampler_seed(seed, k)",
         },
         "tuning_window": tuning,
         "workers": workers,

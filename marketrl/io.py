@@ -4,11 +4,14 @@
 :func:`atomic_open` yields an open binary/text handle instead. Either way the data goes to a hidden temp file
 in the destination's own directory (so ``os.replace`` is a same-filesystem rename), is fsynced, and then
 replaces the destination in one step. On any exception the temp file is removed and the destination is left
-exactly as it was.
+exactly as it was; temp files of an earlier writer of the same destination that was killed (SIGKILL leaves no
+chance to clean up) are removed when the next write starts.
 """
 
 from __future__ import annotations
 
+import errno
+import glob
 import json
 import os
 import tempfile
@@ -51,6 +54,22 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+# Errors of the storage itself (full, quota, file size limit, read-only, no permission): a writer reports ENOSPC
+# without naming any file, so these are re-raised naming the output that could not be written.
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _naming(exc: OSError, dest: Path) -> OSError:
+    reason = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0]
+    return type(exc)(exc.errno, f"cannot write {dest}: {reason}")
+
+
+def _remove_stale_temps(dest: Path) -> None:
+    # A writer killed with SIGKILL cannot clean up; its rerun (the only writer of `dest`) removes the leftovers.
+    for stale in dest.parent.glob(f".{glob.escape(dest.name)}.*.tmp{glob.escape(dest.suffix)}"):
+        stale.unlink(missing_ok=True)
+
+
 @contextmanager
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp path beside ``path``; on success it is fsynced and renamed onto ``path``.
@@ -60,8 +79,12 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     destination's suffix so writers that infer the format from it still work.
     """
     dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=f".tmp{dest.suffix}", dir=dest.parent)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(dest)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=f".tmp{dest.suffix}", dir=dest.parent)
+    except OSError as exc:
+        raise _naming(exc, dest) from exc
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -71,6 +94,11 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
         _fsync_file(tmp)
         os.chmod(tmp, _DEFAULT_MODE)  # mkstemp creates 0600; outputs get the usual umask-derived mode
         os.replace(tmp, dest)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in _STORAGE_ERRNOS:
+            raise _naming(exc, dest) from exc
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

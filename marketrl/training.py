@@ -21,13 +21,14 @@ from gpu_utils import detect_precision, resolve_device
 from marketrl.agents import dqn, ppo
 from marketrl.agents.checkpoint import save_checkpoint
 from marketrl.agents.common import TrainResult
+from marketrl.agents.resume import TrainingCheckpoint
 from marketrl.config import derive_seed
 from marketrl.datasets import env_config_from_config, fold_window, load_features
 from marketrl.env import EnvConfig, MarketData
 from marketrl.folds import FoldPlan
 from marketrl.io import write_json_atomic
 from marketrl.metrics import to_json_safe
-from marketrl.provenance import collect
+from marketrl.provenance import collect, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,12 @@ def run_training(
     total_steps: int,
     on_eval: Callable[[int, Callable], float | None] | None = None,
     check_every: int = 100,
+    checkpoint: TrainingCheckpoint | None = None,
 ) -> TrainResult:
-    """Train `algo` with the given hyperparameters; the one call hyperopt and the train job share."""
+    """Train `algo` with the given hyperparameters; the one call hyperopt and the train job share.
+
+    With `checkpoint` the run resumes from, and periodically saves, its full training state.
+    """
     eval_every = max(1, total_steps // EVALS_PER_RUN) if on_eval is not None else 0
     if algo == "dqn":
         config = dqn.DQNConfig(
@@ -77,7 +82,9 @@ def run_training(
         )
     else:
         config = ppo.PPOConfig(total_steps=total_steps, env=env_config, eval_every=eval_every)
-    return TRAINERS[algo].train(train_data, config, dict(hparams), precision, device, seed, on_eval=on_eval)
+    return TRAINERS[algo].train(
+        train_data, config, dict(hparams), precision, device, seed, on_eval=on_eval, checkpoint=checkpoint
+    )
 
 
 class ProgressLog:
@@ -131,6 +138,23 @@ def train_job(
     window = fold_window(load_features(manifest_path), plan, fold, config, device)
     total_steps = config["training"]["total_steps"]
     progress = ProgressLog(window.splits["validation"], config, total_steps)
+    # Resumable state beside the model; only a state saved by this very run (same settings and inputs) is resumed.
+    checkpoint = TrainingCheckpoint(
+        Path(model_path).with_name("resume.pt"),
+        config["training"]["checkpoint_every"],
+        {
+            "algo": algo,
+            "seed": seed,
+            "hparams": hparams,
+            "total_steps": total_steps,
+            "check_every": config["training"]["check_every"],
+            "env": dict(config["env"]),
+            "n_envs": config["training"]["n_envs"],
+            "device": str(device),
+            "precision": precision.mode,
+            "inputs": [sha256_file(manifest_path), sha256_file(folds_path)],
+        },
+    )
     started = time.perf_counter()
     result = run_training(
         algo,
@@ -143,6 +167,7 @@ def train_job(
         total_steps=total_steps,
         on_eval=progress,
         check_every=config["training"]["check_every"],
+        checkpoint=checkpoint,
     )
     wall_s = time.perf_counter() - started
     save_checkpoint(
@@ -165,9 +190,17 @@ def train_job(
         "device": str(device),
         "total_steps": total_steps,
         "wall_s": wall_s,
+        "resumed_from_step": checkpoint.resumed_from,
+        "checkpoints_saved": checkpoint.saves,
         "validation": progress.records,
         **result.log,
+        # docs/OUTPUTS.md: history records are keyed by "step" (env steps), validation scores included.
+        "history": [{**record, "step": record["env_steps"]} for record in result.log["history"]]
+        # from the trainer's evaluation records, which a resumed run restores from its checkpoint
+        + [{"step": int(step), "val_sharpe": score} for step, score in result.log["evals"]],
+        "steps_per_s": result.log["steps_per_second"],
         "provenance": collect(dict(config), device=str(device)),
     }
     write_json_atomic(log_path, to_json_safe(train_log))
+    checkpoint.remove()  # the final model is written: a later forced rerun starts from scratch
     return train_log

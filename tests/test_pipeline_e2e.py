@@ -82,6 +82,10 @@ def test_hidden_dim_base_reaches_the_trained_network(tiny_run: Path) -> None:
             log = json.loads((model.parent / "train_log.json").read_text())
             assert log["hidden_sizes"] == shapes(base)
             assert log["precision"]["mode"] == "fp32"
+            # The report's training curves read history records keyed by "step" (docs/OUTPUTS.md).
+            assert log["history"] and all(isinstance(entry["step"], int) for entry in log["history"])
+            assert any("val_sharpe" in entry for entry in log["history"])
+            assert any("loss" in entry or "policy_loss" in entry for entry in log["history"])
 
 
 def test_evaluation_outputs_are_consistent(tiny_run: Path) -> None:

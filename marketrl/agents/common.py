@@ -257,6 +257,26 @@ class WindowStats:
             raise NonFiniteError(f"non-finite {quoted} between steps {first} and {step}")
         return record
 
+    def state_dict(self) -> dict[str, Any]:
+        """The pending window (device tensors and counters), for resumable training checkpoints."""
+        return {
+            "rows": self._rows,
+            "next_row": self._next_row,
+            "folded": self._folded,
+            "counts": self._counts,
+            "host_reads": self.host_reads,
+            "window_start": self.window_start,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict` in place (counter views handed out by `counter` stay valid)."""
+        self._rows.copy_(state["rows"])
+        self._folded = state["folded"].to(self.device)
+        self._counts.copy_(state["counts"])
+        self._next_row = int(state["next_row"])
+        self.host_reads = int(state["host_reads"])
+        self.window_start = int(state["window_start"])
+
 
 def _finite(value: float) -> bool:
     return value == value and value not in (float("inf"), float("-inf"))
@@ -284,6 +304,16 @@ class EvalSchedule:
         """Evaluate at the end of training (unless the last evaluation was at this very step)."""
         if self.on_eval is not None and self._last_step != env_steps:
             self._call(env_steps, policy)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Schedule position and the scores so far, for resumable training checkpoints."""
+        return {"next_at": self.next_at, "records": self.records, "last_step": self._last_step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict`."""
+        self.next_at = state["next_at"]
+        self.records = [list(record) for record in state["records"]]
+        self._last_step = state["last_step"]
 
     def _call(self, env_steps: int, policy: GreedyPolicy) -> None:
         self._last_step = env_steps

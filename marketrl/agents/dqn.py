@@ -39,11 +39,13 @@ from marketrl.agents.common import (
     seeded,
 )
 from marketrl.agents.networks import build_networks, make_architecture
+from marketrl.agents.resume import TrainingCheckpoint, to_device
 from marketrl.env import N_ACTIONS, EnvConfig, MarketData, TradingEnv
 
 __all__ = ["DQNConfig", "DQNHyperparams", "ReplayBuffer", "td_loss", "train"]
 
 _RANDOM_POOL_STEPS = 64  # exploration draws are made for this many vector steps at once
+_REPLAY_FIELDS = ("obs", "next_obs", "actions", "rewards", "discounts")
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,17 @@ class ReplayBuffer:
         ]
         return [Batch(*parts) for parts in zip(*fields, strict=True)]
 
+    def state_dict(self) -> dict[str, Any]:
+        """The filled part of the buffer and its cursor, for resumable training checkpoints."""
+        filled = {name: getattr(self, name)[: self.size] for name in _REPLAY_FIELDS}
+        return {**filled, "cursor": self.cursor, "size": self.size}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict` into this (equally sized) buffer."""
+        self.size, self.cursor = int(state["size"]), int(state["cursor"])
+        for name in _REPLAY_FIELDS:
+            getattr(self, name)[: self.size].copy_(state[name])
+
 
 class NStepWindow:
     """Turns the last n vector steps into n-step transitions for the oldest one, per env, on the device.
@@ -247,8 +260,13 @@ def train(
     device: torch.device | str,
     seed: int,
     on_eval: EvalCallback | None = None,
+    checkpoint: TrainingCheckpoint | None = None,
 ) -> TrainResult:
-    """Train a DQN agent on ``train_data`` for ``config.total_steps`` env steps; see the module docstring."""
+    """Train a DQN agent on ``train_data`` for ``config.total_steps`` env steps; see the module docstring.
+
+    With ``checkpoint``, the loop resumes from its saved state (if any) and saves its full state whenever the
+    checkpoint is due; the result is the same as one uninterrupted run.
+    """
     hp: DQNHyperparams = parse_hparams(DQNHyperparams, hparams, "dqn")
     device = torch.device(device)
     plan = resolve_precision(precision, device)
@@ -285,9 +303,28 @@ def train(
     episode_return = torch.zeros(n_envs, device=device)
     env_steps = grad_steps = window_grad_steps = 0
     epsilon = hp.exploration_initial_eps
+    first_step = 0
+    state = checkpoint.load() if checkpoint is not None else None
+    if state is not None:  # CPU tensors: the load_state_dict methods copy them to the device
+        q_net.load_state_dict(state["q"])
+        target_net.load_state_dict(state["target"])
+        stepper.optimizer.load_state_dict(state["optimizer"])
+        if stepper.scaler is not None:
+            stepper.scaler.load_state_dict(state["scaler"])
+        replay.load_state_dict(state["replay"])
+        generator.set_state(state["generator"])
+        env.load_state_dict(state["env"])
+        stats.load_state_dict(state["stats"])
+        evals.load_state_dict(state["evals"])
+        n_step.steps = deque(to_device(state["n_step"], device))
+        obs, episode_return, explore_draws, random_actions = to_device(
+            [state["obs"], state["episode_return"], state["explore_draws"], state["random_actions"]], device
+        )
+        first_step, env_steps, grad_steps = state["vector_step"], state["env_steps"], state["grad_steps"]
+        window_grad_steps, epsilon, history = state["window_grad_steps"], state["epsilon"], state["history"]
     started = time.perf_counter()
 
-    for vector_step in range(n_vector_steps):
+    for vector_step in range(first_step, n_vector_steps):
         # ε-greedy on the device; uniform draws come from a pool refilled every _RANDOM_POOL_STEPS steps.
         if vector_step % _RANDOM_POOL_STEPS == 0:
             explore_draws = torch.rand(_RANDOM_POOL_STEPS, n_envs, generator=generator, device=device)
@@ -334,6 +371,30 @@ def train(
                     )
                     window_grad_steps = 0
         evals.maybe(env_steps, policy)
+        if checkpoint is not None and checkpoint.due(env_steps) and vector_step + 1 < n_vector_steps:
+            loop_state = {
+                "vector_step": vector_step + 1,
+                "env_steps": env_steps,
+                "grad_steps": grad_steps,
+                "window_grad_steps": window_grad_steps,
+                "epsilon": epsilon,
+                "history": history,
+                "q": q_net.state_dict(),
+                "target": target_net.state_dict(),
+                "optimizer": stepper.optimizer.state_dict(),
+                "scaler": stepper.scaler.state_dict() if stepper.scaler is not None else None,
+                "replay": replay.state_dict(),
+                "n_step": list(n_step.steps),
+                "generator": generator.get_state(),
+                "env": env.state_dict(),
+                "stats": stats.state_dict(),
+                "evals": evals.state_dict(),
+                "obs": obs,
+                "episode_return": episode_return,
+                "explore_draws": explore_draws,
+                "random_actions": random_actions,
+            }
+            checkpoint.save(env_steps, loop_state, [q_net])
 
     if window_grad_steps > 0 or not history:  # the last partial window
         history.append(_record(stats.read(grad_steps), env_steps, grad_steps, window_grad_steps, epsilon))

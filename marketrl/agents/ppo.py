@@ -44,6 +44,7 @@ from marketrl.agents.common import (
     seeded,
 )
 from marketrl.agents.networks import build_networks, make_architecture
+from marketrl.agents.resume import TrainingCheckpoint
 from marketrl.env import N_ACTIONS, EnvConfig, MarketData, TradingEnv
 
 __all__ = ["PPOConfig", "PPOHyperparams", "compute_gae", "ppo_loss", "train"]
@@ -188,8 +189,13 @@ def train(
     device: torch.device | str,
     seed: int,
     on_eval: EvalCallback | None = None,
+    checkpoint: TrainingCheckpoint | None = None,
 ) -> TrainResult:
-    """Train a PPO agent on ``train_data`` for ``config.total_steps`` env steps; see the module docstring."""
+    """Train a PPO agent on ``train_data`` for ``config.total_steps`` env steps; see the module docstring.
+
+    With ``checkpoint``, the loop resumes from its saved state (if any) and saves its full state after any
+    update at which the checkpoint is due; the result is the same as one uninterrupted run.
+    """
     hp: PPOHyperparams = parse_hparams(PPOHyperparams, hparams, "ppo")
     device = torch.device(device)
     plan = resolve_precision(precision, device)
@@ -223,9 +229,24 @@ def train(
     obs = env.reset()
     episode_return = np.zeros(n_envs, dtype=np.float64)
     env_steps = grad_steps = 0
+    first_update = 0
+    state = checkpoint.load() if checkpoint is not None else None
+    if state is not None:  # CPU tensors: the load_state_dict methods copy them to the device
+        policy_net.load_state_dict(state["policy"])
+        value_net.load_state_dict(state["value"])
+        optimizer.load_state_dict(state["optimizer"])
+        if stepper.scaler is not None:
+            stepper.scaler.load_state_dict(state["scaler"])
+        generator.set_state(state["generator"])
+        env.load_state_dict(state["env"])
+        stats.load_state_dict(state["stats"])
+        evals.load_state_dict(state["evals"])
+        obs, episode_return = state["obs"].to(device), state["episode_return"].numpy()
+        first_update, env_steps, grad_steps = state["update"], state["env_steps"], state["grad_steps"]
+        rollout_copies, history = state["rollout_copies"], state["history"]
     started = time.perf_counter()
 
-    for update in range(n_updates):
+    for update in range(first_update, n_updates):
         learning_rate = hp.learning_rate * (1.0 - update / n_updates) if hp.anneal_lr else hp.learning_rate
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
@@ -344,6 +365,25 @@ def train(
         )
         history.append(record)
         evals.maybe(env_steps, policy)
+        if checkpoint is not None and checkpoint.due(env_steps) and update + 1 < n_updates:
+            loop_state = {
+                "update": update + 1,
+                "env_steps": env_steps,
+                "grad_steps": grad_steps,
+                "rollout_copies": rollout_copies,
+                "history": history,
+                "policy": policy_net.state_dict(),
+                "value": value_net.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scaler": stepper.scaler.state_dict() if stepper.scaler is not None else None,
+                "generator": generator.get_state(),
+                "env": env.state_dict(),
+                "stats": stats.state_dict(),
+                "evals": evals.state_dict(),
+                "obs": obs,
+                "episode_return": torch.from_numpy(episode_return.copy()),
+            }
+            checkpoint.save(env_steps, loop_state, [policy_net, value_net])
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)

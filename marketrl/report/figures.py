@@ -387,6 +387,8 @@ TRAINING_METRICS = (
     ("episode_return_mean", "episode return (mean)"),
     ("val_sharpe", "validation Sharpe"),
     ("loss", "loss"),
+    ("policy_loss", "policy loss"),
+    ("value_loss", "value loss"),
     ("entropy", "policy entropy"),
     ("value_mean", "value estimate (mean)"),
     ("q_mean", "Q estimate (mean)"),

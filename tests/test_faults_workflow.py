@@ -1,0 +1,62 @@
+"""Faults through real Snakemake jobs: the job fails (non-zero exit), prints one `marketrl error:` line naming the
+culprit, writes it to the job log, and leaves no output (Snakemake would otherwise treat it as done next time).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from marketrl.data.demo import generate_demo_files
+from tests.faults.pipeline import baseline_run, damaged_files, fast_tiny_config, new_workdir, run_snakemake
+from tests.test_reader import BAD_INPUTS
+
+pytestmark = pytest.mark.slow
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("marketrl error:")]
+
+
+def test_corrupt_dbn_file_fails_its_features_job(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    generate_demo_files(data, "2024-01-03", 1, seed=2)
+    bad = BAD_INPUTS["truncated zstd"][0](tmp_path)
+    corrupt = bad.rename(data / "glbx-mdp3-20240102.ohlcv-1m.dbn.zst")  # sorts first: no previous-day input
+    config = fast_tiny_config(data={"source": "files", "files": str(data / "*.dbn.zst")})
+    workdir = new_workdir(config, tmp_path / "runs")
+    target = "results/features/glbx-mdp3-20240102.ohlcv-1m.parquet"
+    result = run_snakemake(workdir, "--cores", "1", target, timeout=300)
+    assert result.returncode != 0
+    lines = error_lines(result.stdout + result.stderr)
+    assert len(lines) == 1 and str(corrupt) in lines[0] and "truncated zstd" in lines[0]
+    log = (workdir / "results/logs/features/glbx-mdp3-20240102.ohlcv-1m.log").read_text()
+    assert lines[0].removeprefix("marketrl error: ") in log
+    assert not (workdir / target).exists()
+    assert damaged_files(workdir / "results") == []  # and no temp file either
+
+
+def test_hyperopt_json_with_wrong_types_fails_the_train_job(tmp_path: Path) -> None:
+    workdir = tmp_path / "run"
+    shutil.copytree(baseline_run(), workdir, symlinks=True)  # copy2 keeps mtimes: nothing else looks stale
+    hparams = workdir / "results" / "hyperopt" / "dqn.json"
+    hparams.write_text('{"algo": "dqn", "best_params": {"learning_rate": "fast", "gamma": 0.9}}')
+    target = "results/models/dqn/fold_0/seed_0/model.pt"
+    result = run_snakemake(workdir, "--cores", "1", "-f", target, "--allowed-rules", "train", timeout=300)
+    assert result.returncode != 0
+    lines = error_lines(result.stdout + result.stderr)
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "HParamError: hparams.learning_rate: expected float, got str 'fast'" in lines[0]
+    assert not (workdir / target).exists()
+    assert not (workdir / target).with_name("train_log.json").exists()
+    assert damaged_files(workdir / "results") == []
+
+
+def test_empty_files_glob_fails_before_any_job(tmp_path: Path) -> None:
+    workdir = new_workdir(fast_tiny_config(data={"source": "files", "files": ""}), tmp_path)
+    result = run_snakemake(workdir, "--cores", "1", timeout=120)
+    assert result.returncode != 0
+    assert "config key 'data.files': empty glob" in result.stdout + result.stderr
+    assert not (workdir / "results").exists()
