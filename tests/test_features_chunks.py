@@ -22,24 +22,9 @@ from marketrl.features import (
     compute_features,
     featurize_bars,
 )
+from tests.test_features import TOL, _prepared
 
 MINUTE_NS = 60_000_000_000
-TOL = {"rel_tol": 1e-5, "abs_tol": 1e-6}
-
-
-def _prepared(bars: pl.DataFrame) -> pl.DataFrame:
-    """Synthetic bars in read_bars' column layout."""
-    return bars.with_columns(pl.col("ts_event").cast(pl.Int64).cast(pl.Datetime("ns", "UTC"))).select(
-        "ts_event",
-        pl.col("ts_event").dt.date().alias("trading_day"),
-        pl.col("instrument_id").cast(pl.UInt32),
-        pl.col("instrument_id").cast(pl.String).alias("symbol"),
-        "open",
-        "high",
-        "low",
-        "close",
-        "volume",
-    )
 
 
 def _chunked(bars: pl.DataFrame, chunk_bars: int) -> pl.DataFrame:
