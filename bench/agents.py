@@ -21,12 +21,12 @@ import argparse
 import math
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import numpy as np
-import polars as pl
 import torch
+
+# bench/env.py builds the same synthetic bars (this script runs from bench/, so it imports as `env`).
+from env import synthetic_frame  # bench/env.py: the same synthetic bars (this script runs from bench/)
 
 from gpu_utils import OptimStep, PrecisionPlan, detect_precision, make_optimizer
 from marketrl.agents import dqn, ppo
@@ -79,34 +79,6 @@ clock = time.perf_counter  # --clock cpu switches to process CPU time (steadier 
 
 
 # ------------------------------------------------------------------------------------------------------- data
-
-
-def synthetic_frame(n_bars: int, n_features: int, n_instruments: int = 2, seed: int = 0) -> pl.DataFrame:
-    """Minute bars (random-walk prices, random float32 features), one segment per instrument."""
-    rng = np.random.default_rng(seed)
-    per_instrument = n_bars // n_instruments
-    start = datetime(2024, 1, 2, tzinfo=UTC)
-    ts = [start + timedelta(minutes=i) for i in range(per_instrument)]
-    frames = []
-    for instrument in range(n_instruments):
-        close = 4000.0 * np.exp(np.cumsum(rng.normal(0.0, 5e-4, per_instrument)))
-        frames.append(
-            pl.DataFrame(
-                {
-                    "ts_event": pl.Series(ts, dtype=pl.Datetime("ns", "UTC")),
-                    "trading_day": pl.Series([t.date() for t in ts], dtype=pl.Date),
-                    "instrument_id": pl.Series([instrument + 1] * per_instrument, dtype=pl.UInt32),
-                    "symbol": [f"SYM{instrument}"] * per_instrument,
-                    "open": np.append(close[0], close[:-1]),
-                    "close": close,
-                    **{
-                        f"f{j}": rng.normal(0.0, 1.0, per_instrument).astype(np.float32)
-                        for j in range(n_features)
-                    },
-                }
-            )
-        )
-    return pl.concat(frames)
 
 
 def market_data(n_bars: int, n_features: int) -> MarketData:
