@@ -44,7 +44,7 @@ def generate_ohlcv_file(path: Path, n_bars: int, n_instruments: int = 2, seed: i
     import zstandard
     from databento.common.constants import SCHEMA_STRUCT_MAP
 
-    from marketrl.data.synthetic import MappingInterval, SymbolMapping
+    from marketrl.data.dbn_writer import MappingInterval, SymbolMapping
 
     rng = np.random.default_rng(seed)
     dtype = np.dtype(SCHEMA_STRUCT_MAP[dbn.Schema.OHLCV_1M]._dtypes)

@@ -1,7 +1,11 @@
 """The 51 bar features (plus a book group for quote schemas), and the DBN.zst → Parquet stage that caches them.
 
-Every feature is a polars expression over one instrument's bars, listed with its formula and lookback in
-docs/FEATURES.md. Design points:
+Every column the query computes is one entry of a catalog (``FeatureSpec``): the 51 features (``CATALOG``), the
+book features (``BOOK_CATALOG``) and the named window statistics they share. An entry's expression is written
+with the building blocks of ``_Reads`` (shift, diff, rolling windows, truncated EMAs), which record the columns
+it reads and how many bars back; its lookback is derived from those and from the lookbacks of the entries it
+reads, so ``LOOKBACKS`` and ``MAX_LOOKBACK`` follow from the formulas. docs/FEATURES.md lists every feature
+with its formula and lookback (tested against the catalog). Design points:
 
 - **finite lookback**: every feature at bar t reads bars t-L..t with ``L <= MAX_LOOKBACK``. EMAs (MACD, RSI, ATR)
   are truncated to a fixed window with renormalized weights, so a row depends on a bounded history; this makes
@@ -13,15 +17,18 @@ docs/FEATURES.md. Design points:
   ``.over(instrument, day)``. The equivalence with computing each instrument alone is tested.
 - **bounded memory**: the table is computed in chunks of ``CHUNK_BARS`` bars (each with the MAX_LOOKBACK bars
   before it as context) and each chunk is written as one Parquet row group while the next is computed.
-- **cost**: each window statistic is computed once, as a named column; truncated EMAs are O(n) differences of
-  the plain EMA recursion (``_Ema``), not weighted windows. Measured in bench/features.py.
+- **cost**: each window statistic is computed once, as a named entry, however many features share it (polars
+  does not de-duplicate rolling expressions); the query runs the entries in dependency stages and drops each
+  intermediate column after its last reader. Truncated EMAs are O(n) differences of the plain EMA recursion
+  (``_Ema``), not weighted windows. Measured in bench/features.py.
 - Float64 inside, Float32 out; no NaN/inf reaches the table (checked before writing).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +41,9 @@ from marketrl.data.reader import NS_PER_DAY, DataFileError, chunked_like, read_b
 from marketrl.io import atomic_write
 
 __all__ = [
+    "BOOK_CATALOG",
     "BOOK_FEATURE_NAMES",
+    "CATALOG",
     "CHUNK_BARS",
     "DAY_CUMULATIVE_FEATURES",
     "FEATURE_NAMES",
@@ -42,9 +51,10 @@ __all__ = [
     "LOOKBACKS",
     "MAX_LOOKBACK",
     "PARQUET_ZSTD_LEVEL",
+    "FeatureChunks",
+    "FeatureSpec",
     "build_feature_file",
-    "compute_features",
-    "featurize_bars",
+    "feature_chunks",
 ]
 
 FEATURE_SET_VERSION = "1.0.0"
@@ -59,6 +69,13 @@ BASE_COLUMNS = (
     "close",
     "volume",
     "bar_return",
+)
+# Columns of the frame the query runs on: the bars (read_bars; the book columns only for quote schemas) and the
+# running day sums added per chunk (_with_day_sums). Entries read these with lookback 0.
+_DAY_SUMS = ("_day_tpv", "_day_volume")
+_BOOK_COLUMNS = ("bid_px", "ask_px", "bid_sz", "ask_sz")
+_BAR_COLUMNS = frozenset(
+    ("ts_event", "instrument_id", "open", "high", "low", "close", "volume", *_BOOK_COLUMNS, *_DAY_SUMS)
 )
 
 _LN2 = math.log(2.0)
@@ -106,6 +123,10 @@ class _Ema:
 
 def _span_ema(source: str, span: int) -> _Ema:
     """Classic EMA(span) (alpha = 2/(span+1)) truncated to 3*span bars (dropped tail weight ≈ e^-6 ≈ 0.25%)."""
+
+
+def _span_ema(source: str, span: int) -> _Ema:
+    """Classic EMA(span) (alpha = 2/(span+1)) truncated to 3*span bars (dropped tail weight ≈ e^-6 ≈ 0.25%)."""
     return _Ema(source, 2.0 / (span + 1), 3 * span)
 
 
@@ -114,27 +135,127 @@ def _wilder(source: str, n: int) -> _Ema:
     return _Ema(source, 1.0 / n, 5 * n, nonnegative=True)
 
 
-def _levels(emas: dict[str, _Ema]) -> dict[str, pl.Expr]:
-    return {f"{name}_level": ema.level() for name, ema in emas.items()}
+class _Reads:
+    """The building blocks of catalog expressions. Each returns a polars expression and records the column it
+    reads and how many bars before t (``back``); a truncated EMA also records the recursion column it needs one
+    stage earlier (``helpers``). ``bar_ns`` is the bar size, for the one feature that measures bar spacing."""
+
+    def __init__(self, name: str, bar_ns: int) -> None:
+        self.name = name
+        self.bar_ns = bar_ns
+        self.back: dict[str, int] = {}
+        self.helpers: dict[str, pl.Expr] = {}
+
+    def _read(self, column: str, back: int) -> pl.Expr:
+        self.back[column] = max(back, self.back.get(column, 0))
+        return _c(column)
+
+    def col(self, column: str) -> pl.Expr:
+        """The column at bar t."""
+        return self._read(column, 0)
+
+    def shift(self, column: str, n: int) -> pl.Expr:
+        """The column at bar t-n (null for a frame's first n rows)."""
+        return self._read(column, n).shift(n)
+
+    def diff(self, column: str) -> pl.Expr:
+        """Value at t minus value at t-1."""
+        return self._read(column, 1).diff()
+
+    def rolling_sum(self, column: str, n: int) -> pl.Expr:
+        """Sum over bars t-n+1..t."""
+        return self._read(column, n - 1).rolling_sum(n)
+
+    def mean(self, column: str, n: int) -> pl.Expr:
+        """Rolling mean as rolling sum / n: the same value to the last bit or so, at half the cost in polars."""
+        return self.rolling_sum(column, n) / n
+
+    def rolling_mean(self, column: str, n: int) -> pl.Expr:
+        """polars' own rolling mean over bars t-n+1..t."""
+        return self._read(column, n - 1).rolling_mean(n)
+
+    def std(self, column: str, n: int) -> pl.Expr:
+        """Rolling sample std (ddof 1) over bars t-n+1..t."""
+        # Rolling variance of a constant series can come out as a tiny negative number: clip before sqrt.
+        return self._read(column, n - 1).rolling_var(n).clip(lower_bound=0.0).sqrt()
+
+    def rolling_min(self, column: str, n: int) -> pl.Expr:
+        """Minimum over bars t-n+1..t."""
+        return self._read(column, n - 1).rolling_min(n)
+
+    def rolling_max(self, column: str, n: int) -> pl.Expr:
+        """Maximum over bars t-n+1..t."""
+        return self._read(column, n - 1).rolling_max(n)
+
+    def ema(self, ema: _Ema) -> pl.Expr:
+        """The truncated EMA ``ema``: reads its source over its window (the recursion's earlier terms cancel)."""
+        level = f"{self.name}_level"
+        self.helpers[level] = ema.level()
+        self._read(ema.source, ema.window - 1)
+        return ema.truncated(level)
 
 
-def _truncated(emas: dict[str, _Ema]) -> dict[str, pl.Expr]:
-    return {name: ema.truncated(f"{name}_level") for name, ema in emas.items()}
+Build = Callable[[_Reads], pl.Expr]
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One column of the feature query.
+
+    ``inputs`` maps each column the expression reads to how many bars before t it reads it; ``lookback`` is the
+    most bars before t the value depends on: max over inputs of (bars back + the input's own lookback), bar
+    columns counting 0. Both are recorded from ``build`` (see ``_Reads``), never written by hand.
+    """
+
+    name: str
+    inputs: Mapping[str, int]
+    lookback: int
+    build: Build
+
+    def expr(self, bar_ns: int) -> tuple[pl.Expr, dict[str, pl.Expr]]:
+        """The expression for bars of ``bar_ns`` nanoseconds, and the helper columns it needs one stage earlier."""
+        reads = _Reads(self.name, bar_ns)
+        return self.build(reads).alias(self.name), reads.helpers
+
+
+# Every entry by name, in definition order (an entry may read only bar columns and earlier entries).
+_ENTRIES: dict[str, FeatureSpec] = {}
+
+
+def _entry(name: str, build: Build) -> FeatureSpec:
+    """Record ``build``'s reads, derive the lookback and register the entry."""
+    if name in _ENTRIES or name in _BAR_COLUMNS:
+        raise ValueError(f"feature catalog: {name!r} defined twice")
+    reads = _Reads(name, bar_ns=1)  # the bar size changes no read
+    build(reads)
+    unknown = [column for column in reads.back if column not in _BAR_COLUMNS and column not in _ENTRIES]
+    if unknown:
+        raise ValueError(f"feature catalog: {name!r} reads {unknown[0]!r}, not a bar column or earlier entry")
+    lookback = max(
+        (
+            back + (_ENTRIES[column].lookback if column in _ENTRIES else 0)
+            for column, back in reads.back.items()
+        ),
+        default=0,
+    )
+    spec = FeatureSpec(name, dict(reads.back), lookback, build)
+    _ENTRIES[name] = spec
+    return spec
+
+
+def _shared(**builds: Build) -> None:
+    """Intermediate (float64) columns that several features read: each computed once, dropped after use."""
+    for name, build in builds.items():
+        _entry(name, build)
+
+
+def _features(*entries: tuple[str, Build]) -> tuple[FeatureSpec, ...]:
+    return tuple(_entry(name, build) for name, build in entries)
 
 
 def _safe_div(num: pl.Expr, den: pl.Expr, fill: float = 0.0, eps: float = 0.0) -> pl.Expr:
     """num/den where |den| > eps, else ``fill`` (flat prices, zero volume, zero variance)."""
     return pl.when(den.abs() > eps).then(num / den).otherwise(fill)
-
-
-def _std(x: pl.Expr, window: int) -> pl.Expr:
-    # Rolling variance of a constant series can come out as a tiny negative number: clip before sqrt.
-    return x.rolling_var(window).clip(lower_bound=0.0).sqrt()
-
-
-def _mean(column: str, window: int) -> pl.Expr:
-    """Rolling mean as rolling sum / window: the same value to the last bit or so, at half the cost in polars."""
-    return _c(column).rolling_sum(window) / window
 
 
 def _corr(mean_a: pl.Expr, mean_b: pl.Expr, mean_ab: pl.Expr, mean_aa: pl.Expr, mean_bb: pl.Expr) -> pl.Expr:
@@ -144,284 +265,359 @@ def _corr(mean_a: pl.Expr, mean_b: pl.Expr, mean_ab: pl.Expr, mean_aa: pl.Expr, 
     return pl.when(scale > 1e-30).then((cov / scale).clip(-1.0, 1.0)).otherwise(0.0)
 
 
-def _columns(**exprs: pl.Expr) -> dict[str, pl.Expr]:
-    return exprs
-
-
-# The query runs in stages so that every window statistic is computed once, as a named column, however many
-# features share it (polars does not de-duplicate rolling expressions). Lookbacks in bars are in the comments.
-_INPUTS = _columns(  # elementwise, plus one-bar shifts
-    _lc=_c("close").log(),  # 0
+_shared(  # elementwise inputs, plus one-bar shifts
+    _lc=lambda r: r.col("close").log(),
     # A frame's first row has no previous bar; it is always a warm-up/context row, so 0 is a harmless filler
     # that keeps the windows on polars' null-free path.
-    _r1=_c("close").log().diff().fill_null(0.0),  # 1
-    _prev_close=_c("close").shift(1).fill_null(_c("close")),  # 1
-    _lhl=(_c("high") / _c("low")).log(),  # 0
-    _loc=(_c("close") / _c("open")).log(),  # 0
-    _lv=_c("volume").log1p(),  # 0
-    _tpv=(_c("high") + _c("low") + _c("close")) / 3.0 * _c("volume"),  # 0
-    _range=_c("high") - _c("low"),  # 0
+    _r1=lambda r: r.diff("_lc").fill_null(0.0),
+    _prev_close=lambda r: r.shift("close", 1).fill_null(r.col("close")),
+    _lhl=lambda r: (r.col("high") / r.col("low")).log(),
+    _loc=lambda r: (r.col("close") / r.col("open")).log(),
+    _lv=lambda r: r.col("volume").log1p(),
+    _tpv=lambda r: (r.col("high") + r.col("low") + r.col("close")) / 3.0 * r.col("volume"),
+    _range=lambda r: r.col("high") - r.col("low"),
+    _ts_ns=lambda r: r.col("ts_event").cast(pl.Int64),
 )
-_TERMS = _columns(  # elementwise terms of the inputs that get windowed
-    _abs_r=_c("_r1").abs(),  # 1
-    _r2=_c("_r1").pow(2),  # 1
-    _r_lag_prod=_c("_r1") * _c("_r1").shift(1).fill_null(0.0),  # 2
-    _gain=_c("_r1").clip(lower_bound=0.0),  # 1
-    _loss=(-_c("_r1")).clip(lower_bound=0.0),  # 1
-    _up=(_c("_r1") > 0).cast(pl.Float64),  # 1
-    _signed_volume=_c("_r1").sign() * _c("volume"),  # 1
-    _tr=pl.max_horizontal("high", "_prev_close") - pl.min_horizontal("low", "_prev_close"),  # 1
-    _lhl2=_c("_lhl").pow(2),  # 0
-    _gk=0.5 * _c("_lhl").pow(2) - (2 * _LN2 - 1) * _c("_loc").pow(2),  # 0
-    _rs=(_c("high") / _c("close")).log() * (_c("high") / _c("open")).log()
-    + (_c("low") / _c("close")).log() * (_c("low") / _c("open")).log(),  # 0
-    _abs_r_lv=_c("_r1").abs() * _c("_lv"),  # 1
-    _lv2=_c("_lv").pow(2),  # 0
+_shared(  # elementwise terms that get windowed
+    _abs_r=lambda r: r.col("_r1").abs(),
+    _r2=lambda r: r.col("_r1").pow(2),
+    _r_lag_prod=lambda r: r.col("_r1") * r.shift("_r1", 1).fill_null(0.0),
+    _gain=lambda r: r.col("_r1").clip(lower_bound=0.0),
+    _loss=lambda r: (-r.col("_r1")).clip(lower_bound=0.0),
+    _up=lambda r: (r.col("_r1") > 0).cast(pl.Float64),
+    _signed_volume=lambda r: r.col("_r1").sign() * r.col("volume"),
+    _tr=lambda r: (
+        pl.max_horizontal(r.col("high"), r.col("_prev_close"))
+        - pl.min_horizontal(r.col("low"), r.col("_prev_close"))
+    ),
+    _lhl2=lambda r: r.col("_lhl").pow(2),
+    _gk=lambda r: 0.5 * r.col("_lhl").pow(2) - (2 * _LN2 - 1) * r.col("_loc").pow(2),
+    _rs=lambda r: (
+        (r.col("high") / r.col("close")).log() * (r.col("high") / r.col("open")).log()
+        + (r.col("low") / r.col("close")).log() * (r.col("low") / r.col("open")).log()
+    ),
+    _abs_r_lv=lambda r: r.col("_r1").abs() * r.col("_lv"),
+    _lv2=lambda r: r.col("_lv").pow(2),
 )
-_EMAS = {  # truncated EMAs of the inputs and terms
-    "_atr_w14": _wilder("_tr", 14),  # 70
-    "_gain_w6": _wilder("_gain", 6),  # 30
-    "_loss_w6": _wilder("_loss", 6),  # 30
-    "_gain_w14": _wilder("_gain", 14),  # 70
-    "_loss_w14": _wilder("_loss", 14),  # 70
-    "_ema12": _span_ema("close", 12),  # 35
-    "_ema26": _span_ema("close", 26),  # 77
-}
-_WINDOWS = _columns(  # every rolling window, once
-    _rv5=_std(_c("_r1"), 5),  # 5
-    _rv15=_std(_c("_r1"), 15),  # 15
-    _rv60=_std(_c("_r1"), 60),  # 60
-    _lhl2_mean15=_mean("_lhl2", 15),  # 14
-    _lhl2_mean60=_mean("_lhl2", 60),  # 59
-    _gk_mean15=_mean("_gk", 15),  # 14
-    _rs_mean15=_mean("_rs", 15),  # 14
-    _sma5=_mean("close", 5),  # 4
-    _sma15=_mean("close", 15),  # 14
-    _sma20=_mean("close", 20),  # 19
-    _sma60=_mean("close", 60),  # 59
-    _sd20=_std(_c("close"), 20),  # 19
-    _ll14=_c("low").rolling_min(14),  # 13
-    _hh14=_c("high").rolling_max(14),  # 13
-    _ll60=_c("low").rolling_min(60),  # 59
-    _hh60=_c("high").rolling_max(60),  # 59
-    _up_mean15=_mean("_up", 15),  # 15
-    _r_mean30=_mean("_r1", 30),  # 30
-    _r2_mean30=_mean("_r2", 30),  # 30
-    _r_lag_prod_mean30=_mean("_r_lag_prod", 30),  # 31
-    _abs_r_sum15=_c("_abs_r").rolling_sum(15),  # 15
-    _r2_mean15=_mean("_r2", 15),  # 15
-    _lv_mean15=_mean("_lv", 15),  # 14
-    _lv_sd15=_std(_c("_lv"), 15),  # 14
-    _lv2_mean15=_mean("_lv2", 15),  # 14
-    _abs_r_lv_mean15=_mean("_abs_r_lv", 15),  # 15
-    _volume_mean5=_mean("volume", 5),  # 4
-    _volume_sum15=_c("volume").rolling_sum(15),  # 14
-    _volume_sum60=_c("volume").rolling_sum(60),  # 59
-    _tpv_sum15=_c("_tpv").rolling_sum(15),  # 14
-    _tpv_sum60=_c("_tpv").rolling_sum(60),  # 59
-    _signed_volume_sum15=_c("_signed_volume").rolling_sum(15),  # 15
+_shared(  # truncated EMAs
+    _atr_w14=lambda r: r.ema(_wilder("_tr", 14)),
+    _gain_w6=lambda r: r.ema(_wilder("_gain", 6)),
+    _loss_w6=lambda r: r.ema(_wilder("_loss", 6)),
+    _gain_w14=lambda r: r.ema(_wilder("_gain", 14)),
+    _loss_w14=lambda r: r.ema(_wilder("_loss", 14)),
+    _ema12=lambda r: r.ema(_span_ema("close", 12)),
+    _ema26=lambda r: r.ema(_span_ema("close", 26)),
 )
-_DERIVED = _columns(
-    _macd=(_c("_ema12") - _c("_ema26")) / _c("close"),  # 77
-    _stoch_k=_safe_div(_c("close") - _c("_ll14"), _c("_hh14") - _c("_ll14"), 0.5),  # 13
+_shared(  # rolling windows
+    _rv5=lambda r: r.std("_r1", 5),
+    _rv15=lambda r: r.std("_r1", 15),
+    _rv60=lambda r: r.std("_r1", 60),
+    _lhl2_mean15=lambda r: r.mean("_lhl2", 15),
+    _lhl2_mean60=lambda r: r.mean("_lhl2", 60),
+    _gk_mean15=lambda r: r.mean("_gk", 15),
+    _rs_mean15=lambda r: r.mean("_rs", 15),
+    _sma5=lambda r: r.mean("close", 5),
+    _sma15=lambda r: r.mean("close", 15),
+    _sma20=lambda r: r.mean("close", 20),
+    _sma60=lambda r: r.mean("close", 60),
+    _sd20=lambda r: r.std("close", 20),
+    _ll14=lambda r: r.rolling_min("low", 14),
+    _hh14=lambda r: r.rolling_max("high", 14),
+    _ll60=lambda r: r.rolling_min("low", 60),
+    _hh60=lambda r: r.rolling_max("high", 60),
+    _up_mean15=lambda r: r.mean("_up", 15),
+    _r_mean30=lambda r: r.mean("_r1", 30),
+    _r2_mean30=lambda r: r.mean("_r2", 30),
+    _r_lag_prod_mean30=lambda r: r.mean("_r_lag_prod", 30),
+    _abs_r_sum15=lambda r: r.rolling_sum("_abs_r", 15),
+    _r2_mean15=lambda r: r.mean("_r2", 15),
+    _lv_mean15=lambda r: r.mean("_lv", 15),
+    _lv_sd15=lambda r: r.std("_lv", 15),
+    _lv2_mean15=lambda r: r.mean("_lv2", 15),
+    _abs_r_lv_mean15=lambda r: r.mean("_abs_r_lv", 15),
+    _volume_mean5=lambda r: r.mean("volume", 5),
+    _volume_sum15=lambda r: r.rolling_sum("volume", 15),
+    _volume_sum60=lambda r: r.rolling_sum("volume", 60),
+    _tpv_sum15=lambda r: r.rolling_sum("_tpv", 15),
+    _tpv_sum60=lambda r: r.rolling_sum("_tpv", 60),
+    _signed_volume_sum15=lambda r: r.rolling_sum("_signed_volume", 15),
 )
-_DERIVED_EMAS = {"_macd_signal": _span_ema("_macd", 9)}  # 77 + 26
-_DERIVED_WINDOWS = _columns(_stoch_d=_mean("_stoch_k", 3))  # 15
+_shared(  # built on the windows
+    _macd=lambda r: (r.col("_ema12") - r.col("_ema26")) / r.col("close"),
+    _stoch_k=lambda r: _safe_div(r.col("close") - r.col("_ll14"), r.col("_hh14") - r.col("_ll14"), 0.5),
+)
+_shared(
+    _macd_signal=lambda r: r.ema(_span_ema("_macd", 9)),
+    _stoch_d=lambda r: r.mean("_stoch_k", 3),
+)
 
 
-def _ret(n: int) -> pl.Expr:
-    return _c("_lc") - _c("_lc").shift(n)
+def _ret(r: _Reads, n: int) -> pl.Expr:
+    return r.col("_lc") - r.shift("_lc", n)
 
 
-def _sma_ratio(n: int) -> pl.Expr:
-    return _c("close") / _c(f"_sma{n}") - 1.0
+def _sma_ratio(r: _Reads, n: int) -> pl.Expr:
+    return r.col("close") / r.col(f"_sma{n}") - 1.0
 
 
-def _log_ratio_to_vwap(tpv_sum: pl.Expr, volume_sum: pl.Expr) -> pl.Expr:
+def _log_ratio_to_vwap(r: _Reads, tpv_sum: str, volume_sum: str) -> pl.Expr:
     """ln(close / VWAP) with VWAP = Σ(typical price·volume)/Σvolume; 0 when the window traded nothing."""
-    return pl.when(volume_sum > 0).then((_c("close") * volume_sum / tpv_sum).log()).otherwise(0.0)
+    volume = r.col(volume_sum)
+    return pl.when(volume > 0).then((r.col("close") * volume / r.col(tpv_sum)).log()).otherwise(0.0)
 
 
-def _vwap_dev(n: int) -> pl.Expr:
-    return _log_ratio_to_vwap(_c(f"_tpv_sum{n}"), _c(f"_volume_sum{n}"))
-
-
-def _rsi(n: int) -> pl.Expr:
-    gain, loss = _c(f"_gain_w{n}"), _c(f"_loss_w{n}")
+def _rsi(r: _Reads, n: int) -> pl.Expr:
+    gain, loss = r.col(f"_gain_w{n}"), r.col(f"_loss_w{n}")
     return _safe_div(gain, gain + loss, fill=0.5) - 0.5
 
 
-def _bar_shape(numerator: pl.Expr, fill: float = 0.0) -> pl.Expr:
-    return _safe_div(numerator, _c("_range"), fill)
+def _bar_shape(r: _Reads, numerator: pl.Expr, fill: float = 0.0) -> pl.Expr:
+    return _safe_div(numerator, r.col("_range"), fill)
 
 
-@dataclass(frozen=True)
-class _Feature:
-    name: str
-    lookback: int  # bars before t the value may read
-    expr: Callable[[int], pl.Expr]  # bar_ns → expression
+def _time_of_day(r: _Reads) -> pl.Expr:
+    return (r.col("_ts_ns") % NS_PER_DAY).cast(pl.Float64) / NS_PER_DAY * (2 * math.pi)
 
 
-def _f(name: str, lookback: int, expr: pl.Expr | Callable[[int], pl.Expr]) -> _Feature:
-    return _Feature(name, lookback, expr if callable(expr) else (lambda _bar_ns, e=expr: e))
+def _day_of_week(r: _Reads) -> pl.Expr:
+    return (r.col("ts_event").dt.weekday().cast(pl.Float64) - 1.0) / 7.0 * (2 * math.pi)
 
 
-_TIME_OF_DAY = (pl.col("ts_event").cast(pl.Int64) % NS_PER_DAY).cast(pl.Float64) / NS_PER_DAY * (2 * math.pi)
-_DAY_OF_WEEK = (pl.col("ts_event").dt.weekday().cast(pl.Float64) - 1.0) / 7.0 * (2 * math.pi)
+# The return of the bar that just closed: a table column (BASE_COLUMNS) rather than a feature.
+_BAR_RETURN = _entry("bar_return", lambda r: r.col("close") / r.col("_prev_close") - 1.0)
 
-_FEATURES: tuple[_Feature, ...] = (
+CATALOG: tuple[FeatureSpec, ...] = _features(
     # --- returns (log) ---
-    _f("ret_1", 1, _c("_r1")),
-    _f("ret_5", 5, _ret(5)),
-    _f("ret_15", 15, _ret(15)),
-    _f("ret_30", 30, _ret(30)),
-    _f("ret_60", 60, _ret(60)),
+    ("ret_1", lambda r: r.col("_r1")),
+    ("ret_5", lambda r: _ret(r, 5)),
+    ("ret_15", lambda r: _ret(r, 15)),
+    ("ret_30", lambda r: _ret(r, 30)),
+    ("ret_60", lambda r: _ret(r, 60)),
     # --- volatility ---
-    _f("rv_5", 5, _c("_rv5")),
-    _f("rv_15", 15, _c("_rv15")),
-    _f("rv_60", 60, _c("_rv60")),
-    _f("parkinson_15", 14, (_c("_lhl2_mean15") / (4 * _LN2)).sqrt()),
-    _f("parkinson_60", 59, (_c("_lhl2_mean60") / (4 * _LN2)).sqrt()),
-    _f("garman_klass_15", 14, _c("_gk_mean15").clip(lower_bound=0.0).sqrt()),
-    _f("rogers_satchell_15", 14, _c("_rs_mean15").clip(lower_bound=0.0).sqrt()),
-    _f("rv_ratio_5_60", 60, _safe_div(_c("_rv5"), _c("_rv60"), 1.0, eps=1e-9)),
-    _f("atr_14", 70, _c("_atr_w14") / _c("close")),
+    ("rv_5", lambda r: r.col("_rv5")),
+    ("rv_15", lambda r: r.col("_rv15")),
+    ("rv_60", lambda r: r.col("_rv60")),
+    ("parkinson_15", lambda r: (r.col("_lhl2_mean15") / (4 * _LN2)).sqrt()),
+    ("parkinson_60", lambda r: (r.col("_lhl2_mean60") / (4 * _LN2)).sqrt()),
+    ("garman_klass_15", lambda r: r.col("_gk_mean15").clip(lower_bound=0.0).sqrt()),
+    ("rogers_satchell_15", lambda r: r.col("_rs_mean15").clip(lower_bound=0.0).sqrt()),
+    ("rv_ratio_5_60", lambda r: _safe_div(r.col("_rv5"), r.col("_rv60"), 1.0, eps=1e-9)),
+    ("atr_14", lambda r: r.col("_atr_w14") / r.col("close")),
     # --- momentum / oscillators ---
-    _f("rsi_6", 30, _rsi(6)),
-    _f("rsi_14", 70, _rsi(14)),
-    _f("macd", 77, _c("_macd")),
-    _f("macd_signal", 77 + 26, _c("_macd_signal")),
-    _f("macd_hist", 77 + 26, _c("_macd") - _c("_macd_signal")),
-    _f(
+    ("rsi_6", lambda r: _rsi(r, 6)),
+    ("rsi_14", lambda r: _rsi(r, 14)),
+    ("macd", lambda r: r.col("_macd")),
+    ("macd_signal", lambda r: r.col("_macd_signal")),
+    ("macd_hist", lambda r: r.col("_macd") - r.col("_macd_signal")),
+    (
         "bb_pctb_20",
-        19,
-        _safe_div(_c("close") - (_c("_sma20") - 2 * _c("_sd20")), 4 * _c("_sd20"), 0.5, eps=1e-12),
-    ),
-    _f("bb_width_20", 19, 4 * _c("_sd20") / _c("_sma20")),
-    _f("stoch_k_14", 13, _c("_stoch_k")),
-    _f("stoch_d_3", 15, _c("_stoch_d")),
-    _f("close_sma_5", 4, _sma_ratio(5)),
-    _f("close_sma_15", 14, _sma_ratio(15)),
-    _f("close_sma_60", 59, _sma_ratio(60)),
-    _f("dist_high_60", 59, _c("close") / _c("_hh60") - 1.0),
-    _f("dist_low_60", 59, _c("close") / _c("_ll60") - 1.0),
-    _f("up_frac_15", 15, _c("_up_mean15")),
-    _f(
-        "ret_autocorr_30",
-        31,
-        # The lagged side's window moments are the current side's, one bar earlier.
-        _corr(
-            _c("_r_mean30"),
-            _c("_r_mean30").shift(1),
-            _c("_r_lag_prod_mean30"),
-            _c("_r2_mean30"),
-            _c("_r2_mean30").shift(1),
+        lambda r: _safe_div(
+            r.col("close") - (r.col("_sma20") - 2 * r.col("_sd20")), 4 * r.col("_sd20"), 0.5, eps=1e-12
         ),
     ),
-    _f("efficiency_15", 15, _safe_div(_ret(15).abs(), _c("_abs_r_sum15"), 0.0, eps=1e-12)),
+    ("bb_width_20", lambda r: 4 * r.col("_sd20") / r.col("_sma20")),
+    ("stoch_k_14", lambda r: r.col("_stoch_k")),
+    ("stoch_d_3", lambda r: r.col("_stoch_d")),
+    ("close_sma_5", lambda r: _sma_ratio(r, 5)),
+    ("close_sma_15", lambda r: _sma_ratio(r, 15)),
+    ("close_sma_60", lambda r: _sma_ratio(r, 60)),
+    ("dist_high_60", lambda r: r.col("close") / r.col("_hh60") - 1.0),
+    ("dist_low_60", lambda r: r.col("close") / r.col("_ll60") - 1.0),
+    ("up_frac_15", lambda r: r.col("_up_mean15")),
+    (
+        "ret_autocorr_30",
+        # The lagged side's window moments are the current side's, one bar earlier.
+        lambda r: _corr(
+            r.col("_r_mean30"),
+            r.shift("_r_mean30", 1),
+            r.col("_r_lag_prod_mean30"),
+            r.col("_r2_mean30"),
+            r.shift("_r2_mean30", 1),
+        ),
+    ),
+    ("efficiency_15", lambda r: _safe_div(_ret(r, 15).abs(), r.col("_abs_r_sum15"), 0.0, eps=1e-12)),
     # --- volume / VWAP ---
-    _f("log_volume", 0, _c("_lv")),
-    _f("volume_z_15", 14, _safe_div(_c("_lv") - _c("_lv_mean15"), _c("_lv_sd15"), 0.0, eps=1e-9)),
-    _f("volume_ratio_5_60", 59, ((_c("_volume_mean5") + 1.0) / (_c("_volume_sum60") / 60 + 1.0)).log()),
-    _f("vwap_dev_15", 14, _vwap_dev(15)),
-    _f("vwap_dev_60", 59, _vwap_dev(60)),
+    ("log_volume", lambda r: r.col("_lv")),
+    (
+        "volume_z_15",
+        lambda r: _safe_div(r.col("_lv") - r.col("_lv_mean15"), r.col("_lv_sd15"), 0.0, eps=1e-9),
+    ),
+    (
+        "volume_ratio_5_60",
+        lambda r: ((r.col("_volume_mean5") + 1.0) / (r.col("_volume_sum60") / 60 + 1.0)).log(),
+    ),
+    ("vwap_dev_15", lambda r: _log_ratio_to_vwap(r, "_tpv_sum15", "_volume_sum15")),
+    ("vwap_dev_60", lambda r: _log_ratio_to_vwap(r, "_tpv_sum60", "_volume_sum60")),
     # Day-cumulative: the running day sums are handed from chunk to chunk (_with_day_sums).
-    _f("vwap_dev_day", 0, _log_ratio_to_vwap(_c("_day_tpv"), _c("_day_volume"))),
-    _f("signed_volume_15", 15, _safe_div(_c("_signed_volume_sum15"), _c("_volume_sum15"), 0.0)),
-    _f(
+    ("vwap_dev_day", lambda r: _log_ratio_to_vwap(r, "_day_tpv", "_day_volume")),
+    (
+        "signed_volume_15",
+        lambda r: _safe_div(r.col("_signed_volume_sum15"), r.col("_volume_sum15"), 0.0),
+    ),
+    (
         "ret_volume_corr_15",
-        15,
-        _corr(
-            _c("_abs_r_sum15") / 15,
-            _c("_lv_mean15"),
-            _c("_abs_r_lv_mean15"),
-            _c("_r2_mean15"),
-            _c("_lv2_mean15"),
+        lambda r: _corr(
+            r.col("_abs_r_sum15") / 15,
+            r.col("_lv_mean15"),
+            r.col("_abs_r_lv_mean15"),
+            r.col("_r2_mean15"),
+            r.col("_lv2_mean15"),
         ),
     ),
     # --- bar shape ---
-    _f("bar_body", 0, _bar_shape(_c("close") - _c("open"))),
-    _f("bar_upper_wick", 0, _bar_shape(_c("high") - pl.max_horizontal("open", "close"))),
-    _f("bar_lower_wick", 0, _bar_shape(pl.min_horizontal("open", "close") - _c("low"))),
-    _f("bar_close_loc", 0, _bar_shape(_c("close") - _c("low"), 0.5)),
-    _f("bar_range", 0, _c("_lhl")),
-    _f("gap_open", 1, (_c("open") / _c("_prev_close")).log()),
-    _f("ret_oc", 0, _c("_loc")),
+    ("bar_body", lambda r: _bar_shape(r, r.col("close") - r.col("open"))),
+    (
+        "bar_upper_wick",
+        lambda r: _bar_shape(r, r.col("high") - pl.max_horizontal(r.col("open"), r.col("close"))),
+    ),
+    (
+        "bar_lower_wick",
+        lambda r: _bar_shape(r, pl.min_horizontal(r.col("open"), r.col("close")) - r.col("low")),
+    ),
+    ("bar_close_loc", lambda r: _bar_shape(r, r.col("close") - r.col("low"), 0.5)),
+    ("bar_range", lambda r: r.col("_lhl")),
+    ("gap_open", lambda r: (r.col("open") / r.col("_prev_close")).log()),
+    ("ret_oc", lambda r: r.col("_loc")),
     # --- calendar (UTC) and bar spacing ---
-    _f("tod_sin", 0, _TIME_OF_DAY.sin()),
-    _f("tod_cos", 0, _TIME_OF_DAY.cos()),
-    _f("dow_sin", 0, _DAY_OF_WEEK.sin()),
-    _f("dow_cos", 0, _DAY_OF_WEEK.cos()),
-    _f(
-        "bars_since_prev",
-        1,
-        lambda bar_ns: (_c("ts_event").cast(pl.Int64).diff().cast(pl.Float64) / bar_ns).log(),
+    ("tod_sin", lambda r: _time_of_day(r).sin()),
+    ("tod_cos", lambda r: _time_of_day(r).cos()),
+    ("dow_sin", lambda r: _day_of_week(r).sin()),
+    ("dow_cos", lambda r: _day_of_week(r).cos()),
+    ("bars_since_prev", lambda r: (r.diff("_ts_ns").cast(pl.Float64) / r.bar_ns).log()),
+)
+
+
+def _book_is_valid(r: _Reads) -> pl.Expr:
+    return (
+        r.col("bid_px").is_not_null()
+        & r.col("ask_px").is_not_null()
+        & (r.col("bid_sz") + r.col("ask_sz") > 0)
+        & (r.col("bid_px") > 0)
+        & (r.col("ask_px") > 0)
+    )
+
+
+def _mid(r: _Reads) -> pl.Expr:
+    return (r.col("bid_px") + r.col("ask_px")) / 2.0
+
+
+def _micro(r: _Reads) -> pl.Expr:
+    return (r.col("bid_px") * r.col("ask_sz") + r.col("ask_px") * r.col("bid_sz")) / (
+        r.col("bid_sz") + r.col("ask_sz")
+    )
+
+
+_shared(
+    _book_valid=lambda r: _book_is_valid(r).fill_null(False).cast(pl.Float64),
+    _book_spread_bps=lambda r: (
+        pl.when(_book_is_valid(r)).then((r.col("ask_px") - r.col("bid_px")) / _mid(r) * 1e4).otherwise(0.0)
+    ),
+    _book_imbalance=lambda r: (
+        pl.when(_book_is_valid(r))
+        .then((r.col("bid_sz") - r.col("ask_sz")) / (r.col("bid_sz") + r.col("ask_sz")))
+        .otherwise(0.0)
+    ),
+    _book_micro_dev_bps=lambda r: (
+        pl.when(_book_is_valid(r)).then((_micro(r) / r.col("close") - 1.0) * 1e4).otherwise(0.0)
     ),
 )
-
-_BOOK_VALID = (
-    pl.col("bid_px").is_not_null()
-    & pl.col("ask_px").is_not_null()
-    & (pl.col("bid_sz") + pl.col("ask_sz") > 0)
-    & (pl.col("bid_px") > 0)
-    & (pl.col("ask_px") > 0)
-)
-_MID = (pl.col("bid_px") + pl.col("ask_px")) / 2.0
-_MICRO = (pl.col("bid_px") * pl.col("ask_sz") + pl.col("ask_px") * pl.col("bid_sz")) / (
-    pl.col("bid_sz") + pl.col("ask_sz")
-)
-_BOOK_HELPERS: dict[str, pl.Expr] = {
-    "book_valid": _BOOK_VALID.fill_null(False).cast(pl.Float64),
-    "book_spread_bps": pl.when(_BOOK_VALID)
-    .then((pl.col("ask_px") - pl.col("bid_px")) / _MID * 1e4)
-    .otherwise(0.0),
-    "book_imbalance": pl.when(_BOOK_VALID)
-    .then((pl.col("bid_sz") - pl.col("ask_sz")) / (pl.col("bid_sz") + pl.col("ask_sz")))
-    .otherwise(0.0),
-    "book_micro_dev_bps": pl.when(_BOOK_VALID).then((_MICRO / pl.col("close") - 1.0) * 1e4).otherwise(0.0),
-}
-_BOOK_FEATURES: tuple[_Feature, ...] = (
-    _f("book_spread_bps", 0, pl.col("book_spread_bps")),
-    _f("book_spread_bps_mean_15", 14, pl.col("book_spread_bps").rolling_mean(15)),
-    _f("book_imbalance", 0, pl.col("book_imbalance")),
-    _f("book_imbalance_mean_15", 14, pl.col("book_imbalance").rolling_mean(15)),
-    _f("book_micro_dev_bps", 0, pl.col("book_micro_dev_bps")),
-    _f("book_valid", 0, pl.col("book_valid")),
+BOOK_CATALOG: tuple[FeatureSpec, ...] = _features(
+    ("book_spread_bps", lambda r: r.col("_book_spread_bps")),
+    ("book_spread_bps_mean_15", lambda r: r.rolling_mean("_book_spread_bps", 15)),
+    ("book_imbalance", lambda r: r.col("_book_imbalance")),
+    ("book_imbalance_mean_15", lambda r: r.rolling_mean("_book_imbalance", 15)),
+    ("book_micro_dev_bps", lambda r: r.col("_book_micro_dev_bps")),
+    ("book_valid", lambda r: r.col("_book_valid")),
 )
 
-FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in _FEATURES)
-BOOK_FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in _BOOK_FEATURES)
-LOOKBACKS: dict[str, int] = {f.name: f.lookback for f in (*_FEATURES, *_BOOK_FEATURES)}
+
+def _reads_day_sums(spec: FeatureSpec) -> bool:
+    return any(
+        column in _DAY_SUMS or (column in _ENTRIES and _reads_day_sums(_ENTRIES[column]))
+        for column in spec.inputs
+    )
+
+
+FEATURE_NAMES: tuple[str, ...] = tuple(spec.name for spec in CATALOG)
+BOOK_FEATURE_NAMES: tuple[str, ...] = tuple(spec.name for spec in BOOK_CATALOG)
+LOOKBACKS: dict[str, int] = {spec.name: spec.lookback for spec in (*CATALOG, *BOOK_CATALOG)}
 MAX_LOOKBACK: int = max(LOOKBACKS.values())
-# Cumulative since the instrument's first bar of the UTC day (its LOOKBACKS entry is 0: no bars before that day).
-DAY_CUMULATIVE_FEATURES: tuple[str, ...] = ("vwap_dev_day",)
+# Cumulative since the instrument's first bar of the UTC day: their LOOKBACKS entry counts no bar before that
+# day (the day sums are bar columns), the day's earlier bars they do read.
+DAY_CUMULATIVE_FEATURES: tuple[str, ...] = tuple(spec.name for spec in CATALOG if _reads_day_sums(spec))
 
 assert len(FEATURE_NAMES) == 51 and len(set(FEATURE_NAMES)) == 51, "the default feature set has 51 names"
+assert not any(
+    name in spec.inputs for spec in _ENTRIES.values() for name in (*FEATURE_NAMES, *BOOK_FEATURE_NAMES)
+), "features are leaves: an entry that other entries read is shared, computed in float64"
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One ``with_columns`` of the query, and the intermediate columns no later stage reads."""
+
+    columns: tuple[pl.Expr, ...]
+    drop: tuple[str, ...]
+
+
+_PASSED_THROUGH = ("_bar_index", *_DAY_SUMS)
+
+
+@functools.cache
+def _plan(bar_ns: int, with_book: bool) -> tuple[_Stage, ...]:
+    """The query's stages: every entry the outputs need, in the first stage after all it reads.
+
+    Outputs (the features and ``bar_return``) are cast to Float32 where they are computed; the shared columns
+    stay Float64 and are dropped after the stage of their last reader.
+    """
+    outputs = (_BAR_RETURN, *CATALOG, *(BOOK_CATALOG if with_book else ()))
+    needed: dict[str, FeatureSpec] = {}
+    pending = list(outputs)
+    while pending:
+        spec = pending.pop()
+        if spec.name not in needed:
+            needed[spec.name] = spec
+            pending += [_ENTRIES[column] for column in spec.inputs if column in _ENTRIES]
+    stage_of: dict[str, int] = {}
+    columns: dict[int, list[pl.Expr]] = {}
+    for spec in _ENTRIES.values():  # definition order is a topological order
+        if spec.name not in needed:
+            continue
+        expr, helpers = spec.expr(bar_ns)
+        first = 1 + max((stage_of.get(column, 0) for column in spec.inputs), default=0)
+        for name, helper in helpers.items():
+            columns.setdefault(first, []).append(helper.alias(name))
+        stage = first + bool(helpers)  # a truncated EMA reads its recursion column (_Ema.truncated)
+        is_output = spec.name in (_BAR_RETURN.name, *FEATURE_NAMES, *BOOK_FEATURE_NAMES)
+        columns.setdefault(stage, []).append(expr.cast(pl.Float32) if is_output else expr)
+        stage_of[spec.name] = stage
+        for name in helpers:
+            stage_of[name] = first
+    last_read: dict[str, int] = {}
+    for spec in needed.values():
+        for column in spec.inputs:
+            if column in needed:
+                last_read[column] = max(last_read.get(column, 0), stage_of[spec.name])
+        for name in spec.expr(bar_ns)[1]:
+            last_read[name] = stage_of[spec.name]
+    return tuple(
+        _Stage(
+            tuple(columns[k]),
+            tuple(name for name, stage in last_read.items() if stage == k and name not in LOOKBACKS),
+        )
+        for k in sorted(columns)
+    )
 
 
 def _feature_query(frame: pl.LazyFrame, bar_ns: int, with_book: bool) -> pl.LazyFrame:
     """Lazy query over bars carrying ``_bar_index`` and the day sums (``_with_day_sums``): ``BASE_COLUMNS``, the
     features, and ``_bar_index``, ``_day_tpv``, ``_day_volume`` passed through."""
-    features = (*_FEATURES, *_BOOK_FEATURES) if with_book else _FEATURES
-    return (
-        frame.with_columns(**_INPUTS, **(_BOOK_HELPERS if with_book else {}))
-        .with_columns(**_TERMS)
-        .with_columns(**_levels(_EMAS))
-        .with_columns(**_WINDOWS, **_truncated(_EMAS))
-        .drop(*_TERMS, *_levels(_EMAS))  # only the windows read them: free them before the next stages
-        .with_columns(**_DERIVED)
-        .with_columns(**_levels(_DERIVED_EMAS))
-        .with_columns(**_DERIVED_WINDOWS, **_truncated(_DERIVED_EMAS))
-        .select(
-            *[c for c in BASE_COLUMNS if c != "bar_return"],
-            (_c("close") / _c("_prev_close") - 1.0).cast(pl.Float32).alias("bar_return"),
-            *[f.expr(bar_ns).cast(pl.Float32).alias(f.name) for f in features],
-            *_PASSED_THROUGH,
-        )
-    )
-
-
-_PASSED_THROUGH = ("_bar_index", "_day_tpv", "_day_volume")
+    for stage in _plan(bar_ns, with_book):
+        frame = frame.with_columns(*stage.columns)
+        if stage.drop:
+            frame = frame.drop(*stage.drop)
+    features = FEATURE_NAMES + (BOOK_FEATURE_NAMES if with_book else ())
+    return frame.select(*BASE_COLUMNS, *features, *_PASSED_THROUGH)
 
 
 def _starts_run(*keys: str) -> pl.Expr:
@@ -483,22 +679,15 @@ CHUNK_BARS = 24576
 
 
 def _feature_chunks(
-    bars: pl.DataFrame,
-    bar_ns: int,
-    *,
-    with_book: bool,
-    keep: pl.Expr,
-    chunk_bars: int | None = None,
-    with_bar_index: bool = False,
+    bars: pl.DataFrame, bar_ns: int, *, with_book: bool, keep: pl.Expr, chunk_bars: int
 ) -> Iterator[pl.DataFrame]:
-    """Rows of ``bars`` (sorted, with ``_bar_index``) that satisfy ``keep``, with features, chunk by chunk
-    (``chunk_bars`` bars each, default ``CHUNK_BARS``).
+    """Rows of ``bars`` (sorted, with ``_bar_index``) that satisfy ``keep``, with features, ``chunk_bars`` bars at
+    a time.
 
     Each chunk is computed over its own bars plus the MAX_LOOKBACK bars before it, which every window of its
     first non-warm-up row fits in. Chunk boundaries are fixed multiples of ``chunk_bars`` from the first bar, so
     bars added after a row never change how that row is computed.
     """
-    chunk_bars = chunk_bars or CHUNK_BARS
     carry: _DaySums | None = None
     for start in range(0, bars.height, chunk_bars):
         first = max(0, start - MAX_LOOKBACK)
@@ -511,19 +700,7 @@ def _feature_chunks(
         kept = table.select(keep).to_series()
         if not kept.all():
             table = table.filter(kept)
-        yield table.drop("_day_tpv", "_day_volume", *([] if with_bar_index else ["_bar_index"]))
-
-
-def compute_features(bars: pl.DataFrame, bar_ns: int, *, with_book: bool = False) -> pl.DataFrame:
-    """All feature columns for bars sorted by (instrument_id, ts_event), warm-up rows *included*.
-
-    Returns the contract columns plus ``_bar_index`` (0-based position of the bar within its instrument); rows
-    with ``_bar_index < MAX_LOOKBACK`` are warm-up rows whose values are not meaningful.
-    """
-    chunks = _feature_chunks(
-        bars.with_columns(_BAR_INDEX), bar_ns, with_book=with_book, keep=pl.lit(True), with_bar_index=True
-    )
-    return pl.concat(list(chunks), how="vertical")
+        yield table.drop(*_PASSED_THROUGH)
 
 
 def _check_positive_prices(bars: pl.DataFrame, path: Path) -> None:
@@ -538,18 +715,41 @@ def _check_positive_prices(bars: pl.DataFrame, path: Path) -> None:
 
 
 @dataclass(frozen=True)
-class _Selection:
-    """Bars ready for chunked featurizing, and which of their rows make the table."""
+class FeatureChunks:
+    """The feature table of some bars, counted before any row is computed; iterate for its chunks."""
 
     bars: pl.DataFrame  # sorted, with _bar_index, instruments too short to give a row left out
+    bar_ns: int
+    with_book: bool
     keep: pl.Expr  # the table's rows: in scope (ts_event >= keep_from) and past the warm-up
     rows: int
     instruments: int  # instruments with at least one row
     dropped: list[str]  # symbols of the instruments left out (drop_short=True)
+    chunk_bars: int
+
+    def __iter__(self) -> Iterator[pl.DataFrame]:
+        return _feature_chunks(
+            self.bars, self.bar_ns, with_book=self.with_book, keep=self.keep, chunk_bars=self.chunk_bars
+        )
 
 
-def _select_rows(bars: pl.DataFrame, *, path: Path, keep_from: Any, drop_short: bool) -> _Selection:
-    """Check the bars, add ``_bar_index`` and count the table's rows per instrument before computing any."""
+def feature_chunks(
+    bars: pl.DataFrame,
+    bar_ns: int,
+    *,
+    path: Path,
+    with_book: bool = False,
+    keep_from: Any = None,
+    drop_short: bool = False,
+    chunk_bars: int | None = None,
+) -> FeatureChunks:
+    """Check ``bars`` (read_bars' layout, sorted by instrument and time) and count the feature table's rows:
+    warm-up rows dropped, only rows with ``ts_event >= keep_from`` kept. Iterating the result computes the
+    table in chunks of ``chunk_bars`` (default ``CHUNK_BARS``) bars.
+
+    An instrument left with no rows is an error (``DataFileError`` naming ``path``), or, with
+    ``drop_short=True``, left out and listed in ``dropped``.
+    """
     _check_positive_prices(bars, path)
     bars = bars.hstack([chunked_like(bars.select(_BAR_INDEX).to_series(), bars["ts_event"])])
     in_scope = pl.lit(True) if keep_from is None else _c("ts_event") >= keep_from
@@ -578,30 +778,16 @@ def _select_rows(bars: pl.DataFrame, *, path: Path, keep_from: Any, drop_short: 
         )
     if short.height:  # instruments are independent: leave the short ones out before computing
         bars = bars.filter(~_c("instrument_id").is_in(short["instrument_id"].implode()))
-    rows = int(counts["rows"].sum())
-    dropped = short["symbol"].to_list() if short.height else []
-    return _Selection(bars, keep, rows, counts.height - short.height, dropped)
-
-
-def featurize_bars(
-    bars: pl.DataFrame,
-    bar_ns: int,
-    *,
-    path: Path,
-    with_book: bool = False,
-    keep_from: Any = None,
-    drop_short: bool = False,
-) -> tuple[pl.DataFrame, list[str]]:
-    """Feature table for ``bars``: warm-up rows dropped, only rows with ``ts_event >= keep_from`` kept.
-
-    An instrument left with no rows is an error (``DataFileError`` naming ``path``), or, with
-    ``drop_short=True``, left out and listed in the second return value.
-    """
-    selection = _select_rows(bars, path=path, keep_from=keep_from, drop_short=drop_short)
-    chunks = _feature_chunks(selection.bars, bar_ns, with_book=with_book, keep=selection.keep)
-    table = pl.concat(list(chunks), how="vertical", rechunk=False)
-    _check_finite(table, path)
-    return table, selection.dropped
+    return FeatureChunks(
+        bars=bars,
+        bar_ns=bar_ns,
+        with_book=with_book,
+        keep=keep,
+        rows=int(counts["rows"].sum()),
+        instruments=counts.height - short.height,
+        dropped=short["symbol"].to_list() if short.height else [],
+        chunk_bars=chunk_bars or CHUNK_BARS,
+    )
 
 
 def _check_finite(table: pl.DataFrame, path: Path) -> None:
@@ -705,7 +891,9 @@ def build_feature_file(
         raise DataFileError(
             src, f"too few bars for the lookbacks: no bars with trades in this {current.schema} file"
         )
-    selection = _select_rows(bars, path=src, keep_from=keep_from, drop_short=drop_short)
+    selection = feature_chunks(
+        bars, current.bar_ns, path=src, with_book=current.has_book, keep_from=keep_from, drop_short=drop_short
+    )
     del bars  # the selection holds the bars (with _bar_index) from here on
     feature_names = list(FEATURE_NAMES) + (list(BOOK_FEATURE_NAMES) if current.has_book else [])
     metadata = {
@@ -723,9 +911,8 @@ def build_feature_file(
     if prev is not None:
         metadata["marketrl.prev_source_file"] = prev.path.name
         metadata["marketrl.prev_source_sha256"] = prev.sha256
-    chunks = _feature_chunks(selection.bars, current.bar_ns, with_book=current.has_book, keep=selection.keep)
     with atomic_write(dst) as tmp:
-        written = _write_chunks(chunks, tmp, metadata, src)
+        written = _write_chunks(iter(selection), tmp, metadata, src)
         if written != selection.rows:  # inside the block: a wrong file is never renamed into place
             raise RuntimeError(f"{src}: wrote {written} feature rows, counted {selection.rows}")
     return {

@@ -19,9 +19,9 @@ import polars as pl
 import pytest
 
 from marketrl.config import ConfigError, validate_config
+from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.demo import generate_demo_files
 from marketrl.data.reader import DataFileError
-from marketrl.data.synthetic import encode_dbn, ohlcv_messages, random_walk_bars, write_dbn
 from marketrl.datasets import DatasetError, load_feature_tables
 from marketrl.features import build_feature_file
 from marketrl.folds import FoldError, write_fold_plan
@@ -30,6 +30,7 @@ from marketrl.pipeline import raw_data_files
 from marketrl.training import HparamsError, load_hparams
 from tests.conftest import REPO_ROOT
 from tests.faults.mounts import read_only_dir, tiny_filesystem
+from tests.support.synthetic import ohlcv_messages, random_walk_bars
 from tests.test_reader import BAD_INPUTS, MINUTE_NS
 
 TINY_FOLDS = {

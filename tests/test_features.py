@@ -12,19 +12,22 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataFileError, read_bars
-from marketrl.data.synthetic import encode_dbn, ohlcv_messages, random_walk_bars, trade_messages, write_dbn
 from marketrl.features import (
     BASE_COLUMNS,
+    BOOK_CATALOG,
     BOOK_FEATURE_NAMES,
+    CATALOG,
     DAY_CUMULATIVE_FEATURES,
     FEATURE_NAMES,
     FEATURE_SET_VERSION,
     LOOKBACKS,
     MAX_LOOKBACK,
     build_feature_file,
-    featurize_bars,
+    feature_chunks,
 )
+from tests.support.synthetic import ohlcv_messages, random_walk_bars, trade_messages
 
 MINUTE_NS = 60_000_000_000
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +59,8 @@ def _span(bars: pl.DataFrame) -> dict[str, int]:
 
 
 def _features(bars: pl.DataFrame, **kwargs: object) -> pl.DataFrame:
-    return featurize_bars(_prepared(bars), MINUTE_NS, path=Path("<memory>"), **kwargs)[0]
+    """The feature table of synthetic bars, computed in memory."""
+    return pl.concat(list(feature_chunks(_prepared(bars), MINUTE_NS, path=Path("<memory>"), **kwargs)))
 
 
 def _perturb(bars: pl.DataFrame, mask: pl.Expr, seed: int) -> pl.DataFrame:
@@ -82,14 +86,18 @@ def _perturb(bars: pl.DataFrame, mask: pl.Expr, seed: int) -> pl.DataFrame:
 def test_feature_set_constants_and_docs() -> None:
     assert len(FEATURE_NAMES) == 51 and len(set(FEATURE_NAMES)) == 51
     assert not set(FEATURE_NAMES) & set(BOOK_FEATURE_NAMES)
+    assert [spec.name for spec in (*CATALOG, *BOOK_CATALOG)] == [*FEATURE_NAMES, *BOOK_FEATURE_NAMES]
+    assert LOOKBACKS == {spec.name: spec.lookback for spec in (*CATALOG, *BOOK_CATALOG)}
     assert MAX_LOOKBACK == max(LOOKBACKS.values())
-    assert set(LOOKBACKS) == set(FEATURE_NAMES) | set(BOOK_FEATURE_NAMES)
     doc = (REPO / "docs" / "FEATURES.md").read_text()
-    documented = re.findall(r"^\|\s*\d+\s*\|\s*`([a-z0-9_]+)`\s*\|", doc, flags=re.M)
-    assert documented == list(FEATURE_NAMES)  # numbered table, same order as the columns
-    for name in BOOK_FEATURE_NAMES:
-        assert f"`{name}`" in doc
+    # The numbered table of the 51 and the book table: `name` | formula | lookback, in column order.
+    numbered = re.findall(r"^\|\s*\d+\s*\|\s*`([a-z0-9_]+)`\s*\|.*\|\s*(\d+)[^|]*\|\s*$", doc, flags=re.M)
+    book = re.findall(r"^\|\s*`(book_[a-z0-9_]+)`\s*\|.*\|\s*(\d+)[^|]*\|\s*$", doc, flags=re.M)
+    assert [name for name, _ in numbered] == list(FEATURE_NAMES)
+    assert [name for name, _ in book] == list(BOOK_FEATURE_NAMES)
+    assert {name: int(lookback) for name, lookback in numbered + book} == LOOKBACKS
     assert FEATURE_SET_VERSION in doc and f"MAX_LOOKBACK = {MAX_LOOKBACK}" in doc
+    assert "(day-cumulative)" in doc and list(DAY_CUMULATIVE_FEATURES) == ["vwap_dev_day"]
 
 
 def test_build_writes_the_documented_table(tmp_path: Path) -> None:
@@ -199,25 +207,44 @@ def test_no_feature_reads_future_bars(cut: int) -> None:
     )
 
 
-def test_declared_lookbacks_are_upper_bounds() -> None:
-    """Perturbing bar t-L-1 must leave every feature with lookback <= L unchanged at bar t."""
+def _at(table: pl.DataFrame, ts: int) -> dict[str, float]:
+    return table.filter(pl.col("ts_event").cast(pl.Int64) == ts).row(0, named=True)
+
+
+def _shifted_bar(bars: pl.DataFrame, index: int, factor: float) -> pl.DataFrame:
+    """Bar ``index`` with prices scaled by ``factor``, its range widened, volume changed and its time moved
+    20 s earlier."""
+    moved = pl.when(pl.int_range(pl.len()) == index)
+    widen = {"open": 0.0, "close": 0.0, "high": 3.0, "low": -3.0}
+    return bars.with_columns(
+        *(moved.then(pl.col(c) * factor + d).otherwise(pl.col(c)).alias(c) for c, d in widen.items()),
+        moved.then(pl.col("volume") * 3 + 7).otherwise(pl.col("volume")).alias("volume"),
+        moved.then(pl.col("ts_event") - 20_000_000_000).otherwise(pl.col("ts_event")).alias("ts_event"),
+    )
+
+
+def test_derived_lookbacks_are_the_measured_ones() -> None:
+    """Each catalog lookback L is exact: changing bar t-L changes the feature at t, changing t-L-1 does not."""
     bars = random_walk_bars(300, {1: 800.0}, seed=21, gap_probability=0.0)
     t = 280
     target_ts = bars["ts_event"][t]
-    base = _features(bars).filter(pl.col("ts_event").cast(pl.Int64) == target_ts)
-    index = pl.int_range(pl.len())
-    for lookback in sorted(set(LOOKBACKS[n] for n in FEATURE_NAMES)):
-        perturbed = _features(_perturb(bars, index == t - lookback - 1, seed=lookback))
-        row = perturbed.filter(pl.col("ts_event").cast(pl.Int64) == target_ts)
-        for name in FEATURE_NAMES:
-            if LOOKBACKS[name] <= lookback and name not in DAY_CUMULATIVE_FEATURES:
-                assert row[name][0] == pytest.approx(base[name][0], rel=1e-5, abs=1e-7), (
-                    f"{name} (lookback {LOOKBACKS[name]}) depends on bar t-{lookback + 1}"
-                )
-    # And the longest lookback is needed: macd_signal does read bar t-MAX_LOOKBACK.
-    perturbed = _features(_perturb(bars, index == t - MAX_LOOKBACK, seed=99))
-    row = perturbed.filter(pl.col("ts_event").cast(pl.Int64) == target_ts)
-    assert row["macd_signal"][0] != pytest.approx(base["macd_signal"][0], rel=1e-6, abs=0)
+    base = _at(_features(bars), target_ts)
+    # Two directions, so that windowed minima and maxima see the change as well as sums.
+    changed_at = {
+        back: [_at(_features(_shifted_bar(bars, t - back, factor)), target_ts) for factor in (0.5, 2.0)]
+        for back in {L for n in FEATURE_NAMES for L in (LOOKBACKS[n], LOOKBACKS[n] + 1) if L > 0}
+    }
+    for name in FEATURE_NAMES:
+        if name in DAY_CUMULATIVE_FEATURES:  # reads the whole UTC day by design
+            continue
+        lookback = LOOKBACKS[name]
+        for row in changed_at[lookback + 1]:
+            assert row[name] == base[name], f"{name} (lookback {lookback}) depends on bar t-{lookback + 1}"
+        if lookback:
+            assert any(row[name] != base[name] for row in changed_at[lookback]), (
+                f"{name}: bar t-{lookback} does not matter, its lookback is shorter than {lookback}"
+            )
+    assert max(LOOKBACKS[n] for n in FEATURE_NAMES) == MAX_LOOKBACK
 
 
 def test_instruments_never_mix() -> None:

@@ -14,25 +14,16 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import marketrl.features as features
-from marketrl.data.synthetic import encode_dbn, ohlcv_messages, random_walk_bars, write_dbn
-from marketrl.features import (
-    FEATURE_NAMES,
-    MAX_LOOKBACK,
-    build_feature_file,
-    compute_features,
-    featurize_bars,
-)
+from marketrl.data.dbn_writer import encode_dbn, write_dbn
+from marketrl.features import FEATURE_NAMES, MAX_LOOKBACK, build_feature_file, feature_chunks
+from tests.support.synthetic import ohlcv_messages, random_walk_bars
 from tests.test_features import TOL, _prepared
 
 MINUTE_NS = 60_000_000_000
 
 
 def _chunked(bars: pl.DataFrame, chunk_bars: int) -> pl.DataFrame:
-    selection = features._select_rows(bars, path=Path("x"), keep_from=None, drop_short=False)
-    chunks = features._feature_chunks(
-        selection.bars, MINUTE_NS, with_book=False, keep=selection.keep, chunk_bars=chunk_bars
-    )
-    return pl.concat(list(chunks))
+    return pl.concat(list(feature_chunks(bars, MINUTE_NS, path=Path("x"), chunk_bars=chunk_bars)))
 
 
 def _two_instruments_over_days(seed: int) -> pl.DataFrame:
@@ -147,17 +138,10 @@ def test_flat_prices_give_the_documented_fallbacks() -> None:
             "volume": np.full(80, 10.0),
         }
     )
-    table = featurize_bars(_prepared(pl.concat([moving, flat])), MINUTE_NS, path=Path("x"))[0]
+    table = _chunked(_prepared(pl.concat([moving, flat])), 10**9)
     end = table.row(-1, named=True)
     assert end["rsi_6"] == 0.0 and end["rsi_14"] == 0.0 and end["atr_14"] == 0.0
     assert end["rv_60"] == 0.0 and end["bb_pctb_20"] == 0.5
-
-
-def test_compute_features_keeps_warm_up_rows() -> None:
-    bars = _two_instruments_over_days(seed=74)
-    table = compute_features(bars, MINUTE_NS)
-    assert table.height == bars.height
-    assert table.filter(pl.col("_bar_index") >= MAX_LOOKBACK).drop("_bar_index").equals(_chunked(bars, 10**9))
 
 
 def test_streamed_parquet_holds_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,11 +160,7 @@ def test_streamed_parquet_holds_the_table(tmp_path: Path, monkeypatch: pytest.Mo
     table = pl.read_parquet(dst)
     from marketrl.data.reader import read_bars
 
-    bars = read_bars(src)
-    selection = features._select_rows(bars.bars, path=src, keep_from=None, drop_short=False)
-    expected = pl.concat(
-        list(features._feature_chunks(selection.bars, MINUTE_NS, with_book=False, keep=selection.keep))
-    )
+    expected = pl.concat(list(feature_chunks(read_bars(src).bars, MINUTE_NS, path=src)))
     assert table.equals(expected) and summary["rows"] == table.height == 2 * (500 - MAX_LOOKBACK)
 
     meta = pq.ParquetFile(dst).metadata

@@ -15,6 +15,7 @@ import zstandard
 from polars.testing import assert_frame_equal
 
 from marketrl.data import reader
+from marketrl.data.dbn_writer import MappingInterval, SymbolMapping, encode_dbn, write_dbn
 from marketrl.data.reader import (
     SUPPORTED_SCHEMAS,
     DataFileError,
@@ -22,15 +23,7 @@ from marketrl.data.reader import (
     parse_bar_size,
     read_bars,
 )
-from marketrl.data.synthetic import (
-    MappingInterval,
-    SymbolMapping,
-    encode_dbn,
-    ohlcv_messages,
-    random_walk_bars,
-    trade_messages,
-    write_dbn,
-)
+from tests.support.synthetic import ohlcv_messages, random_walk_bars, trade_messages
 
 MINUTE_NS = 60_000_000_000
 NAUTILUS_BARS = "nautilus_trader/historical_bars_catalog/databento"

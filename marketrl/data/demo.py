@@ -12,22 +12,25 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import databento_dbn as dbn
 import numpy as np
-import zstandard
 
-from marketrl.io import atomic_write
+from marketrl.data.dbn_writer import (
+    PRICE_SCALE,
+    PUBLISHER_ID,
+    MappingInterval,
+    SymbolMapping,
+    encode_dbn,
+    write_dbn,
+)
 from marketrl.pipeline import demo_file_name, weekdays
 
 DATASET = "GLBX.MDP3"
 SESSION_BARS = 22 * 60  # 00:00-22:00 UTC, then a two-hour break
 BAR_NS = 60 * 1_000_000_000
-PUBLISHER_ID = 1  # GLBX.MDP3
-PRICE_SCALE = 1_000_000_000  # DBN fixed-point prices
 
 
 @dataclass(frozen=True)
@@ -55,19 +58,6 @@ CORRELATION = 0.85
 OVERNIGHT_GAP_MINUTES = 120.0  # the gap return over the break has the variance of this many quiet minutes
 WEEKEND_GAP_MINUTES = 600.0
 QUIET_BAR_DROP = 0.02  # chance that a low-activity bar has no trades (and so no record)
-
-
-@dataclass(frozen=True)
-class _FileSymbolMapping:
-    raw_symbol: str
-    intervals: Sequence[_FileMappingInterval]
-
-
-@dataclass(frozen=True)
-class _FileMappingInterval:
-    start_date: dt.date
-    end_date: dt.date
-    symbol: str
 
 
 def _intraday_profile() -> np.ndarray:
@@ -159,23 +149,13 @@ def generate_demo_files(out_dir: Path, start: dt.date | str, n_days: int, seed: 
 
 
 def _write_day_file(path: Path, day: dt.date, day_bars: list) -> Path:
-    """Encode one day's bars with databento_dbn (metadata + OHLCV records), zstd-compressed, atomically."""
+    """Encode one day's bars as an ohlcv-1m DBN.zst file (metadata + OHLCV records), atomically."""
     day_start_ns = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp()) * 1_000_000_000
     next_day = day + dt.timedelta(days=1)
     mappings = [
-        _FileSymbolMapping(inst.symbol, [_FileMappingInterval(day, next_day, str(inst.instrument_id))])
+        SymbolMapping(inst.symbol, [MappingInterval(day, next_day, str(inst.instrument_id))])
         for _, inst, *_ in day_bars
     ]
-    metadata = dbn.Metadata(
-        dataset=DATASET,
-        start=day_start_ns,
-        end=day_start_ns + 24 * 3600 * 1_000_000_000,
-        stype_in=dbn.SType.RAW_SYMBOL,
-        stype_out=dbn.SType.INSTRUMENT_ID,
-        schema=dbn.Schema.OHLCV_1M,
-        symbols=[inst.symbol for _, inst, *_ in day_bars],
-        mappings=mappings,
-    )
     records = []
     for minutes, inst, *ohlcv in day_bars:
         ts = (day_start_ns + minutes.astype(np.int64) * BAR_NS).tolist()
@@ -195,7 +175,12 @@ def _write_day_file(path: Path, day: dt.date, day_bars: list) -> Path:
             )
             records.append((ts_event, inst.instrument_id, msg))
     records.sort(key=lambda rec: (rec[0], rec[1]))  # Databento orders records by time, then instrument
-    payload = bytes(metadata) + b"".join(bytes(msg) for _, _, msg in records)
-    with atomic_write(path) as tmp:
-        tmp.write_bytes(zstandard.ZstdCompressor(level=3).compress(payload))
-    return path
+    data = encode_dbn(
+        (msg for _, _, msg in records),
+        schema="ohlcv-1m",
+        start_ns=day_start_ns,
+        end_ns=day_start_ns + 24 * 3600 * 1_000_000_000,
+        mappings=mappings,
+        dataset=DATASET,
+    )
+    return write_dbn(path, data)

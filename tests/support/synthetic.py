@@ -1,105 +1,23 @@
-"""Small synthetic DBN files built with databento_dbn's own record types (for tests and examples).
+"""Small synthetic DBN inputs for the tests: random-walk bars and the records that carry them.
 
-Records are real ``databento_dbn`` messages (``OHLCVMsg``, ``TradeMsg``, ``MBP1Msg``, ``MBOMsg``) serialized with
-``bytes()`` after a ``Metadata`` header, so the files are exactly what Databento's encoder would write. Building
-one Python object per record is fine for thousands of records; bench/features.py has a vectorized writer for
-millions.
+Records are real ``databento_dbn`` messages (``OHLCVMsg``, ``TradeMsg``, ``MBP1Msg``, ``MBOMsg``), written with
+marketrl.data.dbn_writer. Building one Python object per record is fine for thousands of records;
+bench/features.py has a vectorized writer for millions.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import databento_dbn as dbn
 import numpy as np
 import polars as pl
-import zstandard
 
-from marketrl.io import atomic_write
-
-__all__ = [
-    "MappingInterval",
-    "SymbolMapping",
-    "encode_dbn",
-    "ohlcv_messages",
-    "random_walk_bars",
-    "trade_messages",
-    "write_dbn",
-]
-
-PUBLISHER_ID = 1
-_PRICE_SCALE = 1_000_000_000
-
-
-@dataclass(frozen=True)
-class MappingInterval:
-    """One (start_date, end_date) → instrument_id interval of a symbology mapping (end exclusive)."""
-
-    start_date: dt.date
-    end_date: dt.date
-    symbol: str
-
-
-@dataclass(frozen=True)
-class SymbolMapping:
-    """A raw symbol and its intervals, in the shape ``databento_dbn.Metadata(mappings=...)`` accepts."""
-
-    raw_symbol: str
-    intervals: list[MappingInterval] = field(default_factory=list)
+from marketrl.data.dbn_writer import PRICE_SCALE, PUBLISHER_ID
 
 
 def _to_fixed(price: float) -> int:
-    return round(price * _PRICE_SCALE)
-
-
-def _utc_date(ts_ns: int) -> dt.date:
-    return dt.datetime.fromtimestamp(ts_ns / 1e9, tz=dt.UTC).date()
-
-
-def encode_dbn(
-    messages: Iterable[object],
-    *,
-    schema: str,
-    start_ns: int,
-    end_ns: int,
-    symbols: dict[str, int] | None = None,
-    mappings: Sequence[SymbolMapping] | None = None,
-    dataset: str = "GLBX.MDP3",
-    compress: bool = True,
-) -> bytes:
-    """Header + records as DBN bytes (zstd-compressed unless ``compress=False``).
-
-    ``symbols`` maps raw symbol → instrument_id for the whole [start, end] date range; pass ``mappings`` for
-    anything finer (e.g. an instrument_id that changes symbol between days).
-    """
-    if mappings is None:
-        first, last = _utc_date(start_ns), _utc_date(end_ns) + dt.timedelta(days=1)
-        mappings = [
-            SymbolMapping(raw, [MappingInterval(first, last, str(iid))])
-            for raw, iid in (symbols or {}).items()
-        ]
-    metadata = dbn.Metadata(
-        dataset=dataset,
-        start=start_ns,
-        end=end_ns,
-        stype_in=dbn.SType.RAW_SYMBOL,
-        stype_out=dbn.SType.INSTRUMENT_ID,
-        schema=dbn.Schema.from_str(schema),
-        symbols=[m.raw_symbol for m in mappings],
-        mappings=list(mappings),
-    )
-    payload = bytes(metadata) + b"".join(bytes(m) for m in messages)
-    return zstandard.ZstdCompressor(level=3).compress(payload) if compress else payload
-
-
-def write_dbn(path: str | Path, data: bytes) -> Path:
-    """Atomically write encoded DBN bytes to ``path``."""
-    with atomic_write(path) as tmp:
-        tmp.write_bytes(data)
-    return Path(path)
+    return round(price * PRICE_SCALE)
 
 
 def ohlcv_messages(bars: pl.DataFrame, schema: str = "ohlcv-1m") -> list[dbn.OHLCVMsg]:
