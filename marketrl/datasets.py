@@ -17,7 +17,7 @@ import torch
 
 from marketrl.costs import CostModel
 from marketrl.env import EnvConfig, MarketData, parse_duration
-from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES
+from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns
 from marketrl.folds import FoldPlan, select_rows, select_tuning_rows
 from marketrl.io import write_json_atomic
 from marketrl.normalize import FeatureNormalizer
@@ -61,9 +61,7 @@ def load_feature_tables(feature_files: Sequence[str | Path]) -> pl.DataFrame:
 
 def _check_finite(frame: pl.DataFrame, path: str | Path) -> None:
     """A NaN, inf or null in any float column would poison normalization and training: name the column."""
-    floats = [name for name, dtype in frame.schema.items() if dtype in (pl.Float32, pl.Float64)]
-    bad = frame.select((~pl.col(floats).is_finite()).fill_null(True).any()).row(0, named=True)
-    offenders = [name for name in floats if bad[name]]
+    offenders = non_finite_columns(frame)
     if offenders:
         raise DatasetError(
             f"{path}: non-finite value (NaN, inf or null) in column {offenders[0]!r} "

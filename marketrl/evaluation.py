@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 import torch
 
@@ -27,7 +26,7 @@ from marketrl.datasets import (
 from marketrl.env import MarketData, evaluate, evaluate_positions, rule_positions
 from marketrl.folds import FoldPlan, select_rows
 from marketrl.io import atomic_write, write_json_atomic
-from marketrl.metrics import performance_summary, to_json_safe
+from marketrl.metrics import average_strategies, performance_summary, to_json_safe
 from marketrl.normalize import FeatureNormalizer
 from marketrl.provenance import collect
 
@@ -143,16 +142,7 @@ def baselines_job(
     bars = pl.concat([frame.with_columns(strategy=pl.lit(name)) for name, frame in per_strategy.items()])
     random_names = [name for name in per_strategy if name.startswith("random_")]
     # "random" is the equal-weight book of all random traders: per-bar averages of positions, returns and costs.
-    random_mean = (
-        per_strategy[random_names[0]]
-        .with_columns(
-            **{
-                column: pl.Series(np.mean([per_strategy[n][column].to_numpy() for n in random_names], axis=0))
-                for column in ("position", "gross_return", "cost")
-            }
-        )
-        .with_columns(net_return=pl.col("gross_return") - pl.col("cost"))
-    )
+    random_mean = average_strategies([per_strategy[name] for name in random_names])
     strategies = {
         name: performance_summary(frame) for name, frame in per_strategy.items() if name not in random_names
     }

@@ -55,6 +55,7 @@ __all__ = [
     "FeatureSpec",
     "build_feature_file",
     "feature_chunks",
+    "non_finite_columns",
 ]
 
 FEATURE_SET_VERSION = "1.0.0"
@@ -790,17 +791,22 @@ def feature_chunks(
     )
 
 
-def _check_finite(table: pl.DataFrame, path: Path) -> None:
-    """Fail, naming the first offending column, if any float column holds a null, NaN or infinity."""
+def non_finite_columns(table: pl.DataFrame) -> list[str]:
+    """The float columns of ``table`` that hold a null, NaN or ±inf, in column order."""
     value_columns = [name for name, dtype in table.schema.items() if dtype in (pl.Float32, pl.Float64)]
     # Fast path: one sum per column is finite unless a value is NaN/inf (or the sum overflows, which the exact
     # check below then clears). Null counts are metadata.
     sums = table.select(pl.col(value_columns).sum()).row(0)
     if all(math.isfinite(total) for total in sums) and not any(table[c].null_count() for c in value_columns):
-        return
+        return []
     # is_finite is null for nulls and all() skips those, hence the separate null count.
     finite = table.select(pl.col(value_columns).is_finite().all()).row(0, named=True)
-    offenders = [c for c in value_columns if table[c].null_count() or not finite[c]]
+    return [c for c in value_columns if table[c].null_count() or not finite[c]]
+
+
+def _check_finite(table: pl.DataFrame, path: Path) -> None:
+    """Fail, naming the first offending column, if any float column holds a null, NaN or infinity."""
+    offenders = non_finite_columns(table)
     if offenders:
         raise DataFileError(
             path, f"non-finite values in column {offenders[0]!r} ({len(offenders)} column(s) affected)"

@@ -33,6 +33,7 @@ from marketrl.folds import FoldPlan
 from marketrl.io import write_json_atomic
 from marketrl.metrics import performance_summary, to_json_safe
 from marketrl.provenance import collect, package_versions
+from marketrl.stats import ANNUALIZER
 from marketrl.training import run_training
 
 log = logging.getLogger(__name__)
@@ -351,7 +352,7 @@ def run_trial(
     )
     trial.set_user_attr("train_s", time.perf_counter() - started - setup_s)
     score = validation_sharpe(result.policy, window.splits["validation"], config)
-    trial.set_user_attr("val_sharpe_daily", score / math.sqrt(252.0))
+    trial.set_user_attr("val_sharpe_daily", score / ANNUALIZER)
     return score
 
 

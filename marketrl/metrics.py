@@ -7,12 +7,13 @@ per-bar statistics never annualised, equal-weight portfolio across instruments r
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from marketrl.stats import SESSIONS_PER_YEAR, ratio_or_convention, sharpe_ratio
+from marketrl.stats import ANNUALIZER, SESSIONS_PER_YEAR, ratio_or_convention, sharpe_ratio
 
 REQUIRED_COLUMNS = ("ts_event", "trading_day", "symbol", "position", "gross_return", "cost", "net_return")
 
@@ -145,6 +146,29 @@ def portfolio_bars(bars: pl.DataFrame, return_column: str = "net_return") -> pl.
     )
 
 
+def average_strategies(tables: Sequence[pl.DataFrame]) -> pl.DataFrame:
+    """One strategy that gives each of ``tables`` (per-bar tables of the same bars) an equal share of capital: per
+    (symbol, bar) the mean position, gross return and cost over the tables, in their order; net = gross − cost.
+
+    This is how the random baseline's seeds become one baseline, in the evaluation job and in the report alike.
+    """
+    if not tables:
+        raise MetricsInputError("average_strategies: expected at least one per-bar table")
+    keys = ["symbol", "ts_event"]
+    ordered = [table.sort(keys) for table in tables]
+    first = ordered[0].select(REQUIRED_COLUMNS[:3])
+    for table in ordered[1:]:
+        if not table.select(keys).equals(first.select(keys)):
+            raise MetricsInputError(
+                "average_strategies: the tables must hold the same (symbol, ts_event) bars"
+            )
+    means = {
+        column: np.mean([table[column].cast(pl.Float64).to_numpy() for table in ordered], axis=0)
+        for column in ("position", "gross_return", "cost")
+    }
+    return first.with_columns(**means).with_columns(net_return=pl.col("gross_return") - pl.col("cost"))
+
+
 def _position_changes(bars: pl.DataFrame) -> pl.DataFrame:
     """Per (symbol, bar): |Δposition| with a flat position before the first bar, and a holding-period id."""
     previous = pl.col("position").shift(1).over("symbol")
@@ -173,12 +197,10 @@ def _trade_hit_rate(changes: pl.DataFrame, return_column: str) -> tuple[float, i
     return float((trades["trade_return"] > 0).mean()), n_holding
 
 
-def performance_summary(
-    bars: pl.DataFrame, return_column: str = "net_return", periods_per_year: int = SESSIONS_PER_YEAR
-) -> dict[str, float | int]:
+def performance_summary(bars: pl.DataFrame, return_column: str = "net_return") -> dict[str, float | int]:
     """Summary statistics of one strategy over one per-bar evaluation table (one or several instruments).
 
-    Daily statistics (annualised by √periods_per_year) come from the equal-weight portfolio's bar returns
+    Daily statistics (annualised by √252, ``ANNUALIZER``) come from the equal-weight portfolio's bar returns
     compounded per trading_day; per-bar statistics (``bar_*``) are reported as they are, not annualised.
     Ratios with a zero denominator are 0 when the numerator is 0 too and NaN otherwise (see docs/METRICS.md).
     """
@@ -187,11 +209,10 @@ def performance_summary(
     days, day_returns = daily_returns(portfolio["trading_day"], bar_returns)
     _, gross_day_returns = daily_returns(portfolio["trading_day"], portfolio["gross_return"])
     n_days = int(day_returns.size)
-    annualizer = math.sqrt(periods_per_year)
 
     wealth = float(np.prod(1.0 + day_returns))
     total_return = wealth - 1.0
-    cagr = wealth ** (periods_per_year / n_days) - 1.0 if wealth > 0 else -1.0
+    cagr = wealth ** (SESSIONS_PER_YEAR / n_days) - 1.0 if wealth > 0 else -1.0
     daily_std = float(np.std(day_returns, ddof=1)) if n_days > 1 else math.nan
     daily_sharpe = sharpe_ratio(day_returns)
     downside_deviation = float(np.sqrt(np.mean(np.minimum(day_returns, 0.0) ** 2)))
@@ -218,10 +239,10 @@ def performance_summary(
         "total_return": total_return,
         "gross_total_return": float(np.prod(1.0 + gross_day_returns) - 1.0),
         "cagr": float(cagr),
-        "ann_volatility": daily_std * annualizer,
-        "sharpe": float(daily_sharpe) * annualizer,
-        "gross_sharpe": float(sharpe_ratio(gross_day_returns)) * annualizer,
-        "sortino": float(ratio_or_convention(float(np.mean(day_returns)), downside_deviation)) * annualizer,
+        "ann_volatility": daily_std * ANNUALIZER,
+        "sharpe": float(daily_sharpe) * ANNUALIZER,
+        "gross_sharpe": float(sharpe_ratio(gross_day_returns)) * ANNUALIZER,
+        "sortino": float(ratio_or_convention(float(np.mean(day_returns)), downside_deviation)) * ANNUALIZER,
         "max_drawdown": drawdowns["max_drawdown"],
         "max_drawdown_duration_days": drawdowns["max_drawdown_duration_days"],
         "longest_drawdown_days": drawdowns["longest_drawdown_days"],
@@ -243,8 +264,9 @@ def performance_summary(
 
 
 def to_json_safe(value: Any) -> Any:
-    """Recursively convert numpy scalars/arrays to Python values and NaN/±inf to None, for json.dumps."""
-    if isinstance(value, dict):
+    """Recursively convert mappings, sequences and numpy scalars/arrays to plain Python values and NaN/±inf to
+    None, for json.dumps and yaml.safe_dump."""
+    if isinstance(value, Mapping):
         return {str(key): to_json_safe(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [to_json_safe(item) for item in value]

@@ -76,13 +76,6 @@ class FeatureNormalizer:
             values = np.nan_to_num(values)
         return np.ascontiguousarray(values, dtype=np.float32)
 
-    def transform(self, df: pl.DataFrame) -> pl.DataFrame:
-        """`df` with the feature columns replaced by their normalized Float32 values."""
-        values = self.transform_numpy(df)
-        return df.with_columns(
-            pl.Series(name, values[:, i], dtype=pl.Float32) for i, name in enumerate(self.feature_names)
-        )
-
     def state_dict(self) -> dict[str, Any]:
         """Plain Python values, loadable with `torch.load(weights_only=True)` inside a checkpoint."""
         self._require_fitted()

@@ -14,6 +14,8 @@ import numpy as np
 from scipy.stats import norm
 
 SESSIONS_PER_YEAR = 252
+# Daily Sharpe × ANNUALIZER = annualised Sharpe (i.i.d. scaling convention); divide to go back to daily units.
+ANNUALIZER = math.sqrt(SESSIONS_PER_YEAR)
 
 # A series whose sample std is below this fraction of its root-mean-square is treated as constant: rounding in
 # the mean of a constant series leaves a std of ~1e-18 that would otherwise produce a Sharpe of ~1e16.
@@ -21,6 +23,11 @@ _CONSTANT_RELATIVE_STD = 1e-9
 
 # Upper bound on elements of one chunk of resampled data, to keep bootstrap memory bounded (~16 MB per array).
 _MAX_CHUNK_ELEMENTS = 2_000_000
+
+
+def is_finite_number(value: object) -> bool:
+    """True for a finite real number (Python or numpy); False for bools, None, NaN, ±inf and anything else."""
+    return isinstance(value, int | float | np.number) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class StatsInputError(ValueError):
@@ -88,16 +95,6 @@ def sharpe_ratio(returns: object, axis: int = -1) -> np.ndarray | float:
     is_constant = std <= _CONSTANT_RELATIVE_STD * rms
     sharpe = np.where(is_constant, np.where(rms == 0, 0.0, np.nan), ratio_or_convention(mean, std))
     return _scalar_or_array(sharpe)
-
-
-def annualized_to_daily_sharpe(sharpe_annual: object, periods_per_year: float = SESSIONS_PER_YEAR) -> object:
-    """Convert an annualised Sharpe (daily Sharpe × √periods) back to per-period units for PSR/DSR."""
-    return np.asarray(sharpe_annual, dtype=np.float64) / math.sqrt(periods_per_year)
-
-
-def daily_to_annualized_sharpe(sharpe_daily: object, periods_per_year: float = SESSIONS_PER_YEAR) -> object:
-    """Annualise a per-period (daily) Sharpe by √periods_per_year (i.i.d. scaling convention)."""
-    return np.asarray(sharpe_daily, dtype=np.float64) * math.sqrt(periods_per_year)
 
 
 def probabilistic_sharpe_ratio(returns: object, sr_benchmark: float = 0.0) -> float:

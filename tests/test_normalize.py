@@ -73,15 +73,6 @@ def test_nan_in_training_rows_is_ignored() -> None:
     assert normalizer.mean[0] == 2.0 and normalizer.std[0] == 1.0
 
 
-def test_transform_returns_frame_with_normalized_columns() -> None:
-    df = frame()
-    normalizer = FeatureNormalizer().fit(df, NAMES)
-    out = normalizer.transform(df)
-    assert out.columns == df.columns and out["a"].dtype == pl.Float32
-    np.testing.assert_array_equal(out.select(NAMES).to_numpy(), normalizer.transform_numpy(df))
-    assert out["other"].equals(df["other"])
-
-
 def test_state_dict_round_trips_through_weights_only_checkpoint() -> None:
     df = frame()
     normalizer = FeatureNormalizer(clip=5.0).fit(df.head(100), NAMES)

@@ -14,14 +14,15 @@ from scipy import integrate
 from scipy import stats as scipy_stats
 
 from marketrl.stats import (
+    ANNUALIZER,
+    SESSIONS_PER_YEAR,
     StatsInputError,
     align_daily_returns,
-    annualized_to_daily_sharpe,
-    daily_to_annualized_sharpe,
     default_mean_block,
     deflated_sharpe_ratio,
     expected_max_sharpe,
     interquartile_mean,
+    is_finite_number,
     optimal_mean_block,
     probabilistic_sharpe_ratio,
     sharpe_difference_ci,
@@ -55,9 +56,12 @@ def test_sharpe_ratio_conventions():
     np.testing.assert_allclose(sharpe_ratio(matrix), [sharpe_ratio(SAMPLE)] * 2 + [0.0], rtol=1e-12)
 
 
-def test_sharpe_unit_converters_round_trip():
-    assert annualized_to_daily_sharpe(1.0) == pytest.approx(1 / math.sqrt(252))
-    assert daily_to_annualized_sharpe(annualized_to_daily_sharpe(1.7)) == pytest.approx(1.7)
+def test_annualizer_and_finite_number_check():
+    assert ANNUALIZER == pytest.approx(math.sqrt(252)) and SESSIONS_PER_YEAR == 252
+    assert all(is_finite_number(x) for x in (0, -3, 1.5, np.float32(2.0), np.int64(7)))
+    assert not any(
+        is_finite_number(x) for x in (True, None, "1", math.nan, -math.inf, np.float64("nan"), [1])
+    )
 
 
 def test_psr_matches_hand_formula():

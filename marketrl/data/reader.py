@@ -46,9 +46,7 @@ __all__ = [
     "TRADE_SCHEMAS",
     "BarFile",
     "DataFileError",
-    "DecodedFile",
     "chunked_like",
-    "decode_dbn",
     "parse_bar_size",
     "read_bars",
 ]
@@ -94,18 +92,6 @@ class DataFileError(ValueError):
         super().__init__(f"{path}: {fault}")
         self.path = Path(path)
         self.fault = fault
-
-
-@dataclass(frozen=True)
-class DecodedFile:
-    """Raw records of one DBN file plus what its header says."""
-
-    path: Path
-    records: np.ndarray
-    metadata: databento_dbn.Metadata
-    schema: str
-    dbn_version: int
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -281,22 +267,6 @@ def _record_chunks(opened: _OpenedFile) -> Iterator[np.ndarray]:
             raise DataFileError(path, f"not a valid DBN stream ({_first_line(exc)})") from exc
         _check_record_types(chunk, opened.schema, path)
         yield chunk
-
-
-def decode_dbn(path: str | Path) -> DecodedFile:
-    """Decode a ``.dbn`` / ``.dbn.zst`` file into its records, refusing anything not a clean single-schema file."""
-    opened = _open_dbn(Path(path))
-    chunks = list(_record_chunks(opened))
-    if not chunks:
-        raise DataFileError(opened.path, f"no records (header-only {opened.schema} file)")
-    return DecodedFile(
-        path=opened.path,
-        records=chunks[0] if len(chunks) == 1 else np.concatenate(chunks),
-        metadata=opened.metadata,
-        schema=opened.schema,
-        dbn_version=int(opened.metadata.version),
-        sha256=opened.sha256,
-    )
 
 
 def _check_record_types(records: np.ndarray, schema: str, path: Path) -> None:

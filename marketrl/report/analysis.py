@@ -19,6 +19,7 @@ from marketrl.config import derive_seed
 from marketrl.metrics import daily_returns, performance_summary, portfolio_bars
 from marketrl.report.inputs import BASELINES, RANDOM_BASELINE, ReportInputError, ReportInputs, Run
 from marketrl.stats import (
+    ANNUALIZER,
     ConfidenceInterval,
     align_daily_returns,
     deflated_sharpe_ratio,
@@ -30,7 +31,6 @@ from marketrl.stats import (
     stratified_bootstrap_ci,
 )
 
-ANNUALIZER = math.sqrt(252)
 DSR_THRESHOLD = 0.95
 BASELINE_LABELS = {
     "buy_and_hold": "buy & hold",
@@ -259,10 +259,6 @@ def compare(agent: ReturnSeries, baseline: ReturnSeries, name: str, n_boot: int,
     )
 
 
-def _fmt(x: float) -> str:
-    return "n/a" if not np.isfinite(x) else f"{x:+.2f}".replace("-", "−")
-
-
 def _join(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -482,12 +478,9 @@ def position_profile(
 
 
 def stored_metric_warnings(strategies: Sequence[Strategy]) -> list[str]:
-    """Disagreements between metrics.json and the recomputation from bars.parquet (agents and deterministic
-    baselines; the random baseline's stored summary may aggregate its seeds differently)."""
+    """Disagreements between metrics.json and the recomputation from bars.parquet (agents and baselines)."""
     warnings = []
     for strategy in strategies:
-        if strategy.name == RANDOM_BASELINE:
-            continue
         for fold, run in strategy.fold_runs.items():
             stored = run.stored_metrics
             if not stored:

@@ -18,8 +18,10 @@ import yaml
 from marketrl import provenance
 from marketrl.config import derive_seed
 from marketrl.io import atomic_open
+from marketrl.metrics import to_json_safe
 from marketrl.report import analysis, figures, tuning
 from marketrl.report.inputs import BASELINES, RANDOM_BASELINE, ReportInputs, load_inputs
+from marketrl.stats import is_finite_number
 
 log = logging.getLogger(__name__)
 
@@ -53,46 +55,42 @@ PER_FOLD_COLUMNS = (
 # ----------------------------------------------------------------------------------------------- formatting
 
 
-def _finite(x: Any) -> bool:
-    return isinstance(x, int | float | np.number) and not isinstance(x, bool) and math.isfinite(float(x))
-
-
 def _minus(text: str) -> str:
     return text.replace("-", "−")
 
 
 def fmt_num(x: Any, digits: int = 2, sign: bool = False) -> str:
     """A number with fixed decimals and a typographic minus; '—' for missing/undefined."""
-    if not _finite(x):
+    if not is_finite_number(x):
         return "—"
     return _minus(f"{float(x):{'+' if sign else ''}.{digits}f}")
 
 
 def fmt_pct(x: Any, digits: int = 2, sign: bool = False) -> str:
     """A fraction as a percentage."""
-    return "—" if not _finite(x) else fmt_num(100 * float(x), digits, sign) + "%"
+    return "—" if not is_finite_number(x) else fmt_num(100 * float(x), digits, sign) + "%"
 
 
 def fmt_share(x: Any) -> str:
-    return "—" if not _finite(x) else f"{100 * float(x):.0f}%"
+    return "—" if not is_finite_number(x) else f"{100 * float(x):.0f}%"
 
 
 def fmt_prob(x: Any) -> str:
-    return "—" if not _finite(x) else f"{float(x):.3f}"
+    return "—" if not is_finite_number(x) else f"{float(x):.3f}"
 
 
 def fmt_int(x: Any) -> str:
-    return "—" if not _finite(x) else f"{int(x):,}".replace(",", "\u2009")
+    return "—" if not is_finite_number(x) else f"{int(x):,}".replace(",", "\u2009")
 
 
 def fmt_ci(lo: Any, hi: Any, digits: int = 2, sign: bool = False) -> str:
-    if not (_finite(lo) and _finite(hi)):
+    if not (is_finite_number(lo) and is_finite_number(hi)):
         return ""
     return f"[{fmt_num(lo, digits, sign)}, {fmt_num(hi, digits, sign)}]"
 
 
 def fmt_pct_ci(lo: Any, hi: Any, digits: int = 2) -> str:
-    if not (_finite(lo) and _finite(hi)):
+    if not (is_finite_number(lo) and is_finite_number(hi)):
         return ""
     return f"[{fmt_pct(lo, digits)}, {fmt_pct(hi, digits)}]"
 
@@ -111,7 +109,7 @@ def data_value(x: Any) -> str:
 
     12 digits rather than repr: float sums over unordered groups can differ in the last bit between runs,
     and the report must be byte-stable."""
-    if not _finite(x):
+    if not is_finite_number(x):
         return ""
     return str(x) if isinstance(x, int) else f"{float(x):.12g}"
 
@@ -145,7 +143,7 @@ def _environment() -> jinja2.Environment:
         data_value=data_value,
         baseline_label=lambda name: analysis.BASELINE_LABELS.get(name, name),
     )
-    env.globals.update(formatters=FORMATTERS, finite=_finite)
+    env.globals.update(formatters=FORMATTERS, finite=is_finite_number)
     return env
 
 
@@ -193,7 +191,9 @@ def _data_section(inputs: ReportInputs, strategies: Sequence[analysis.Strategy])
     plan = inputs.plan
     bars_per_day = _bars_per_day(strategies)
     embargo = plan.config.embargo_bars
-    embargo_days = min(0.5, embargo / bars_per_day) if _finite(bars_per_day) and bars_per_day > 0 else 0.1
+    embargo_days = (
+        min(0.5, embargo / bars_per_day) if is_finite_number(bars_per_day) and bars_per_day > 0 else 0.1
+    )
     symbols = sorted({s for run in inputs.agent_runs for s in run.bars["symbol"].unique().to_list()})
     windows = []
     for fold in plan.folds:
@@ -304,7 +304,7 @@ def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict
             {"path": str(path), "sha256": provenance.sha256_file(path), "bytes": path.stat().st_size}
         )
     return {
-        "config_yaml": yaml.safe_dump(_plain(config), sort_keys=True, allow_unicode=True, width=100),
+        "config_yaml": yaml.safe_dump(to_json_safe(config), sort_keys=True, allow_unicode=True, width=100),
         "config_hash": provenance.config_hash(dict(config)),
         "git_commit": provenance.git_commit(),
         "upstream_commits": sorted(upstream_commits),
@@ -316,17 +316,6 @@ def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict
         "files": files,
         "recorded_inputs": sorted(recorded_inputs.items()),
     }
-
-
-def _plain(value: Any) -> Any:
-    """Config as plain YAML-safe types (Snakemake passes its own mapping/list subclasses)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 # ----------------------------------------------------------------------------------------------- entry point

@@ -19,6 +19,7 @@ from markupsafe import Markup, escape
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from marketrl.metrics import drawdown_series, equity_curve
 from marketrl.report.analysis import BASELINE_LABELS, SeedSpread, Strategy
 from marketrl.report.inputs import HyperoptSummary, TrainLog
 
@@ -176,7 +177,7 @@ def equity_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Marku
         for strategy in strategies:
             assert strategy.pooled is not None
             x = np.searchsorted(stamps, strategy.pooled.ts)
-            equity = np.cumprod(1.0 + strategy.pooled.bar_returns(multiplier))
+            equity = equity_curve(strategy.pooled.bar_returns(multiplier))
             keep = _decimate(equity.size)
             ax.plot(
                 x[keep], equity[keep], label=_legend_label(strategy, labelled), **_line_style(strategy, algos)
@@ -200,8 +201,7 @@ def drawdown_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Mar
     for strategy in strategies:
         assert strategy.pooled is not None
         x = np.searchsorted(stamps, strategy.pooled.ts)
-        equity = np.cumprod(1.0 + strategy.pooled.net)
-        drawdown = equity / np.maximum.accumulate(np.maximum(equity, 1.0)) - 1.0
+        drawdown = drawdown_series(strategy.pooled.net)
         keep = _decimate(drawdown.size)
         ax.plot(
             x[keep],

@@ -16,13 +16,12 @@ from typing import Any
 import polars as pl
 
 from marketrl.folds import FoldError, FoldPlan
-from marketrl.metrics import REQUIRED_COLUMNS, MetricsInputError, portfolio_bars
+from marketrl.metrics import REQUIRED_COLUMNS, MetricsInputError, average_strategies, portfolio_bars
 
 DETERMINISTIC_BASELINES = ("buy_and_hold", "flat", "momentum")
 RANDOM_BASELINE = "random"
 BASELINES = (*DETERMINISTIC_BASELINES, RANDOM_BASELINE)
 _RANDOM_PREFIX = "random_"
-_NUMERIC_COLUMNS = ("position", "gross_return", "cost", "net_return")
 
 
 class ReportInputError(ValueError):
@@ -161,16 +160,6 @@ def _agent_run(path: Path, data: Mapping[str, Any]) -> Run:
     return _checked(Run(algo, True, fold, seed_index, bars.select(REQUIRED_COLUMNS), bars_path, stored))
 
 
-def _mean_over_random_seeds(bars: pl.DataFrame) -> pl.DataFrame:
-    """The random baseline as one strategy: per (symbol, bar) the mean over its seeds (equal capital per seed)."""
-    return (
-        bars.group_by("symbol", "ts_event")
-        .agg(pl.col("trading_day").first(), *(pl.col(c).cast(pl.Float64).mean() for c in _NUMERIC_COLUMNS))
-        .sort("symbol", "ts_event")
-        .select(REQUIRED_COLUMNS)
-    )
-
-
 def _baseline_runs(path: Path, data: Mapping[str, Any]) -> tuple[list[Run], list[Run]]:
     fold = _require(data, "fold", int, path, "baseline evaluation")
     strategies = _require(data, "strategies", dict, path, "baseline evaluation")
@@ -205,9 +194,10 @@ def _baseline_runs(path: Path, data: Mapping[str, Any]) -> tuple[list[Run], list
         table = bars.filter(pl.col("strategy") == name).select(REQUIRED_COLUMNS)
         random_runs.append(_checked(Run(RANDOM_BASELINE, False, fold, int(suffix), table, bars_path)))
     random_runs.sort(key=lambda run: run.seed_index or 0)
-    random_bars = bars.filter(pl.col("strategy").str.starts_with(_RANDOM_PREFIX))
+    # The evaluation job's own average (same seeds, same order): its stored summary is checked like the others.
+    mean = average_strategies([run.bars for run in random_runs])
     runs.append(
-        _checked(Run(RANDOM_BASELINE, False, fold, None, _mean_over_random_seeds(random_bars), bars_path))
+        _checked(Run(RANDOM_BASELINE, False, fold, None, mean, bars_path, strategies.get(RANDOM_BASELINE)))
     )
     return runs, random_runs
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +17,7 @@ from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
 from optuna.trial import TrialState
 
 from marketrl.report.inputs import HyperoptSummary
+from marketrl.stats import is_finite_number
 
 # Below this many completed trials an importance estimate is noise; the section says so instead.
 MIN_TRIALS_FOR_IMPORTANCE = 5
@@ -61,9 +61,7 @@ def rebuild_study(summary: HyperoptSummary) -> optuna.Study:
     for trial in summary.trials:
         state = _STATES.get(str(trial.get("state")))
         value = trial.get("value")
-        if state is None or (
-            state == TrialState.COMPLETE and not (_is_number(value) and math.isfinite(value))
-        ):
+        if state is None or (state == TrialState.COMPLETE and not is_finite_number(value)):
             continue
         params = {
             k: (v if isinstance(v, str | int | float | bool) else str(v))
@@ -72,7 +70,7 @@ def rebuild_study(summary: HyperoptSummary) -> optuna.Study:
         intermediate = {
             int(step): float(v)
             for step, v in (trial.get("intermediate") or {}).items()
-            if str(step).lstrip("-").isdigit() and _is_number(v) and math.isfinite(v)
+            if str(step).lstrip("-").isdigit() and is_finite_number(v)
         }
         frozen.append(
             optuna.trial.create_trial(
