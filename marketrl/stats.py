@@ -147,7 +147,7 @@ def deflated_sharpe_ratio(returns: object, n_trials: int, trials_sr_variance: fl
     """PSR against the Sharpe expected from the best of ``n_trials`` skill-less trials (selection-bias aware).
 
     ``trials_sr_variance``: variance across trials of their per-period (daily, non-annualised) Sharpe ratios;
-    convert annualised trial Sharpes first with :func:`annualized_to_daily_sharpe`. N = 1 gives PSR vs 0.
+    divide annualised trial Sharpes by ``ANNUALIZER`` first. N = 1 gives PSR vs 0.
     """
     return probabilistic_sharpe_ratio(returns, expected_max_sharpe(n_trials, trials_sr_variance))
 

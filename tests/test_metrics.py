@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from marketrl.metrics import (
     MetricsInputError,
+    average_strategies,
     daily_returns,
     drawdown_series,
     drawdown_stats,
@@ -149,6 +150,25 @@ def test_portfolio_is_equal_weight_with_missing_bar_as_cash():
     assert summary["avg_daily_turnover"] == pytest.approx(1.0)  # 2 contracts traded / 2 instruments, 1 day
     assert summary["n_trades"] == 2
     assert summary["exposure"] == pytest.approx(1.0)
+
+
+def test_average_strategies_is_the_equal_capital_mix():
+    one = make_bars([0, 0, 1], [1.0, -1.0, 0.0], [0.02, -0.01, 0.0], [0.001, 0.002, 0.0])
+    two = make_bars([0, 0, 1], [-1.0, -1.0, 1.0], [-0.02, -0.01, 0.03], [0.001, 0.0, 0.002])
+    # Row order does not matter: each table is aligned on (symbol, ts_event).
+    mix = average_strategies([one.reverse(), two])
+    assert mix.columns == list(one.columns) and mix["ts_event"].equals(one["ts_event"])
+    np.testing.assert_allclose(mix["position"].to_numpy(), [0.0, -1.0, 0.5])
+    np.testing.assert_allclose(mix["gross_return"].to_numpy(), [0.0, -0.01, 0.015])
+    np.testing.assert_allclose(mix["cost"].to_numpy(), [0.001, 0.001, 0.001])
+    np.testing.assert_allclose(mix["net_return"].to_numpy(), [-0.001, -0.011, 0.014])
+    assert performance_summary(average_strategies([one]))["total_return"] == pytest.approx(
+        performance_summary(one)["total_return"], rel=1e-15
+    )
+    with pytest.raises(MetricsInputError, match="same \\(symbol, ts_event\\) bars"):
+        average_strategies([one, two.head(2)])
+    with pytest.raises(MetricsInputError, match="at least one"):
+        average_strategies([])
 
 
 def test_constant_positive_returns_have_undefined_risk_ratios():
