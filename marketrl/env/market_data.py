@@ -144,6 +144,9 @@ class MarketData:
         )
         if len(names) != features.shape[1]:
             raise EnvDataError(f"feature_names: expected {features.shape[1]} names, got {len(names)}")
+        finite = np.isfinite(features).all(axis=0)
+        if not finite.all():  # the normalizer maps NaN to 0; arrays from elsewhere must do the same
+            raise EnvDataError(f"features: column {names[int(np.argmin(finite))]!r} holds NaN or inf")
         segment_id = segment_ids(instrument_id, ts_event_ns, max_gap)
 
         is_new = np.ones(n_rows, dtype=bool)
