@@ -1,7 +1,9 @@
 """Out-of-sample evaluation of trained agents and of the baselines, on each fold's test days.
 
 Agents and baselines see exactly the same test rows, environment semantics and cost model; every output carries
-per-bar positions, gross returns, costs and net returns (docs/OUTPUTS.md), plus a performance summary.
+per-bar positions, gross returns, costs and net returns (docs/OUTPUTS.md), plus a performance summary. A trained
+model is scored with the env settings and costs recorded in its checkpoint. Also home of the validation objective
+that hyperopt maximizes and training reports (`validation_sharpe`), so neither of those imports the other.
 """
 
 from __future__ import annotations
