@@ -4,7 +4,7 @@
     python bench/agents.py --quick    # a short sanity run of every configuration
     python bench/agents.py --only ppo-64 dqn-64
 
-For each configuration, in one process: SB3 (through `marketrl.env.make_sb3_vec_env` over the same TradingEnv),
+For each configuration, in one process: SB3 (through `make_sb3_vec_env` of bench/adapters.py over the same TradingEnv),
 marketrl, and the *floor*: the unavoidable math of the same run — the same number of optimizer updates at the
 same batch size on random tensors (same loss, same networks, same optimizer step), plus the acting forward
 passes (PPO: the policy on N rows per vector step and the value net once over the rollout; DQN: the Q-network on
@@ -25,15 +25,16 @@ from typing import Any
 
 import torch
 
-# bench/env.py builds the same synthetic bars (this script runs from bench/, so it imports as `env`).
-from env import synthetic_frame  # bench/env.py: the same synthetic bars (this script runs from bench/)
+# bench/adapters.py and bench/env.py (this script runs from bench/, so they import as `adapters` and `env`).
+from adapters import make_sb3_vec_env
+from env import synthetic_frame  # the same synthetic bars as bench/env.py
 
 from gpu_utils import OptimStep, PrecisionPlan, detect_precision, make_optimizer
 from marketrl.agents import dqn, ppo
 from marketrl.agents.common import seeded
 from marketrl.agents.networks import build_networks, make_architecture
 from marketrl.costs import CostModel
-from marketrl.env import N_ACTIONS, EnvConfig, MarketData, TradingEnv, make_sb3_vec_env
+from marketrl.env import N_ACTIONS, EnvConfig, MarketData, TradingEnv
 from marketrl.normalize import FeatureNormalizer
 
 

@@ -18,8 +18,11 @@ import numpy as np
 import polars as pl
 import torch
 
+# bench/adapters.py (this script runs from bench/, so it imports as `adapters`).
+from adapters import PlainGymEnv
+
 from marketrl.costs import CostModel
-from marketrl.env import EnvConfig, MarketData, PlainGymEnv, TradingEnv
+from marketrl.env import EnvConfig, MarketData, TradingEnv
 from marketrl.normalize import FeatureNormalizer
 
 

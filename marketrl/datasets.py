@@ -164,8 +164,9 @@ def build_window(
     names = feature_names_of(table)
     normalizer = FeatureNormalizer().fit(split_frames[fit_on], names)
     costs = cost_model_from_config(config["costs"])
+    max_gap = parse_duration(config["env"]["max_gap"], key="env.max_gap")  # the env's segments, as configured
     splits = {
-        name: MarketData.from_frame(frame, names, normalizer, costs, device)
+        name: MarketData.from_frame(frame, names, normalizer, costs, device, max_gap=max_gap)
         for name, frame in split_frames.items()
     }
     return WindowData(normalizer, names, splits, dict(split_frames))

@@ -1,13 +1,17 @@
 """Out-of-sample evaluation of trained agents and of the baselines, on each fold's test days.
 
 Agents and baselines see exactly the same test rows, environment semantics and cost model; every output carries
-per-bar positions, gross returns, costs and net returns (docs/OUTPUTS.md), plus a performance summary.
+per-bar positions, gross returns, costs and net returns (docs/OUTPUTS.md), plus a performance summary. A trained
+model is scored with the env settings and costs recorded in its checkpoint. Also home of the validation objective
+that hyperopt maximizes and training reports (`validation_sharpe`), so neither of those imports the other.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +21,22 @@ import torch
 from gpu_utils import resolve_device
 from marketrl.agents.checkpoint import load_policy
 from marketrl.config import derive_seed
+from marketrl.costs import CostModel
 from marketrl.datasets import (
     cost_model_from_config,
     env_config_from_config,
     fold_window,
     load_features,
 )
-from marketrl.env import MarketData, evaluate, evaluate_positions, rule_positions
+from marketrl.env import (
+    EnvConfig,
+    MarketData,
+    Policy,
+    evaluate,
+    evaluate_positions,
+    format_duration,
+    rule_positions,
+)
 from marketrl.folds import FoldPlan, select_rows
 from marketrl.io import atomic_write, write_json_atomic
 from marketrl.metrics import average_strategies, performance_summary, to_json_safe
@@ -33,6 +46,65 @@ from marketrl.provenance import collect
 log = logging.getLogger(__name__)
 
 BAR_COLUMNS = ("ts_event", "trading_day", "symbol", "position", "gross_return", "cost", "net_return")
+#: env settings that change what a trained policy sees or is charged (n_envs and episode_length shape only training)
+POLICY_ENV_KEYS = ("window", "fill", "contracts", "max_gap")
+
+
+class TrainedSettingsError(ValueError):
+    """The config disagrees with the settings a model was trained with, or the checkpoint does not record them."""
+
+
+def validation_sharpe(policy: Policy, data: MarketData, env_config: EnvConfig) -> float:
+    """The objective hyperopt maximizes and training reports: annualized Sharpe of daily net returns of the
+    greedy policy on `data` (0 when it stays flat)."""
+    sharpe = performance_summary(evaluate(policy, data, env_config))["sharpe"]
+    return 0.0 if sharpe is None or not math.isfinite(sharpe) else float(sharpe)
+
+
+def trained_settings(
+    meta: Mapping[str, Any], config: Mapping[str, Any], model_path: str | Path
+) -> tuple[EnvConfig, CostModel]:
+    """The env settings and cost model the model was trained with, read from its checkpoint metadata.
+
+    The config must agree on each of them (POLICY_ENV_KEYS and every cost field): agents and baselines are
+    scored on the same terms, and a policy is never fed observations or charged costs it was not trained on.
+    """
+    env = meta.get("env")
+    costs = (meta.get("extra") or {}).get("costs")
+    if not isinstance(env, Mapping) or any(key not in env for key in POLICY_ENV_KEYS) or costs is None:
+        missing = "costs" if isinstance(env, Mapping) and costs is None else "env settings"
+        raise TrainedSettingsError(f"{model_path}: the checkpoint records no {missing}; retrain the model")
+    max_gap = None if env["max_gap"] is None else timedelta(seconds=float(env["max_gap"]))
+    current = env_config_from_config(config)
+    trained = EnvConfig(
+        window=env["window"],
+        contracts=env["contracts"],
+        fill=env["fill"],
+        max_gap=max_gap,
+        # training-only settings: evaluation steps every segment once, in one batch
+        episode_length=current.episode_length,
+        n_envs=current.n_envs,
+    )
+    for key in POLICY_ENV_KEYS:
+        ours, theirs = getattr(trained, key), getattr(current, key)
+        if ours != theirs:
+            if key == "max_gap":
+                ours, theirs = format_duration(ours), format_duration(theirs)
+            raise TrainedSettingsError(
+                f"config key 'env.{key}': the model at {model_path} was trained with {key}={ours}, "
+                f"the config says {theirs}"
+            )
+    trained_costs = CostModel.from_config(costs)
+    config_costs = cost_model_from_config(config["costs"]).to_config()
+    # "kind" comes first: the other fields exist only for the same kind
+    for key, value in trained_costs.to_config().items():
+        if config_costs[key] != value:
+            name = "model" if key == "kind" else key
+            raise TrainedSettingsError(
+                f"config key 'costs.{name}': the model at {model_path} was trained with {name}={value}, "
+                f"the config says {config_costs[key]}"
+            )
+    return trained, trained_costs
 
 
 def _write_bars(bars: pl.DataFrame, path: str | Path) -> None:
@@ -65,15 +137,10 @@ def evaluate_job(
     policy, meta = load_policy(model_path, device)
     normalizer = FeatureNormalizer.from_state_dict(meta["normalizer"])
     plan = FoldPlan.load(folds_path)
+    env_config, cost_model = trained_settings(meta, config, model_path)
     test_rows = select_rows(load_features(manifest_path), plan.fold(fold), "test")
-    env_config = env_config_from_config(config)
     data = MarketData.from_frame(
-        test_rows,
-        normalizer.feature_names,
-        normalizer,
-        cost_model_from_config(config["costs"]),
-        device,
-        max_gap=env_config.max_gap,
+        test_rows, normalizer.feature_names, normalizer, cost_model, device, max_gap=env_config.max_gap
     )
     with torch.inference_mode():
         bars = evaluate(policy, data, env_config)
@@ -97,7 +164,7 @@ def evaluate_job(
         "model": {
             "path": str(model_path),
             "precision": meta.get("precision"),
-            "hidden": meta.get("hidden_sizes"),
+            "hidden": meta["architecture"]["hidden"],
         },
         "provenance": collect(dict(config), device=str(device)),
     }

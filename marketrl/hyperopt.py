@@ -14,7 +14,6 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
-import math
 import os
 import socket
 import time
@@ -28,10 +27,10 @@ import optuna
 from gpu_utils import HardwareBudget, NonFiniteError, PrecisionPlan, detect_precision, resolve_device
 from marketrl.config import derive_seed
 from marketrl.datasets import WindowData, env_config_from_config, load_features, tuning_window
-from marketrl.env import MarketData, evaluate
+from marketrl.evaluation import validation_sharpe
 from marketrl.folds import FoldPlan
 from marketrl.io import write_json_atomic
-from marketrl.metrics import performance_summary, to_json_safe
+from marketrl.metrics import to_json_safe
 from marketrl.provenance import collect, package_versions
 from marketrl.stats import ANNUALIZER
 from marketrl.training import run_training
@@ -304,13 +303,6 @@ def work_on_study(
 # ---------------------------------------------------------------------------------------------------- objective
 
 
-def validation_sharpe(policy: Callable, data: MarketData, config: Mapping[str, Any]) -> float:
-    """The objective: annualized Sharpe of daily net returns of the greedy policy on `data` (0 when flat)."""
-    bars = evaluate(policy, data, env_config_from_config(config))
-    sharpe = performance_summary(bars)["sharpe"]
-    return 0.0 if sharpe is None or not math.isfinite(sharpe) else float(sharpe)
-
-
 def run_trial(
     trial: optuna.Trial,
     algo: str,
@@ -326,10 +318,11 @@ def run_trial(
     trial.set_user_attr(SAMPLED, True)
     seed = derive_seed(config["seed"], "hyperopt-trial", algo, trial.user_attrs.get(SLOT, trial.number))
     reports = 0
+    env_config = env_config_from_config(config)
 
     def on_eval(step: int, policy: Callable) -> float:
         nonlocal reports
-        score = validation_sharpe(policy, window.splits["validation"], config)
+        score = validation_sharpe(policy, window.splits["validation"], env_config)
         trial.report(score, reports)
         reports += 1
         if trial.should_prune():
@@ -341,7 +334,7 @@ def run_trial(
     result = run_training(
         algo,
         train_data=window.splits["train"],
-        env_config=env_config_from_config(config),
+        env_config=env_config,
         hparams=hparams,
         precision=precision,
         device=device,
@@ -351,7 +344,7 @@ def run_trial(
         check_every=config["training"]["check_every"],
     )
     trial.set_user_attr("train_s", time.perf_counter() - started - setup_s)
-    score = validation_sharpe(result.policy, window.splits["validation"], config)
+    score = validation_sharpe(result.policy, window.splits["validation"], env_config)
     trial.set_user_attr("val_sharpe_daily", score / ANNUALIZER)
     return score
 

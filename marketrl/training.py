@@ -23,8 +23,9 @@ from marketrl.agents.checkpoint import save_checkpoint
 from marketrl.agents.common import TrainResult
 from marketrl.agents.resume import TrainingCheckpoint
 from marketrl.config import derive_seed
-from marketrl.datasets import env_config_from_config, fold_window, load_features
+from marketrl.datasets import cost_model_from_config, env_config_from_config, fold_window, load_features
 from marketrl.env import EnvConfig, MarketData
+from marketrl.evaluation import validation_sharpe
 from marketrl.folds import FoldPlan
 from marketrl.io import write_json_atomic
 from marketrl.metrics import to_json_safe
@@ -90,10 +91,9 @@ def run_training(
 class ProgressLog:
     """Validation scores at a fixed cadence, logged with progress, steps/s and ETA for `tail -f`."""
 
-    def __init__(self, validation: MarketData, config: Mapping[str, Any], total_steps: int) -> None:
-        from marketrl.hyperopt import validation_sharpe  # the same objective hyperopt optimizes
-
-        self._score = lambda policy: validation_sharpe(policy, validation, config)
+    def __init__(self, validation: MarketData, env_config: EnvConfig, total_steps: int) -> None:
+        # the same objective hyperopt optimizes
+        self._score = lambda policy: validation_sharpe(policy, validation, env_config)
         self.total_steps = total_steps
         self.started = time.perf_counter()
         self.records: list[dict[str, float]] = []
@@ -137,7 +137,8 @@ def train_job(
     plan = FoldPlan.load(folds_path)
     window = fold_window(load_features(manifest_path), plan, fold, config, device)
     total_steps = config["training"]["total_steps"]
-    progress = ProgressLog(window.splits["validation"], config, total_steps)
+    env_config = env_config_from_config(config)
+    progress = ProgressLog(window.splits["validation"], env_config, total_steps)
     # Resumable state beside the model; only a state saved by this very run (same settings and inputs) is resumed.
     checkpoint = TrainingCheckpoint(
         Path(model_path).with_name("resume.pt"),
@@ -159,7 +160,7 @@ def train_job(
     result = run_training(
         algo,
         train_data=window.splits["train"],
-        env_config=env_config_from_config(config),
+        env_config=env_config,
         hparams=hparams,
         precision=precision,
         device=device,
@@ -178,7 +179,13 @@ def train_job(
         feature_names=window.feature_names,
         precision=precision.to_dict(),
         hparams=hparams,
-        extra={"fold": fold, "seed_index": seed_index, "seed": seed},
+        # the cost model the agent was trained with: evaluation refuses a config that charges differently
+        extra={
+            "fold": fold,
+            "seed_index": seed_index,
+            "seed": seed,
+            "costs": cost_model_from_config(config["costs"]).to_config(),
+        },
     )
     train_log = {
         "algo": algo,

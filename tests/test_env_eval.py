@@ -13,9 +13,11 @@ from marketrl.env import (
     EnvConfig,
     EnvConfigError,
     EnvDataError,
+    MarketData,
     TradingEnv,
     evaluate,
     evaluate_positions,
+    position_results,
     rule_positions,
 )
 from tests.test_env import BPS10, CLOSE, OPEN, frame_from_bars, market_data, random_frame
@@ -124,3 +126,40 @@ def test_evaluate_positions_rejects_bad_positions() -> None:
         evaluate_positions(data, np.zeros(4))
     with pytest.raises(EnvDataError, match=r"\{-1, 0, 1\}"):
         evaluate_positions(data, np.full(5, 0.5))
+
+
+def bar_arrays(df: pl.DataFrame) -> dict[str, np.ndarray]:
+    """The per-bar host arrays MarketData.from_arrays takes besides the features."""
+    return {
+        "opens": df["open"].to_numpy(),
+        "closes": df["close"].to_numpy(),
+        "instrument_id": df["instrument_id"].to_numpy(),
+        "ts_event_ns": df["ts_event"].dt.epoch("ns").to_numpy(),
+    }
+
+
+def test_arrays_without_row_labels_give_tensors_not_frames() -> None:
+    df = frame_from_bars(CLOSE, OPEN)
+    framed = market_data(df)
+    features = framed.features.numpy()
+    data = MarketData.from_arrays(features, **bar_arrays(df), cost_model=BPS10)
+    positions = rule_positions(data, "long")
+    results = position_results(data, positions)
+    expected = evaluate_positions(framed, positions)
+    for column in (
+        "gross_return",
+        "cost",
+    ):  # the same float32 terms (net is differenced in float64 in the frame)
+        np.testing.assert_array_equal(
+            getattr(results, column)[data.is_decision].numpy(), expected[column].to_numpy()
+        )
+    with pytest.raises(EnvDataError, match="without row labels"):
+        evaluate_positions(data, positions)
+    with pytest.raises(EnvDataError, match="sorted"):
+        MarketData.from_arrays(features, **bar_arrays(df.reverse()), cost_model=BPS10)
+    with pytest.raises(EnvDataError, match="symbol of every row"):
+        MarketData.from_arrays(features, **bar_arrays(df), cost_model={"ES": BPS10})
+    with_nan = features.copy()
+    with_nan[2, 1] = np.nan
+    with pytest.raises(EnvDataError, match="column 'f1' holds NaN"):
+        MarketData.from_arrays(with_nan, **bar_arrays(df), cost_model=BPS10)

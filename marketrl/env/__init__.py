@@ -1,0 +1,62 @@
+"""The trading environment over one split of a feature table (semantics: docs/ENV.md).
+
+Modules (each importable with only torch and numpy, except `frames`):
+  config       EnvConfig (`env.*`), parse_duration / format_duration, the action set, EnvConfigError / EnvDataError
+  market_data  MarketData: one split's returns, cost fractions, segments and observation table as device tensors
+  frames       polars: a feature table's columns for MarketData.from_frame, per-bar result frames
+  tensor_env   TradingEnv (N envs in one batched tensor step) and step_rewards, the one reward definition
+  rollout      deterministic evaluation: policy_positions / position_results (tensors), evaluate /
+               evaluate_positions (per-bar polars frames)
+  baselines    rule_positions: buy-and-hold, short, flat, random, momentum
+
+Importing this package imports no polars and no gymnasium; `frames` is loaded when a frame is read or written.
+The gymnasium / Stable-Baselines3 adapters and the numpy reference env live in bench/adapters.py.
+"""
+
+from marketrl.env.baselines import rule_positions
+from marketrl.env.config import (
+    ACTION_POSITIONS,
+    DEFAULT_MAX_GAP,
+    N_ACTIONS,
+    REQUIRED_COLUMNS,
+    EnvConfig,
+    EnvConfigError,
+    EnvDataError,
+    FillMode,
+    format_duration,
+    parse_duration,
+)
+from marketrl.env.market_data import MarketData
+from marketrl.env.rollout import (
+    Policy,
+    PositionResults,
+    evaluate,
+    evaluate_positions,
+    policy_positions,
+    position_results,
+)
+from marketrl.env.tensor_env import TradingEnv, check_segmentation, step_rewards
+
+__all__ = [
+    "ACTION_POSITIONS",
+    "DEFAULT_MAX_GAP",
+    "N_ACTIONS",
+    "REQUIRED_COLUMNS",
+    "EnvConfig",
+    "EnvConfigError",
+    "EnvDataError",
+    "FillMode",
+    "MarketData",
+    "Policy",
+    "PositionResults",
+    "TradingEnv",
+    "check_segmentation",
+    "evaluate",
+    "evaluate_positions",
+    "format_duration",
+    "parse_duration",
+    "policy_positions",
+    "position_results",
+    "rule_positions",
+    "step_rewards",
+]

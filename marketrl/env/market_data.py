@@ -1,0 +1,329 @@
+"""One split's bars as device tensors: returns, cost fractions, segments and the observation table.
+
+`MarketData.from_arrays` needs only numpy and torch; `MarketData.from_frame` reads a polars feature table through
+`marketrl.env.frames`, imported on first use, so the tensor env runs where polars is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from marketrl.costs import CostModel
+from marketrl.env.config import DEFAULT_MAX_GAP, EnvDataError, FillMode
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from marketrl.normalize import FeatureNormalizer
+
+_NS_PER_DAY = 86_400 * 10**9
+
+
+@dataclass
+class MarketData:
+    """One split's rows as device tensors, built once. Row t is bar t of the frame (sorted by instrument, time).
+
+    Per-row step parameters (decision at the close of row t, earning over bar t+1; zero where t is the last row
+    of its segment, which is never a decision row):
+      ret_close_close  close_{t+1}/close_t − 1
+      ret_close_open   open_{t+1}/close_t − 1      (next_open fill: the old position bears this gap)
+      ret_open_close   close_{t+1}/open_{t+1} − 1  (next_open fill: the new position earns this)
+      cost_close       cost fraction at close_t
+      cost_next_open   cost fraction at open_{t+1}
+    """
+
+    obs_table: torch.Tensor  # [T, F + 1] float32: normalized features and a zero column for the position
+    ret_close_close: torch.Tensor  # [T] float32
+    ret_close_open: torch.Tensor  # [T] float32
+    ret_open_close: torch.Tensor  # [T] float32
+    cost_close: torch.Tensor  # [T] float32
+    cost_next_open: torch.Tensor  # [T] float32
+    close: torch.Tensor  # [T] float64, for rule baselines (momentum)
+    segment_start: torch.Tensor  # [T] int64, first row of the row's segment
+    segment_id: torch.Tensor  # [T] int64
+    is_decision: torch.Tensor  # [T] bool, row t+1 exists in the same segment
+    segment_first: np.ndarray  # [S] int64, host copy
+    segment_last: np.ndarray  # [S] int64, host copy (inclusive)
+    # host labels per row (polars: ts_event, trading_day, instrument_id, symbol); None when built from arrays
+    rows: pl.DataFrame | None
+    feature_names: list[str]
+    max_gap: timedelta | None
+    # |normalized feature| <= feature_clip (the normalizer's clip); None: unbounded
+    feature_clip: float | None
+    device: torch.device
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def features(self) -> torch.Tensor:
+        """Normalized features [T, F] float32 (a view of `obs_table`)."""
+        return self.obs_table[:, :-1]
+
+    @property
+    def n_rows(self) -> int:
+        """Number of bars (rows) in the split."""
+        return int(self.features.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        """Number of feature columns F."""
+        return int(self.features.shape[1])
+
+    @classmethod
+    def from_frame(
+        cls,
+        df: pl.DataFrame,
+        feature_names: Sequence[str],
+        normalizer: FeatureNormalizer,
+        cost_model: CostModel | Mapping[str, CostModel],
+        device: torch.device | str = "cpu",
+        *,
+        max_gap: timedelta | None = DEFAULT_MAX_GAP,
+    ) -> MarketData:
+        """Validate a polars feature table and build every tensor the environment needs, once, on `device`.
+
+        `normalizer` must be fitted on the training split (pass the same one for validation/test splits);
+        `cost_model` is one model or one per symbol.
+        """
+        from marketrl.env import frames  # polars is needed only here, for reading a frame
+
+        names = list(feature_names)
+        columns = frames.frame_columns(df, names)
+        if list(normalizer.feature_names) != names:
+            raise EnvDataError(
+                "normalizer: fitted on different feature_names than the ones passed to MarketData"
+            )
+        return cls.from_arrays(
+            normalizer.transform_numpy(df),
+            cost_model=cost_model,
+            device=device,
+            feature_names=names,
+            feature_clip=normalizer.clip,
+            max_gap=max_gap,
+            rows=frames.row_labels(df),
+            **columns,
+        )
+
+    @classmethod
+    def from_arrays(
+        cls,
+        features: np.ndarray,
+        *,
+        opens: np.ndarray,
+        closes: np.ndarray,
+        instrument_id: np.ndarray,
+        ts_event_ns: np.ndarray,
+        cost_model: CostModel | Mapping[str, CostModel],
+        device: torch.device | str = "cpu",
+        symbols: np.ndarray | None = None,
+        feature_names: Sequence[str] | None = None,
+        feature_clip: float | None = None,
+        max_gap: timedelta | None = DEFAULT_MAX_GAP,
+        rows: pl.DataFrame | None = None,
+    ) -> MarketData:
+        """Build from host arrays, one value (or feature row) per bar, sorted by (instrument_id, ts_event).
+
+        `features` [T, F] are already normalized (float32); `ts_event_ns` is bar open time in UTC epoch
+        nanoseconds; `symbols` is needed only with a per-symbol `cost_model`. `rows` are the per-row labels
+        `evaluate` writes out (from_frame passes them; without them only the tensor outputs are available).
+        """
+        features = np.asarray(features, dtype=np.float32)
+        opens = np.asarray(opens, dtype=np.float64)
+        closes = np.asarray(closes, dtype=np.float64)
+        instrument_id = np.asarray(instrument_id).astype(np.int64)
+        ts_event_ns = np.asarray(ts_event_ns).astype(np.int64)
+        n_rows = features.shape[0] if features.ndim == 2 else -1
+        _check_arrays(features, opens, closes, instrument_id, ts_event_ns, n_rows)
+        names = (
+            list(feature_names) if feature_names is not None else [f"f{j}" for j in range(features.shape[1])]
+        )
+        if len(names) != features.shape[1]:
+            raise EnvDataError(f"feature_names: expected {features.shape[1]} names, got {len(names)}")
+        finite = np.isfinite(features).all(axis=0)
+        if not finite.all():  # the normalizer maps NaN to 0; arrays from elsewhere must do the same
+            raise EnvDataError(f"features: column {names[int(np.argmin(finite))]!r} holds NaN or inf")
+        segment_id = segment_ids(instrument_id, ts_event_ns, max_gap)
+
+        is_new = np.ones(n_rows, dtype=bool)
+        is_new[1:] = segment_id[1:] != segment_id[:-1]
+        segment_first = np.flatnonzero(is_new).astype(np.int64)
+        segment_last = np.append(segment_first[1:] - 1, n_rows - 1).astype(np.int64)
+        segment_start = np.repeat(segment_first, segment_last - segment_first + 1)
+        is_decision = np.zeros(n_rows, dtype=bool)
+        is_decision[:-1] = segment_id[1:] == segment_id[:-1]
+
+        next_open = np.append(opens[1:], np.nan)
+        next_close = np.append(closes[1:], np.nan)
+        with np.errstate(invalid="ignore"):
+            ret_close_close = np.where(is_decision, next_close / closes - 1.0, 0.0)
+            ret_close_open = np.where(is_decision, next_open / closes - 1.0, 0.0)
+            ret_open_close = np.where(is_decision, next_close / next_open - 1.0, 0.0)
+        cost_close = cost_fractions(cost_model, closes, symbols)
+        cost_next_open = np.where(
+            is_decision, cost_fractions(cost_model, np.where(is_decision, next_open, 1.0), symbols), 0.0
+        )
+
+        device = torch.device(device)
+
+        def f32(values: np.ndarray) -> torch.Tensor:
+            return torch.as_tensor(np.ascontiguousarray(values, dtype=np.float32), device=device)
+
+        return cls(
+            obs_table=f32(np.concatenate([features, np.zeros((n_rows, 1), dtype=np.float32)], axis=1)),
+            ret_close_close=f32(ret_close_close),
+            ret_close_open=f32(ret_close_open),
+            ret_open_close=f32(ret_open_close),
+            cost_close=f32(cost_close),
+            cost_next_open=f32(cost_next_open),
+            close=torch.tensor(closes, device=device),
+            segment_start=torch.as_tensor(segment_start, device=device),
+            segment_id=torch.as_tensor(segment_id, device=device),
+            is_decision=torch.as_tensor(is_decision, device=device),
+            segment_first=segment_first,
+            segment_last=segment_last,
+            rows=rows,
+            feature_names=names,
+            max_gap=max_gap,
+            feature_clip=feature_clip,
+            device=device,
+        )
+
+    def to(self, device: torch.device | str) -> MarketData:
+        """A copy with every tensor on `device`."""
+        device = torch.device(device)
+        values = {
+            item.name: getattr(self, item.name) for item in fields(self) if not item.name.startswith("_")
+        }
+        moved = {name: value.to(device) for name, value in values.items() if isinstance(value, torch.Tensor)}
+        return MarketData(**{**values, **moved, "device": device})
+
+    def step_parameters(self, fill: FillMode) -> torch.Tensor:
+        """[3, T] float32: gap return of the old position, return of the new position, cost fraction (cached)."""
+        key = ("step_parameters", fill)
+        if key not in self._cache:
+            if fill == "close":
+                parts = [torch.zeros_like(self.ret_close_close), self.ret_close_close, self.cost_close]
+            else:
+                parts = [self.ret_close_open, self.ret_open_close, self.cost_next_open]
+            self._cache[key] = torch.stack(parts)
+        return self._cache[key]
+
+    def host_arrays(self, fill: FillMode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Host copies for numpy reference envs (cached, shared by every copy): features [T, F], step
+        parameters [T, 3] (row-major, one row per bar) and segment_start [T]."""
+        key = ("host_arrays", fill)
+        if key not in self._cache:
+            self._cache[key] = (
+                np.ascontiguousarray(self.features.cpu().numpy()),
+                np.ascontiguousarray(self.step_parameters(fill).cpu().numpy().T),
+                self.segment_start.cpu().numpy(),
+            )
+        return self._cache[key]
+
+    def episode_starts(self, episode_length: int) -> np.ndarray:
+        """Rows where an episode of `episode_length` decisions fits inside one segment (host int64, cached)."""
+        key = ("episode_starts", episode_length)
+        if key not in self._cache:
+            room = self.segment_last - episode_length  # the last decision row must be < segment_last
+            starts = [
+                np.arange(first, last + 1)
+                for first, last in zip(self.segment_first, room, strict=True)
+                if last >= first
+            ]
+            self._cache[key] = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+        return self._cache[key]
+
+    def observe(self, rows: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
+        """Observations [N, window·F + 1]: feature rows t−W+1..t (oldest first) then the position held into t.
+
+        Window rows before the segment's first row repeat that first row, so a window never reaches across a
+        segment boundary or into another instrument.
+        """
+        if window == 1:  # fast path: one gather, then the position goes into the zero column
+            obs = self.obs_table.index_select(0, rows)
+            obs[:, -1] = positions
+            return obs
+        n, n_features = rows.shape[0], self.n_features
+        offsets = torch.arange(window - 1, -1, -1, device=rows.device)
+        index = torch.maximum(rows[:, None] - offsets, self.segment_start.index_select(0, rows)[:, None])
+        gathered = self.obs_table.index_select(0, index.reshape(-1)).view(n, window, n_features + 1)
+        obs = torch.empty(n, window * n_features + 1, dtype=self.obs_table.dtype, device=rows.device)
+        obs[:, :-1].view(n, window, n_features).copy_(gathered[:, :, :-1])
+        obs[:, -1] = positions
+        return obs
+
+
+def _check_arrays(
+    features: np.ndarray,
+    opens: np.ndarray,
+    closes: np.ndarray,
+    instrument_id: np.ndarray,
+    ts_event_ns: np.ndarray,
+    n_rows: int,
+) -> None:
+    """Shapes, order and prices; messages name the column as a feature table calls it."""
+    if n_rows < 0:
+        raise EnvDataError(f"features: expected a 2-d array [rows, features], got shape {features.shape}")
+    for name, values in (
+        ("open", opens),
+        ("close", closes),
+        ("instrument_id", instrument_id),
+        ("ts_event", ts_event_ns),
+    ):
+        if values.shape != (n_rows,):
+            raise EnvDataError(
+                f"feature table: column {name!r} has shape {values.shape}, expected ({n_rows},)"
+            )
+    if n_rows < 2:
+        raise EnvDataError(f"feature table: expected at least 2 rows, got {n_rows}")
+    same_instrument = np.diff(instrument_id) == 0
+    if (np.diff(instrument_id) < 0).any() or (same_instrument & (np.diff(ts_event_ns) <= 0)).any():
+        raise EnvDataError(
+            "feature table: rows must be sorted by (instrument_id, ts_event) with unique timestamps per instrument"
+        )
+    for name, prices in (("open", opens), ("close", closes)):
+        if not (np.isfinite(prices) & (prices > 0)).all():
+            raise EnvDataError(f"feature table: column {name!r} must hold finite prices > 0")
+
+
+def segment_ids(instrument_id: np.ndarray, ts_event_ns: np.ndarray, max_gap: timedelta | None) -> np.ndarray:
+    """Consecutive ids; a new segment starts at each new instrument and after each weekday-time gap > max_gap."""
+    new_segment = np.zeros(instrument_id.shape[0], dtype=bool)
+    new_segment[1:] = instrument_id[1:] != instrument_id[:-1]
+    if max_gap is not None:
+        weekday_ns = _weekday_time_ns(ts_event_ns)
+        max_gap_ns = int(max_gap.total_seconds() * 1e9)
+        new_segment[1:] |= np.diff(weekday_ns) > max_gap_ns
+    return np.cumsum(new_segment).astype(np.int64)
+
+
+def _weekday_time_ns(epoch_ns: np.ndarray) -> np.ndarray:
+    """Nanoseconds since 1970-01-01 counting only Monday–Friday (UTC): weekend time stands still."""
+    days = np.floor_divide(epoch_ns, _NS_PER_DAY)
+    dates = days.astype("datetime64[D]")
+    weekdays_before = np.busday_count(np.datetime64("1970-01-01", "D"), dates).astype(np.int64)
+    time_of_day = np.where(np.is_busday(dates), epoch_ns - days * _NS_PER_DAY, 0)
+    return weekdays_before * _NS_PER_DAY + time_of_day
+
+
+def cost_fractions(
+    cost_model: CostModel | Mapping[str, CostModel], prices: np.ndarray, symbols: np.ndarray | None
+) -> np.ndarray:
+    """Cost per unit of |Δposition| as a fraction of notional at `prices`, from one model or one per symbol."""
+    if isinstance(cost_model, CostModel):
+        return np.asarray(cost_model.cost_fraction(prices), dtype=np.float64)
+    if symbols is None:
+        raise EnvDataError("costs: a cost model per symbol needs the symbol of every row")
+    symbols = np.asarray(symbols)
+    out = np.empty(len(prices), dtype=np.float64)
+    for symbol in np.unique(symbols):
+        if symbol not in cost_model:
+            raise EnvDataError(f"costs: no cost model for symbol {symbol!r}")
+        mask = symbols == symbol
+        out[mask] = cost_model[symbol].cost_fraction(prices[mask])
+    return out

@@ -1,0 +1,132 @@
+"""Deterministic evaluation: a policy (or a precomputed position series) over every decision bar of a split.
+
+`policy_positions` and `position_results` are tensors in, tensors out (torch and numpy only); `evaluate` and
+`evaluate_positions` label the results per bar as a polars DataFrame (polars is imported on first use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from marketrl.env.config import ACTION_POSITIONS, EnvConfig, EnvDataError
+from marketrl.env.market_data import MarketData
+from marketrl.env.tensor_env import check_segmentation, step_rewards
+
+if TYPE_CHECKING:
+    import polars as pl
+
+Policy = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PositionResults:
+    """Per-row device tensors [T] of holding target positions; only rows where `data.is_decision` count.
+
+    position: after the decision at the close of row t, in contracts; gross_return, cost: the `TradingEnv.step`
+    reward terms of that decision (fractions of one contract's notional), earned over bar t+1.
+    """
+
+    position: torch.Tensor
+    gross_return: torch.Tensor
+    cost: torch.Tensor
+
+    @property
+    def net_return(self) -> torch.Tensor:
+        """gross_return − cost."""
+        return self.gross_return - self.cost
+
+
+def position_results(
+    data: MarketData, positions: torch.Tensor | np.ndarray, config: EnvConfig | None = None
+) -> PositionResults:
+    """Rewards of holding `positions[t]` (target in {−1, 0, 1}, decided at the close of row t), as tensors.
+
+    Each segment starts flat; non-decision rows (the last bar of each segment) earn nothing. `positions[t]` must
+    use only information known at the close of bar t.
+    """
+    config = config or EnvConfig(max_gap=data.max_gap)
+    check_segmentation(data, config)
+    target = torch.as_tensor(positions, device=data.device).to(torch.float32).reshape(-1)
+    if target.shape[0] != data.n_rows:
+        raise EnvDataError(f"positions: expected {data.n_rows} values (one per row), got {target.shape[0]}")
+    if not bool(torch.isin(target, torch.tensor(ACTION_POSITIONS, device=target.device)).all()):
+        raise EnvDataError("positions: expected target positions in {-1, 0, 1} (units of env.contracts)")
+    rows = torch.arange(data.n_rows, device=data.device)
+    previous = torch.cat([target.new_zeros(1), target[:-1]])
+    previous = torch.where(rows == data.segment_start, torch.zeros_like(previous), previous)
+    gross, cost = step_rewards(data.step_parameters(config.fill) * config.contracts, previous, target)
+    return PositionResults(position=target * config.contracts, gross_return=gross, cost=cost)
+
+
+def policy_positions(policy: Policy, data: MarketData, config: EnvConfig | None = None) -> torch.Tensor:
+    """Target positions [T] the greedy `policy` chooses, all segments stepped in lockstep as one batch.
+
+    `policy(obs [K, W·F + 1]) -> actions LongTensor [K]` (K = number of segments; obs as in `TradingEnv`);
+    every segment starts flat; non-decision rows get 0.
+    """
+    config = config or EnvConfig(max_gap=data.max_gap)
+    check_segmentation(data, config)
+    segments = np.flatnonzero(data.segment_last > data.segment_first)  # segments with at least one decision
+    positions = torch.zeros(data.n_rows + 1, dtype=torch.float32, device=data.device)  # + a scratch slot
+    if segments.size:
+        with torch.no_grad():
+            _run_policy(policy, data, config.window, segments, positions)
+    return positions[:-1]
+
+
+def _run_policy(
+    policy: Policy, data: MarketData, window: int, segments: np.ndarray, positions: torch.Tensor
+) -> None:
+    """Step `policy` through `segments` in lockstep (one batch row per segment), writing each decision into
+    `positions[row]`; segments that have finished keep stepping on their last row and write to the scratch slot."""
+    first = torch.as_tensor(data.segment_first[segments], device=data.device)
+    last_decision = torch.as_tensor(data.segment_last[segments] - 1, device=data.device)
+    scratch_row = torch.full_like(first, data.n_rows)
+    action_positions = torch.tensor(ACTION_POSITIONS, dtype=torch.float32, device=data.device)
+    held = torch.zeros(segments.size, dtype=torch.float32, device=data.device)
+    n_steps = int((data.segment_last[segments] - data.segment_first[segments]).max())
+    for step in range(n_steps):
+        row = torch.minimum(first + step, last_decision)
+        active = first + step <= last_decision
+        target = action_positions.index_select(0, policy(data.observe(row, held, window)).reshape(-1))
+        held = torch.where(active, target, held)
+        positions.index_copy_(0, torch.where(active, row, scratch_row), target)
+
+
+def evaluate_positions(
+    data: MarketData, positions: torch.Tensor | np.ndarray, config: EnvConfig | None = None
+) -> pl.DataFrame:
+    """`position_results` as one polars row per decision bar t (see `evaluate` for the columns)."""
+    if data.rows is None:
+        raise EnvDataError(
+            "MarketData: built from arrays without row labels; per-bar frames need MarketData.from_frame "
+            "(position_results gives the tensors)"
+        )
+    from marketrl.env import frames  # polars is needed only for the per-bar frame
+
+    results = position_results(data, positions, config)
+    decision_rows = np.flatnonzero(data.is_decision.cpu().numpy())
+    columns = {
+        "segment": data.segment_id.cpu().numpy()[decision_rows],
+        "position": results.position.cpu().numpy().round().astype(np.int32)[decision_rows],
+        "gross_return": results.gross_return.cpu().numpy().astype(np.float64)[decision_rows],
+        "cost": results.cost.cpu().numpy().astype(np.float64)[decision_rows],
+    }
+    return frames.bar_frame(data.rows, decision_rows, columns)
+
+
+def evaluate(policy: Policy, data: MarketData, config: EnvConfig | None = None) -> pl.DataFrame:
+    """One deterministic pass of `policy` over every decision bar of the split (see `policy_positions`).
+
+    Returns one row per decision bar t, labelled by the bar it earns over (t+1):
+      ts_event, trading_day   of bar t+1 (the bar whose return the position earns)
+      symbol, instrument_id, decision_ts_event (bar t), segment
+      position                after the decision at t, in contracts
+      gross_return, cost, net_return   the `TradingEnv.step` reward terms (fractions of one contract's notional)
+    """
+    return evaluate_positions(data, policy_positions(policy, data, config), config)

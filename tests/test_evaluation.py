@@ -1,0 +1,202 @@
+"""The evaluate job: scored with the env settings and costs the model was trained with; a config that disagrees
+on one of them fails with one line naming the key; metrics.json records the trained network's hidden sizes."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from marketrl.agents import load_policy
+from marketrl.config import load_config
+from marketrl.costs import CostModel
+from marketrl.datasets import load_features, write_feature_manifest
+from marketrl.env import EnvConfig, MarketData, evaluate
+from marketrl.evaluation import TrainedSettingsError, evaluate_job, trained_settings
+from marketrl.features import FEATURE_NAMES
+from marketrl.folds import FoldConfig, FoldPlan, make_fold_plan, select_rows
+from marketrl.normalize import FeatureNormalizer
+from marketrl.training import train_job
+from tests.conftest import REPO_ROOT
+from tests.test_env import random_frame
+
+# Trained with settings that all differ from the env defaults, so using the defaults anywhere would show.
+TRAINED_ENV = {"window": 2, "contracts": 2, "episode_length": 16, "fill": "next_open", "max_gap": "6h"}
+HPARAMS = {
+    "learning_rate": 1e-3,
+    "batch_size": 16,
+    "learning_starts": 32,
+    "target_update": 20,
+    "hidden_dim_base": 8,
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A tiny feature table, its fold plan, and a DQN trained on fold 0 through the train job."""
+    root = tmp_path_factory.mktemp("evaluation")
+    names = list(FEATURE_NAMES)
+    frame = random_frame(n_instruments=1, days=8, bars_per_day=24, n_features=len(names), drop=0.0)
+    frame = frame.rename({f"f{j}": name for j, name in enumerate(names)}).with_columns(
+        pl.col("bar_return").fill_nan(0.0)  # the first bar has no return; feature tables hold no NaN
+    )
+    table = root / "features.parquet"
+    frame.write_parquet(table)
+    manifest = root / "manifest.json"
+    write_feature_manifest([table], manifest)
+    folds = root / "folds.json"
+    fold_config = FoldConfig(
+        n=1,
+        scheme="expanding",
+        train_days=5,
+        test_days=2,
+        validation_days=1,
+        embargo_bars=1,
+        tuning_days=4,
+        tuning_validation_days=1,
+    )
+    make_fold_plan(frame["trading_day"].unique().to_list(), fold_config).save(folds)
+    config = load_config(REPO_ROOT / "tests" / "configs" / "tiny.yaml")
+    config["env"] = dict(TRAINED_ENV)
+    config["training"].update(total_steps=256, n_envs=4, checkpoint_every=10_000)
+    hparams = root / "dqn.json"
+    hparams.write_text(json.dumps({"algo": "dqn", "best_params": HPARAMS}), encoding="utf-8")
+    model = root / "model.pt"
+    paths = {"manifest_path": str(manifest), "folds_path": str(folds)}
+    train_job(
+        algo="dqn",
+        fold=0,
+        seed_index=0,
+        hparams_path=str(hparams),
+        config=config,
+        model_path=str(model),
+        log_path=str(root / "train_log.json"),
+        **paths,
+    )
+    return {"root": root, "config": config, "model": model, "paths": paths}
+
+
+def run_evaluate(trained: dict, config: dict, name: str) -> tuple[dict, Path]:
+    out = trained["root"] / name
+    result = evaluate_job(
+        algo="dqn",
+        fold=0,
+        seed_index=0,
+        model_path=str(trained["model"]),
+        config=config,
+        metrics_path=str(out / "metrics.json"),
+        bars_path=str(out / "bars.parquet"),
+        **trained["paths"],
+    )
+    return result, out
+
+
+def test_metrics_record_the_trained_hidden_sizes(trained: dict) -> None:
+    _, out = run_evaluate(trained, trained["config"], "eval")
+    metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    checkpoint = torch.load(trained["model"], weights_only=True)
+    assert metrics["model"]["hidden"] == checkpoint["architecture"]["hidden"] == {"q": [8, 4, 2]}
+
+
+def trading_copy(model: Path) -> Path:
+    """The checkpoint with seeded random weights: a policy that trades, so fills, contracts and costs show."""
+    checkpoint = torch.load(model, weights_only=True)
+    generator = torch.Generator().manual_seed(0)
+    weights = checkpoint["state_dicts"]["q"]
+    for name, value in weights.items():
+        weights[name] = torch.randn(value.shape, generator=generator)
+    path = model.with_name("trading.pt")
+    torch.save(checkpoint, path)
+    return path
+
+
+def test_evaluation_runs_with_the_checkpoint_settings(trained: dict) -> None:
+    """The bars equal a direct evaluate() under the trained settings (window 2, next_open, 2 contracts)."""
+    config = copy.deepcopy(trained["config"])
+    config["env"]["episode_length"] = 64  # training-only settings may differ
+    config["training"]["n_envs"] = 8
+    model = trading_copy(trained["model"])
+    result, out = run_evaluate({**trained, "model": model}, config, "eval_settings")
+    bars = pl.read_parquet(out / "bars.parquet")
+
+    policy, meta = load_policy(model)
+    normalizer = FeatureNormalizer.from_state_dict(meta["normalizer"])
+    plan = FoldPlan.load(trained["paths"]["folds_path"])
+    test_rows = select_rows(load_features(trained["paths"]["manifest_path"]), plan.fold(0), "test")
+    costs = CostModel.from_config(meta["extra"]["costs"])
+    data = MarketData.from_frame(test_rows, normalizer.feature_names, normalizer, costs)
+    expected = evaluate(policy, data, EnvConfig(window=2, contracts=2, fill="next_open"))
+    assert bars.height == expected.height == result["metrics"]["n_bars"]
+    np.testing.assert_array_equal(bars["position"].to_numpy(), expected["position"].to_numpy())
+    np.testing.assert_array_equal(bars["net_return"].to_numpy(), expected["net_return"].to_numpy())
+    assert set(bars["position"].unique()) <= {-2, 0, 2} and bars["position"].n_unique() > 1
+    assert bars["cost"].sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        (
+            "env",
+            "window",
+            1,
+            "config key 'env.window': the model at {model} was trained with window=2, the config says 1",
+        ),
+        (
+            "env",
+            "fill",
+            "close",
+            "config key 'env.fill': the model at {model} was trained with "
+            "fill=next_open, the config says close",
+        ),
+        (
+            "env",
+            "contracts",
+            1,
+            "config key 'env.contracts': the model at {model} was trained with "
+            "contracts=2, the config says 1",
+        ),
+        (
+            "env",
+            "max_gap",
+            None,
+            "config key 'env.max_gap': the model at {model} was trained with "
+            "max_gap=6h, the config says null",
+        ),
+        (
+            "costs",
+            "commission_per_contract",
+            2.0,
+            "config key 'costs.commission_per_contract': the model at "
+            "{model} was trained with commission_per_contract=1.0, the config says 2.0",
+        ),
+        (
+            "costs",
+            "model",
+            "bps",
+            "config key 'costs.model': the model at {model} was trained with "
+            "model=futures, the config says bps",
+        ),
+    ],
+)
+def test_a_config_that_disagrees_with_the_model_fails_naming_the_key(
+    trained: dict, section: str, key: str, value: object, message: str
+) -> None:
+    config = copy.deepcopy(trained["config"])
+    config[section][key] = value
+    with pytest.raises(TrainedSettingsError) as error:
+        run_evaluate(trained, config, f"eval_bad_{key}")
+    assert str(error.value) == message.format(model=trained["model"])
+    assert not (trained["root"] / f"eval_bad_{key}").exists()  # nothing written
+
+
+def test_a_checkpoint_without_recorded_costs_is_refused(trained: dict) -> None:
+    _, meta = load_policy(trained["model"])
+    meta["extra"].pop("costs")
+    with pytest.raises(TrainedSettingsError, match="records no costs; retrain"):
+        trained_settings(meta, trained["config"], trained["model"])
