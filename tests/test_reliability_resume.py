@@ -90,11 +90,11 @@ def test_killed_and_resumed_run_matches_uninterrupted(data, uninterrupted, tmp_p
     with pytest.raises(Killed):
         train(data, algo, TrainingCheckpoint(path, 400, FINGERPRINT), kill_at=700)
     saved = torch.load(path, weights_only=True)  # plain data only
-    assert 400 <= saved["env_steps"] < 700
+    assert 400 <= saved["step"] < 700
 
     checkpoint = TrainingCheckpoint(path, 400, FINGERPRINT)
     resumed = train(data, algo, checkpoint)
-    assert checkpoint.resumed_from == saved["env_steps"]
+    assert checkpoint.resumed_from == saved["step"]
     assert checkpoint.saves >= 1  # it kept checkpointing after the resume
     reference = uninterrupted[algo]
     assert_same_weights(resumed, reference)
@@ -274,7 +274,7 @@ def test_checkpoint_with_non_finite_weights_is_not_written(tmp_path: Path) -> No
     good = (tmp_path / "resume.pt").read_bytes()
     with torch.no_grad():
         net.weight[0, 1] = float("inf")
-    with pytest.raises(NonFiniteError, match="env step 200; last good checkpoint kept"):
+    with pytest.raises(NonFiniteError, match="at step 200; last good checkpoint kept"):
         checkpoint.save(200, {"weights": net.state_dict()}, [net])
     assert (tmp_path / "resume.pt").read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["resume.pt"]
