@@ -25,8 +25,10 @@ __all__ = [
     "EvalSchedule",
     "GreedyPolicy",
     "HParamError",
+    "RunConfig",
     "Setup",
     "TrainResult",
+    "check_ranges",
     "env_settings",
     "finish",
     "parse_hparams",
@@ -53,6 +55,38 @@ def check_run_setting(key: str, value: Any, minimum: int) -> None:
     """Raise ``AgentConfigError`` unless ``value`` is an integer >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise AgentConfigError(f"training.{key}: expected an integer >= {minimum}, got {value!r}")
+
+
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "positive": (lambda v: v > 0, "a number > 0"),
+    "positive_or_null": (lambda v: v is None or v > 0, "> 0 or null"),
+    "non_negative": (lambda v: v >= 0, "a number >= 0"),
+    "at_least_one": (lambda v: v >= 1, "an integer >= 1"),
+    "unit": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "unit_above_zero": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+}
+
+
+def check_ranges(hp: Any, **groups: tuple[str, ...]) -> None:
+    """Raise ``HParamError`` for the first field of ``hp`` outside its group's range; groups are the keys of
+    ``_RANGES`` (``positive=("learning_rate",), unit=("gamma",), ...``)."""
+    for group, keys in groups.items():
+        holds, expectation = _RANGES[group]
+        for key in keys:
+            require(holds(getattr(hp, key)), key, expectation, getattr(hp, key))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Run settings every trainer takes (not tuned): length, environment and evaluation cadence."""
+
+    total_steps: int = 60_000  # env steps (transitions, N per vector step)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    eval_every: int = 0  # env steps between on_eval calls (0: only at the end)
+
+    def __post_init__(self) -> None:
+        check_run_setting("total_steps", self.total_steps, 1)
+        check_run_setting("eval_every", self.eval_every, 0)
 
 
 def parse_hparams(cls: type, hparams: Mapping[str, Any] | None, algo: str) -> Any:

@@ -15,7 +15,7 @@ import copy
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -27,14 +27,16 @@ from marketrl.agents.common import (
     EvalCallback,
     EvalSchedule,
     GreedyPolicy,
+    RunConfig,
     TrainResult,
+    check_ranges,
     check_run_setting,
     finish,
     require,
     set_up,
 )
 from marketrl.agents.resume import TrainingCheckpoint, resume_or_start, to_device
-from marketrl.env import N_ACTIONS, EnvConfig, MarketData
+from marketrl.env import N_ACTIONS, MarketData
 
 __all__ = ["DQNConfig", "DQNHyperparams", "ReplayBuffer", "td_loss", "train"]
 
@@ -69,48 +71,32 @@ class DQNHyperparams:
 
     def validate(self) -> None:
         """Range checks (types were checked by `parse_hparams`)."""
-        require(self.learning_rate > 0, "learning_rate", "a number > 0", self.learning_rate)
-        require(0 < self.gamma <= 1, "gamma", "a number in (0, 1]", self.gamma)
-        require(0 < self.tau <= 1, "tau", "a number in (0, 1]", self.tau)
-        for key in (
-            "batch_size",
-            "buffer_size",
-            "train_freq",
-            "gradient_steps",
-            "target_update",
-            "n_step_return",
-        ):
-            require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
-        require(self.learning_starts >= 0, "learning_starts", "an integer >= 0", self.learning_starts)
-        require(
-            0 < self.exploration_fraction <= 1,
-            "exploration_fraction",
-            "a number in (0, 1]",
-            self.exploration_fraction,
+        check_ranges(
+            self,
+            positive=("learning_rate", "reward_scale"),
+            positive_or_null=("max_grad_norm",),
+            unit_above_zero=("gamma", "tau", "exploration_fraction"),
+            unit=("exploration_initial_eps", "exploration_final_eps"),
+            at_least_one=(
+                "batch_size",
+                "buffer_size",
+                "train_freq",
+                "gradient_steps",
+                "target_update",
+                "n_step_return",
+            ),
+            non_negative=("learning_starts",),
         )
-        for key in ("exploration_initial_eps", "exploration_final_eps"):
-            require(0 <= getattr(self, key) <= 1, key, "a number in [0, 1]", getattr(self, key))
-        require(
-            self.max_grad_norm is None or self.max_grad_norm > 0,
-            "max_grad_norm",
-            "> 0 or null",
-            self.max_grad_norm,
-        )
-        require(self.reward_scale > 0, "reward_scale", "a number > 0", self.reward_scale)
 
 
 @dataclass(frozen=True)
-class DQNConfig:
-    """Run settings (not tuned): length, environment, evaluation and statistics cadence."""
+class DQNConfig(RunConfig):
+    """Run settings (not tuned): those of every trainer, and the statistics cadence."""
 
-    total_steps: int = 60_000  # env steps (transitions, N per vector step)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    eval_every: int = 0  # env steps between on_eval calls (0: only at the end)
     check_every: int = 100  # gradient steps between statistics reads (= NaN checks)
 
     def __post_init__(self) -> None:
-        check_run_setting("total_steps", self.total_steps, 1)
-        check_run_setting("eval_every", self.eval_every, 0)
+        super().__post_init__()
         check_run_setting("check_every", self.check_every, 1)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,14 +32,14 @@ from marketrl.agents.common import (
     EvalCallback,
     EvalSchedule,
     GreedyPolicy,
+    RunConfig,
     TrainResult,
-    check_run_setting,
+    check_ranges,
     finish,
-    require,
     set_up,
 )
 from marketrl.agents.resume import TrainingCheckpoint, resume_or_start
-from marketrl.env import N_ACTIONS, EnvConfig, MarketData
+from marketrl.env import N_ACTIONS, MarketData
 
 __all__ = ["PPOConfig", "PPOHyperparams", "compute_gae", "ppo_loss", "train"]
 
@@ -70,41 +70,20 @@ class PPOHyperparams:
 
     def validate(self) -> None:
         """Range checks (types were checked by `parse_hparams`)."""
-        require(self.learning_rate > 0, "learning_rate", "a number > 0", self.learning_rate)
-        for key in ("n_steps", "batch_size", "n_epochs"):
-            require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
-        for key in ("gamma", "gae_lambda"):
-            require(0 <= getattr(self, key) <= 1, key, "a number in [0, 1]", getattr(self, key))
-        require(self.clip_range > 0, "clip_range", "a number > 0", self.clip_range)
-        require(
-            self.clip_range_vf is None or self.clip_range_vf > 0,
-            "clip_range_vf",
-            "> 0 or null",
-            self.clip_range_vf,
+        check_ranges(
+            self,
+            positive=("learning_rate", "clip_range", "reward_scale"),
+            positive_or_null=("clip_range_vf", "max_grad_norm", "target_kl"),
+            unit=("gamma", "gae_lambda"),
+            at_least_one=("n_steps", "batch_size", "n_epochs"),
+            non_negative=("ent_coef", "vf_coef"),
         )
-        require(self.ent_coef >= 0, "ent_coef", "a number >= 0", self.ent_coef)
-        require(self.vf_coef >= 0, "vf_coef", "a number >= 0", self.vf_coef)
-        require(
-            self.max_grad_norm is None or self.max_grad_norm > 0,
-            "max_grad_norm",
-            "> 0 or null",
-            self.max_grad_norm,
-        )
-        require(self.target_kl is None or self.target_kl > 0, "target_kl", "> 0 or null", self.target_kl)
-        require(self.reward_scale > 0, "reward_scale", "a number > 0", self.reward_scale)
 
 
 @dataclass(frozen=True)
-class PPOConfig:
-    """Run settings (not tuned): length, environment and evaluation cadence."""
-
-    total_steps: int = 60_000  # env steps (transitions); rounded up to whole rollouts of n_steps × n_envs
-    env: EnvConfig = field(default_factory=EnvConfig)
-    eval_every: int = 0  # env steps between on_eval calls, checked after each update (0: only at the end)
-
-    def __post_init__(self) -> None:
-        check_run_setting("total_steps", self.total_steps, 1)
-        check_run_setting("eval_every", self.eval_every, 0)
+class PPOConfig(RunConfig):
+    """Run settings (not tuned), those of every trainer. ``total_steps`` is rounded up to whole rollouts of
+    n_steps × n_envs; ``eval_every`` is checked after each update."""
 
 
 class Minibatch(NamedTuple):
