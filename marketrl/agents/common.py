@@ -268,17 +268,26 @@ def finish(
     evals: EvalSchedule,
     policy: GreedyPolicy,
     networks: dict[str, nn.Module],
+    latest: tuple[str, ...],
     **log_fields: Any,
 ) -> TrainResult:
-    """Time the run, make the final evaluation and assemble the `TrainResult` (``log_fields`` go into its log)."""
+    """Time the run, make the final evaluation and assemble the `TrainResult`.
+
+    Its log holds ``log_fields``, the most recent non-None value of each ``latest`` statistic in the history
+    (None if never recorded), and the fields every trainer logs (see `TrainResult`).
+    """
     env_steps = log_fields["env_steps"]
     summary = run.finish(env_steps)
     evals.final(env_steps, policy)
     algo = setup.architecture["algo"]
     hparams = dataclasses.asdict(setup.hp)
+    values: dict[str, Any] = dict.fromkeys(latest)
+    for record in summary["history"]:
+        values.update({name: record[name] for name in latest if record.get(name) is not None})
     log = {
         "algo": algo,
         **log_fields,
+        **values,
         "steps_per_second": summary["steps_per_second"],
         "precision": setup.plan.to_dict(),
         "env": env_settings(setup.env.config),

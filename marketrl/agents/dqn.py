@@ -358,18 +358,17 @@ def train(
 
     if metrics.pending > 0 or not run.history:  # the last partial window
         run.log(_record(metrics.read(state.grad_steps), state))
-    last = _last_values(run.history, ("loss", "q_mean", "q_min", "q_max", "grad_norm", "episode_return_mean"))
     return finish(
         setup,
         run,
         evals,
         policy,
         {"q": q_net, "target": target_net},
+        latest=("loss", "q_mean", "q_min", "q_max", "grad_norm", "episode_return_mean"),
         env_steps=state.env_steps,
         grad_steps=state.grad_steps,
         host_syncs=metrics.host_reads,
         final_epsilon=state.epsilon,
-        **last,
     )
 
 
@@ -398,13 +397,3 @@ def _record(window: dict[str, Any], state: LoopState) -> dict[str, Any]:
         "episodes": episodes,
         "episode_return_mean": window["episode_return"] / episodes if episodes else None,
     }
-
-
-def _last_values(history: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, Any]:
-    """The most recent non-None value of each name across the history (None if never recorded)."""
-    values: dict[str, Any] = dict.fromkeys(names)
-    for record in history:
-        for name in names:
-            if record.get(name) is not None:
-                values[name] = record[name]
-    return values

@@ -335,22 +335,17 @@ def train(
         evals.maybe(state.env_steps, policy)
         run.maybe_save(state.env_steps)
 
-    history = run.history
     return finish(
         setup,
         run,
         evals,
         policy,
         {"policy": policy_net, "value": value_net},
+        latest=(*_LOSS_TERMS, "value_mean", "explained_variance", "episode_return_mean"),
         env_steps=state.env_steps,
         grad_steps=state.grad_steps,
         updates=n_updates,
         host_syncs=state.rollout_copies + metrics.host_reads,
-        **{name: history[-1][name] for name in (*_LOSS_TERMS, "value_mean", "explained_variance")},
-        episode_return_mean=next(
-            (r["episode_return_mean"] for r in reversed(history) if r["episode_return_mean"] is not None),
-            None,
-        ),
     )
 
 
