@@ -1,51 +1,42 @@
-"""Device-aware training utilities: precision choice, sync-free optimisation steps, sync accounting, budgets.
+"""Device-aware training utilities for any torch training loop: precision choice, sync-free optimisation steps,
+device-side statistics with a NaN guard, sync accounting and memory budgets.
 
-Every trainer goes through this package so that "use the device well" is decided in one place; see docs/GPU.md.
+Nothing here knows what is trained or on which data: every training loop of the project, reinforcement learning
+or supervised, calls the same pieces, so "use the device well" is decided in one place; see docs/GPU.md.
+tests/test_gpu_utils_isolation.py keeps it that way.
 """
 
 from gpu_utils.budget import (
     ACTIVATION_SAFETY_FACTOR,
-    BATCH_LIMITS,
     MEMORY_FRACTION,
     BudgetError,
     HardwareBudget,
-    dqn_hidden_widths,
     mlp_parameter_count,
-    parameter_count,
-    per_sample_bytes,
-    ppo_policy_widths,
-    ppo_value_widths,
+    sample_bytes,
     static_memory_bytes,
 )
 from gpu_utils.device import DeviceError, resolve_device
+from gpu_utils.metrics import DeviceMetrics, NonFiniteError
 from gpu_utils.precision import (
     OVERRIDE_KEY,
     PrecisionError,
     PrecisionPlan,
     detect_precision,
     lookup_gpu,
+    resolve_precision,
     select_precision,
 )
 from gpu_utils.step import OptimStep, make_optimizer
-from gpu_utils.sync import (
-    DeviceMetrics,
-    NaNGuard,
-    NonFiniteError,
-    SyncCounter,
-    disable_distribution_validation,
-    distribution_validation,
-)
+from gpu_utils.sync import SyncCounter, disable_distribution_validation, distribution_validation
 
 __all__ = [
     "ACTIVATION_SAFETY_FACTOR",
-    "BATCH_LIMITS",
     "MEMORY_FRACTION",
     "OVERRIDE_KEY",
     "BudgetError",
     "DeviceError",
     "DeviceMetrics",
     "HardwareBudget",
-    "NaNGuard",
     "NonFiniteError",
     "OptimStep",
     "PrecisionError",
@@ -54,15 +45,12 @@ __all__ = [
     "detect_precision",
     "disable_distribution_validation",
     "distribution_validation",
-    "dqn_hidden_widths",
     "lookup_gpu",
     "make_optimizer",
     "mlp_parameter_count",
-    "parameter_count",
-    "per_sample_bytes",
-    "ppo_policy_widths",
-    "ppo_value_widths",
     "resolve_device",
+    "resolve_precision",
+    "sample_bytes",
     "select_precision",
     "static_memory_bytes",
 ]

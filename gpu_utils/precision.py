@@ -8,8 +8,10 @@ through slow emulation rather than tensor cores.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,6 +24,7 @@ __all__ = [
     "PrecisionPlan",
     "detect_precision",
     "lookup_gpu",
+    "resolve_precision",
     "select_precision",
 ]
 
@@ -56,6 +59,15 @@ class PrecisionPlan:
     def autocast_enabled(self) -> bool:
         """True when forward passes run under ``torch.autocast`` (bf16 or fp16)."""
         return self.mode != "fp32"
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """Forward-pass context: ``torch.autocast`` with the plan's dtype, or nothing at all for fp32."""
+        if not self.autocast_enabled:
+            yield
+            return
+        with torch.autocast(device_type=self.device_type, dtype=self.dtype):
+            yield
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe summary for run manifests and reports."""
@@ -275,3 +287,15 @@ def detect_precision(device: torch.device | str, override: str = "auto") -> Prec
         plan = select_precision(str(dev), None, override, device_type=dev.type)
     log.info("precision %s on %s: %s", plan.mode, dev, plan.reason)
     return plan
+
+
+def resolve_precision(precision: PrecisionPlan | str, device: torch.device | str) -> PrecisionPlan:
+    """A ready plan (checked against ``device``), or ``detect_precision(device, precision)`` for an override string."""
+    dev = torch.device(device)
+    if isinstance(precision, PrecisionPlan):
+        if precision.device_type != dev.type:
+            raise PrecisionError(
+                f"{OVERRIDE_KEY}: plan is for {precision.device_type!r}, training runs on {dev.type!r}"
+            )
+        return precision
+    return detect_precision(dev, precision)

@@ -3,10 +3,11 @@
 Contract for trainers:
 
 * run the forward pass inside ``OptimStep.autocast()``;
-* cast Q-values / logits / values to fp32 with ``.float()`` *before* computing the loss, so the loss (and its
+* cast the model's outputs to fp32 with ``.float()`` *before* computing the loss, so the loss (and its
   reduction) is always fp32 whatever the autocast dtype — ``step`` refuses a non-fp32 loss;
-* call ``step(loss)``; it returns the global grad norm as a device tensor (never a Python float), to be fed to
-  ``DeviceMetrics`` / ``NaNGuard`` so nothing syncs with the host inside the loop.
+* call ``step(loss)``; it returns the global grad norm as a device tensor (never a Python float), to be recorded
+  in ``DeviceMetrics`` so nothing syncs with the host inside the loop;
+* ``state_dict`` / ``load_state_dict`` cover the optimizer and the grad scaler, for resumable training.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -96,14 +98,38 @@ class OptimStep:
         self.scaler = scaler
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
 
+    @classmethod
+    def adam(
+        cls,
+        params: Iterable[torch.nn.Parameter],
+        learning_rate: float,
+        plan: PrecisionPlan,
+        max_grad_norm: float | None = None,
+    ) -> OptimStep:
+        """The usual set-up: `make_optimizer` (Adam, fused on CUDA) over ``params`` on the plan's device type."""
+        return cls(make_optimizer(params, learning_rate, plan, plan.device_type), plan, max_grad_norm)
+
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
-        """Forward-pass context: ``torch.autocast`` with the plan's dtype, or nothing at all for fp32."""
-        if not self.plan.autocast_enabled:
+        """Forward-pass context of the plan (`PrecisionPlan.autocast`)."""
+        with self.plan.autocast():
             yield
-            return
-        with torch.autocast(device_type=self.plan.device_type, dtype=self.plan.dtype):
-            yield
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """Set every parameter group's learning rate (schedules)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer and grad-scaler state, for resumable training checkpoints."""
+        scaler = self.scaler.state_dict() if self.scaler is not None else None
+        return {"optimizer": self.optimizer.state_dict(), "scaler": scaler}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict` (tensors are moved to the parameters' device by the optimizer)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
 
     def step(self, loss: torch.Tensor) -> torch.Tensor:
         """Backward, unscale (fp16), clip the global grad norm, step, zero grads; return the pre-clip norm.

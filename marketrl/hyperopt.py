@@ -25,6 +25,7 @@ from typing import Any
 import optuna
 
 from gpu_utils import HardwareBudget, NonFiniteError, PrecisionPlan, detect_precision, resolve_device
+from marketrl.agents.memory import batch_size_bounds
 from marketrl.config import derive_seed
 from marketrl.datasets import WindowData, env_config_from_config, load_features, tuning_window
 from marketrl.evaluation import validation_sharpe
@@ -369,7 +370,7 @@ def run_worker(
     obs_dim = window.splits["train"].n_features * config["env"]["window"] + 1
     budget = HardwareBudget.detect(device)
     kind = "ppo" if algo == "ppo" else "dqn"
-    batch_bounds = budget.batch_size_bounds(kind, obs_dim, max(HIDDEN_DIM_BASES))
+    batch_bounds = batch_size_bounds(budget, kind, obs_dim, max(HIDDEN_DIM_BASES))
     log.info(
         "worker %d of %s: tuning data on %s in %.2fs; precision %s",
         worker,

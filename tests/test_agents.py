@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 import torch
 
-from gpu_utils import NonFiniteError, PrecisionPlan, SyncCounter
+from gpu_utils import BudgetError, HardwareBudget, NonFiniteError, PrecisionPlan, SyncCounter
 from marketrl.agents import (
     ArchitectureError,
     CheckpointError,
@@ -27,6 +27,7 @@ from marketrl.agents import (
     save_checkpoint,
 )
 from marketrl.agents.common import AgentConfigError
+from marketrl.agents.memory import BATCH_LIMITS, batch_size_bounds, footprint
 from marketrl.agents.networks import make_architecture
 from marketrl.costs import CostModel
 from marketrl.env import EnvConfig, MarketData
@@ -169,6 +170,33 @@ def test_ppo_init_is_orthogonal_with_small_policy_head() -> None:
     gram = first.weight.T @ first.weight  # [32, 6]: orthonormal columns scaled by sqrt(2)
     torch.testing.assert_close(gram, 2.0 * torch.eye(6), atol=1e-4, rtol=0)
     assert head.weight.detach().abs().max() < 0.02 and torch.all(first.bias == 0)
+
+
+def test_memory_footprint_by_hand_and_batch_bounds() -> None:
+    # obs_dim 10, b 64. DQN Q-net 10->64->32->16->3 = 3,363 parameters, plus a frozen target copy; replay row
+    # 2*10 + 3 floats; a sample goes through 3 forward passes of 64+32+16+3 outputs.
+    assert footprint("dqn", 10, 64, buffer_rows=1000) == {
+        "parameter_count": 3363,
+        "frozen_parameter_count": 3363,
+        "buffer_bytes": 1000 * 23 * 4,
+        "bytes_per_sample": 3 * 115 * 4 * 4 + 23 * 4,
+    }
+    # PPO policy 10->64->32->3 (2,883) + value 10->128->64->32->1 (11,777); rollout row 10 + 7 floats.
+    ppo_footprint = footprint("ppo", 10, 64, buffer_rows=2048, precision="bf16")
+    assert ppo_footprint == {
+        "parameter_count": 14660,
+        "frozen_parameter_count": 0,
+        "buffer_bytes": 2048 * 17 * 4,
+        "bytes_per_sample": 324 * 2 * 4 + 68,
+    }
+    # The footprint counts the networks that are really built.
+    nets = build_networks(make_architecture("ppo", 10, {"hidden_dim_base": 64}))
+    assert sum(p.numel() for net in nets.values() for p in net.parameters()) == 14660
+    big = HardwareBudget("cuda", "test", total_memory_bytes=2**37, free_memory_bytes=2**37)
+    assert batch_size_bounds(big, "dqn", 10, 64) == BATCH_LIMITS["dqn"]
+    tiny = HardwareBudget("cuda", "test", total_memory_bytes=2**20, free_memory_bytes=2**20)
+    with pytest.raises(BudgetError, match="dqn with obs_dim=10, hidden_dim_base=64, buffer_rows=100000"):
+        batch_size_bounds(tiny, "dqn", 10, 64, buffer_rows=100_000)
 
 
 # ------------------------------------------------------------------------------------------------ hyperparameters
@@ -466,7 +494,7 @@ def test_replay_add_wraps_around_in_one_write() -> None:
 
 def test_n_step_window_stops_at_episode_ends() -> None:
     gamma = 0.5
-    window = dqn.NStepWindow(3, gamma)
+    window = dqn.NStepWindow(3, gamma, "cpu")
     obs = [torch.full((2, 1), float(t)) for t in range(4)]
     rewards = [torch.tensor([1.0, 1.0]), torch.tensor([2.0, 2.0]), torch.tensor([4.0, 4.0])]
     # env 0: no episode end; env 1: truncated after step 1 (bootstrap from its final obs 99)

@@ -1,4 +1,4 @@
-"""Budget arithmetic on hand-computed examples (obs_dim=10, hidden_dim_base=64) and device detection."""
+"""Budget arithmetic on a hand-computed model (a 3,363-parameter MLP with a frozen copy) and device detection."""
 
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ from gpu_utils import (
     BudgetError,
     HardwareBudget,
     mlp_parameter_count,
-    parameter_count,
-    per_sample_bytes,
+    sample_bytes,
     select_precision,
     static_memory_bytes,
 )
 
-OBS, BASE = 10, 64
-# DQN Q-net 10->64->32->16->3: 704 + 2080 + 528 + 51
-DQN_PARAMS = 3363
-# PPO policy 10->64->32->3: 704 + 2080 + 99; value 10->128->64->32->1: 1408 + 8256 + 2080 + 33
-PPO_PARAMS = 2883 + 11777
+# A Q-network 10->64->32->16->3: 704 + 2080 + 528 + 51 parameters, trained with a frozen target copy.
+PARAMS = 3363
+# One sample: 3 forward passes x (64+32+16+3) layer outputs, and a 23-float input row.
+ACTIVATIONS, INPUT_FLOATS = 3 * 115, 23
+PER_SAMPLE = 3 * 115 * 4 * 4 + 23 * 4  # fp32 activations x safety factor 4 + the fp32 inputs
+LIMITS = (32, 8192)
 
 
 def test_mlp_parameter_count_by_hand() -> None:
-    assert mlp_parameter_count(10, [64, 32, 16], 3) == DQN_PARAMS
+    assert mlp_parameter_count(10, [64, 32, 16], 3) == PARAMS
     assert mlp_parameter_count(2, [], 1) == 3
     # Cross-check against torch's own count of the same stack.
     layers = [
@@ -37,68 +37,73 @@ def test_mlp_parameter_count_by_hand() -> None:
     assert mlp_parameter_count(10, [128, 64, 32], 1) == sum(p.numel() for m in layers for p in m.parameters())
 
 
-def test_parameter_count_per_kind() -> None:
-    assert parameter_count("dqn", OBS, BASE) == DQN_PARAMS
-    assert parameter_count("ppo", OBS, BASE) == PPO_PARAMS == 14660
-
-
 def test_static_memory_by_hand() -> None:
-    # DQN: weights + grads + 2 Adam moments + target net = 5 fp32 copies; replay (2*10 + 3) floats a row.
-    assert static_memory_bytes("dqn", OBS, BASE) == 3363 * 5 * 4
-    assert static_memory_bytes("dqn", OBS, BASE, replay_capacity=1000) == 67260 + 1000 * 23 * 4
-    # PPO: 4 fp32 copies (no target net); rollout (10 + 7) floats a row.
-    assert static_memory_bytes("ppo", OBS, BASE, replay_capacity=2048) == 14660 * 4 * 4 + 2048 * 17 * 4
+    # Trained: weights + grads + 2 Adam moments = 4 fp32 copies; frozen: 1 copy; buffers as given.
+    assert static_memory_bytes(PARAMS) == PARAMS * 4 * 4
+    assert static_memory_bytes(PARAMS, frozen_parameter_count=PARAMS) == PARAMS * 5 * 4 == 67260
+    assert static_memory_bytes(PARAMS, frozen_parameter_count=PARAMS, buffer_bytes=92_000) == 67260 + 92_000
 
 
-def test_per_sample_bytes_by_hand() -> None:
-    # DQN: 3 passes x (64+32+16+3) widths x 4 bytes x safety 4, plus the sampled row (23 floats).
-    assert per_sample_bytes("dqn", OBS, BASE, "fp32") == 3 * 115 * 4 * 4 + 23 * 4 == 5612
-    assert per_sample_bytes("dqn", OBS, BASE, "bf16") == 3 * 115 * 2 * 4 + 92 == 2852
-    # PPO: (64+32+3) + (128+64+32+1) = 324 widths, plus the rollout row (17 floats).
-    assert per_sample_bytes("ppo", OBS, BASE, select_precision("cpu", None)) == 324 * 4 * 4 + 68 == 5252
+def test_sample_bytes_by_hand() -> None:
+    assert sample_bytes(ACTIVATIONS, INPUT_FLOATS, "fp32") == PER_SAMPLE == 5612
+    assert sample_bytes(ACTIVATIONS, INPUT_FLOATS, "bf16") == 3 * 115 * 2 * 4 + 92 == 2852
+    assert sample_bytes(324, 17, select_precision("cpu", None)) == 324 * 4 * 4 + 68 == 5252
 
 
 def _budget(device_type: str, free: int) -> HardwareBudget:
     return HardwareBudget(device_type, "test device", total_memory_bytes=2 * free, free_memory_bytes=free)
 
 
-def test_batch_bounds_on_gpu_use_half_of_free_memory() -> None:
-    static = 67260 + 1000 * 92
-    free = 2 * (static + 1003 * 5612)  # room for exactly 1003 samples -> 1000 after rounding down to 8
-    assert _budget("cuda", free).batch_size_bounds("dqn", OBS, BASE, replay_capacity=1000) == (32, 1000)
-    assert _budget("cuda", free - 2).batch_size_bounds("dqn", OBS, BASE, replay_capacity=1000) == (32, 1000)
-    # The same free memory holds about twice the batch in bf16.
-    low, high = _budget("cuda", free).batch_size_bounds(
-        "dqn", OBS, BASE, replay_capacity=1000, precision="bf16"
+def _bounds(
+    budget: HardwareBudget, per_sample: int = PER_SAMPLE, buffer_bytes: int = 92_000
+) -> tuple[int, int]:
+    return budget.batch_size_bounds(
+        PARAMS, per_sample, limits=LIMITS, frozen_parameter_count=PARAMS, buffer_bytes=buffer_bytes
     )
+
+
+def test_batch_bounds_on_gpu_use_half_of_free_memory() -> None:
+    static = 67260 + 92_000
+    free = 2 * (static + 1003 * PER_SAMPLE)  # room for exactly 1003 samples -> 1000 after rounding down to 8
+    assert _bounds(_budget("cuda", free)) == (32, 1000)
+    assert _bounds(_budget("cuda", free - 2)) == (32, 1000)
+    # The same free memory holds about twice the batch when a sample costs about half (bf16 activations).
+    low, high = _bounds(_budget("cuda", free), per_sample=2852)
     assert (low, high) == (32, (free // 2 - static) // 2852 // 8 * 8)
     assert high % 8 == 0 and high > 1900
 
 
 def test_batch_bounds_on_cpu_use_a_quarter_of_available_ram() -> None:
-    static = 14660 * 16
-    free = 4 * (static + 100 * 5252)
-    assert _budget("cpu", free).batch_size_bounds("ppo", OBS, BASE) == (64, 96)
+    free = 4 * (14660 * 16 + 100 * 5252)
+    budget = _budget("cpu", free)
+    assert budget.batch_size_bounds(14660, 5252, limits=(64, 65536)) == (64, 96)
 
 
-def test_batch_bounds_are_clamped_to_algorithm_limits() -> None:
-    big = _budget("cuda", 80 * 2**30)
-    assert big.batch_size_bounds("dqn", OBS, BASE) == (32, 8192)
-    assert big.batch_size_bounds("ppo", OBS, BASE) == (64, 65536)
+def test_batch_bounds_are_clamped_to_the_limits() -> None:
+    assert _bounds(_budget("cuda", 80 * 2**30)) == LIMITS
 
 
-def test_batch_bounds_refuse_what_cannot_fit() -> None:
-    tiny = _budget("cuda", 2 * (67260 + 1_000_000 * 92))
-    with pytest.raises(BudgetError, match="replay_capacity=1000000"):
-        tiny.batch_size_bounds("dqn", OBS, BASE, replay_capacity=1_000_000)
-    with pytest.raises(BudgetError, match="kind"):
-        tiny.batch_size_bounds("a2c", OBS, BASE)  # type: ignore[arg-type]
-    with pytest.raises(BudgetError, match="hidden_dim_base"):
-        parameter_count("dqn", OBS, 2)
+def test_batch_bounds_refuse_what_cannot_fit_and_bad_arguments() -> None:
+    tiny = _budget("cuda", 2 * (67260 + 92_000_000))
+    with pytest.raises(BudgetError, match=r"big model needs .* for batch 32"):
+        tiny.batch_size_bounds(
+            PARAMS,
+            PER_SAMPLE,
+            limits=LIMITS,
+            frozen_parameter_count=PARAMS,
+            buffer_bytes=92_000_000,
+            what="big model",
+        )
+    with pytest.raises(BudgetError, match="limits"):
+        tiny.batch_size_bounds(PARAMS, PER_SAMPLE, limits=(64, 32))
+    with pytest.raises(BudgetError, match="bytes_per_sample"):
+        tiny.batch_size_bounds(PARAMS, 0, limits=LIMITS)
     with pytest.raises(BudgetError, match="precision"):
-        per_sample_bytes("dqn", OBS, BASE, "int8")
-    with pytest.raises(BudgetError, match="replay_capacity"):
-        static_memory_bytes("dqn", OBS, BASE, replay_capacity=-1)
+        sample_bytes(ACTIVATIONS, INPUT_FLOATS, "int8")
+    with pytest.raises(BudgetError, match="buffer_bytes"):
+        static_memory_bytes(PARAMS, buffer_bytes=-1)
+    with pytest.raises(BudgetError, match="parameter_count"):
+        static_memory_bytes(1.5)  # type: ignore[arg-type]
 
 
 def test_detect_cpu_reads_host_memory() -> None:

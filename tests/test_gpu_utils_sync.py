@@ -1,4 +1,4 @@
-"""NaNGuard, DeviceMetrics and SyncCounter: host-read budgets, error messages, and torch left as found."""
+"""DeviceMetrics (statistics + NaN guard) and SyncCounter: host-read budgets, error messages, torch left as found."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import torch
 
 from gpu_utils import (
     DeviceMetrics,
-    NaNGuard,
     NonFiniteError,
     SyncCounter,
     disable_distribution_validation,
@@ -197,110 +196,91 @@ def test_assert_at_most_reports_the_breakdown() -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# NaNGuard
+# DeviceMetrics: statistics and the NaN guard in one read per window
 # ----------------------------------------------------------------------------------------------------------
+
+
+def _run(
+    metrics: DeviceMetrics, steps: range, check_every: int, value=lambda step: float(step)
+) -> list[dict]:
+    reads = []
+    for step in steps:
+        metrics.record([torch.tensor(value(step)), torch.tensor(-float(step))])
+        if step % check_every == 0:
+            reads.append(metrics.read(step))
+    return reads
 
 
 def test_clean_run_of_1000_steps_costs_ten_reads() -> None:
-    guard = NaNGuard(check_every=100)
-    torch.manual_seed(0)
+    metrics = DeviceMetrics(["loss", "q"], "cpu", watched=("loss",), capacity=100)
     with SyncCounter(count_cpu=True) as counter:
-        for _ in range(1000):
-            loss = torch.randn(()).abs()
-            guard.watch("loss", loss)
-            guard.watch("q_values", torch.randn(32, 3))
-            guard.end_step()
-        guard.close()  # nothing pending after a full window: no extra read
+        reads = _run(metrics, range(1, 1001), 100)
     assert counter.by_kind == {"tolist": 10}
-    assert guard.host_reads == 10
+    assert metrics.host_reads == 10 and len(reads) == 10
+
+
+def test_window_means_extrema_and_counters() -> None:
+    metrics = DeviceMetrics(["loss", "q"], "cpu", counters=("done",), capacity=4, counter_width=3)
+    done = metrics.counter("done")
+    for step in range(1, 11):  # capacity 4 < window 10: the buffer is folded twice on the device
+        done.add_(torch.tensor([1.0, 0.0, 2.0]))
+        metrics.record([torch.tensor(float(step)), torch.tensor(-float(step))])
+    assert metrics.pending == 10
+    read = metrics.read(10)
+    assert read == {
+        "loss": pytest.approx(5.5),
+        "loss_min": 1.0,
+        "loss_max": 10.0,
+        "q": pytest.approx(-5.5),
+        "q_min": -10.0,
+        "q_max": -1.0,
+        "done": 30.0,
+        "count": 10,
+    }
+    empty = metrics.read(10)  # reset: nothing recorded since
+    assert empty["count"] == 0 and empty["loss"] is None and empty["done"] == 0.0
 
 
 def test_injected_nan_is_caught_within_the_window_with_one_read() -> None:
-    guard = NaNGuard(check_every=100)
+    metrics = DeviceMetrics(["loss", "grad_norm"], "cpu", watched=("loss", "grad_norm"), capacity=100)
     with SyncCounter(count_cpu=True) as counter:
-        for _ in range(200):
-            guard.watch("loss", torch.tensor(1.0))
-            guard.end_step()
+        _run(metrics, range(1, 201), 100)
         assert counter.count == 2
         with pytest.raises(NonFiniteError) as caught:
-            for step in range(201, 301):
-                value = float("nan") if step == 250 else 1.0
-                guard.watch("loss", torch.tensor(value))
-                guard.watch("grad_norm", torch.tensor(1.0))
-                guard.end_step()
+            _run(metrics, range(201, 301), 100, value=lambda step: float("nan") if step == 250 else 1.0)
     assert counter.count == 3  # one read per window, including the failing one
-    assert guard.step == 300
     message = str(caught.value)
-    assert "'loss'" in message
-    assert "between steps 201 and 300" in message
-    assert "grad_norm" not in message
+    assert "'loss'" in message and "between steps 201 and 300" in message
+    assert "grad_norm" not in message  # -step is finite: only the poisoned column is named
 
 
-def test_inf_in_several_tensors_is_named_and_close_checks_partial_window() -> None:
-    guard = NaNGuard(check_every=100)
-    for _ in range(50):
-        guard.watch("loss", torch.tensor(1.0))
-        guard.end_step()
-    guard.watch("loss", torch.tensor([1.0, float("inf")]))
-    guard.watch("logits", torch.tensor([[float("-inf"), 0.0]]))
-    guard.end_step()
-    with pytest.raises(NonFiniteError, match=r"'loss', 'logits' between steps 1 and 51"):
-        guard.close()
+def test_unwatched_columns_may_be_non_finite_and_watched_names_are_checked() -> None:
+    metrics = DeviceMetrics(["loss", "ratio"], "cpu", watched=("loss",))
+    metrics.record([torch.tensor(1.0), torch.tensor(float("inf"))])
+    assert metrics.read(1)["ratio_max"] == float("inf")
+    with pytest.raises(ValueError, match="watched"):
+        DeviceMetrics(["loss"], "cpu", watched=("los",))
 
 
-def test_check_every_one_reports_the_exact_step() -> None:
-    guard = NaNGuard(check_every=1)
-    guard.watch("x", torch.tensor(0.0))
-    guard.end_step()
-    guard.watch("x", torch.tensor(float("nan")))
-    with pytest.raises(NonFiniteError, match="at step 2"):
-        guard.end_step()
+def test_combine_weights_reads_by_count() -> None:
+    metrics = DeviceMetrics(["loss", "q"], "cpu", counters=("done",))
+    first = _run(metrics, range(1, 3), 2)  # steps 1, 2
+    second = _run(metrics, range(3, 9), 8)  # steps 3..8
+    combined = metrics.combine(first + second)
+    assert combined["count"] == 8
+    assert (
+        combined["loss"] == pytest.approx(4.5) and combined["loss_min"] == 1.0 and combined["loss_max"] == 8.0
+    )
+    assert combined["q_min"] == -8.0 and combined["done"] == 0.0
 
 
-def test_guard_context_manager_checks_on_exit_and_validates_arguments() -> None:
-    with pytest.raises(NonFiniteError), NaNGuard(check_every=1000) as guard:
-        guard.watch("value", torch.tensor(float("nan")))
-        guard.end_step()
-    with pytest.raises(ValueError, match="check_every"):
-        NaNGuard(check_every=0)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# DeviceMetrics
-# ----------------------------------------------------------------------------------------------------------
-
-
-def test_metrics_flush_once_per_window_with_correct_means() -> None:
-    metrics = DeviceMetrics(flush_every=10)
-    records = []
-    with SyncCounter(count_cpu=True) as counter:
-        for step in range(1, 31):
-            metrics.add("loss", torch.tensor(float(step)))
-            metrics.add("q", torch.tensor([step, -step], dtype=torch.float32))
-            metrics.add("epsilon", 0.5)  # host value: no device work at all
-            record = metrics.end_step()
-            if record is not None:
-                records.append(record)
-    assert counter.by_kind == {"tolist": 3}
-    assert metrics.host_reads == 3
-    assert [r["step"] for r in records] == [10, 20, 30]
-    assert records[0]["loss"] == pytest.approx(5.5)
-    assert records[0]["loss_min"] == 1.0
-    assert records[0]["loss_max"] == 10.0
-    assert records[1]["loss"] == pytest.approx(15.5)
-    assert records[1]["q"] == pytest.approx(0.0)
-    assert records[1]["q_min"] == -20.0
-    assert records[1]["q_max"] == 20.0
-    assert records[2]["epsilon"] == 0.5
-    assert metrics.history == records
-
-
-def test_metrics_mix_host_and_device_values_and_flush_partial() -> None:
-    metrics = DeviceMetrics(flush_every=100, extrema=False)
-    metrics.add("reward", torch.tensor([1.0, 2.0, 3.0]))
-    metrics.add("reward", 6.0)
-    metrics.add("empty", torch.zeros(0))
-    metrics.end_step()
-    record = metrics.flush()
-    assert record == {"step": 1, "reward": pytest.approx(3.0)}
-    assert metrics.flush() is None
+def test_state_dict_round_trip_continues_the_window() -> None:
+    reference = DeviceMetrics(["loss", "q"], "cpu", capacity=3)
+    _run(reference, range(1, 6), 100)
+    resumed = DeviceMetrics(["loss", "q"], "cpu", capacity=3)
+    resumed.load_state_dict(
+        {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in reference.state_dict().items()}
+    )
+    for metrics in (reference, resumed):
+        _run(metrics, range(6, 8), 100)
+    assert resumed.read(7) == reference.read(7)

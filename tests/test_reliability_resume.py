@@ -15,14 +15,16 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from gpu_utils import NonFiniteError
+from gpu_utils import DeviceMetrics, NonFiniteError, OptimStep, resolve_precision
 from marketrl.agents import dqn, ppo
-from marketrl.agents.resume import TrainingCheckpoint
+from marketrl.agents.common import EvalSchedule, seeded
+from marketrl.agents.resume import TrainingCheckpoint, resume_or_start
 from marketrl.env import EnvConfig
 from marketrl.hyperopt import INTERRUPTED, SLOT
 from tests.conftest import REPO_ROOT
@@ -90,11 +92,11 @@ def test_killed_and_resumed_run_matches_uninterrupted(data, uninterrupted, tmp_p
     with pytest.raises(Killed):
         train(data, algo, TrainingCheckpoint(path, 400, FINGERPRINT), kill_at=700)
     saved = torch.load(path, weights_only=True)  # plain data only
-    assert 400 <= saved["env_steps"] < 700
+    assert 400 <= saved["step"] < 700
 
     checkpoint = TrainingCheckpoint(path, 400, FINGERPRINT)
     resumed = train(data, algo, checkpoint)
-    assert checkpoint.resumed_from == saved["env_steps"]
+    assert checkpoint.resumed_from == saved["step"]
     assert checkpoint.saves >= 1  # it kept checkpointing after the resume
     reference = uninterrupted[algo]
     assert_same_weights(resumed, reference)
@@ -102,6 +104,66 @@ def test_killed_and_resumed_run_matches_uninterrupted(data, uninterrupted, tmp_p
     assert resumed.log["evals"] == reference.log["evals"]  # evaluations before the kill were kept
     assert resumed.log["host_syncs"] == reference.log["host_syncs"]
     assert resumed.log["env_steps"] == reference.log["env_steps"]
+
+
+@dataclass
+class SupervisedLoop:
+    step: int = 0
+
+
+def fit_regression(checkpoint: TrainingCheckpoint | None, kill_at: int | None = None):
+    """A supervised loop on the shared hooks: the same calls the agents make, no environment anywhere."""
+    device = torch.device("cpu")
+    plan = resolve_precision("fp32", device)
+    with seeded(0):
+        model = torch.nn.Linear(4, 1)
+    stepper = OptimStep.adam(model.parameters(), 1e-2, plan, max_grad_norm=1.0)
+    metrics = DeviceMetrics(["loss", "grad_norm"], device, watched=("loss",), capacity=10)
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.linspace(-1, 1, 256 * 4).reshape(256, 4)
+    targets = inputs @ torch.tensor([0.5, -1.0, 2.0, 0.0]) + 0.1
+
+    def validate(step: int, net) -> float:
+        if kill_at is not None and step >= kill_at:
+            raise Killed(step)
+        return float(step)
+
+    evals = EvalSchedule(validate, 20)
+    state = SupervisedLoop()
+    components = {
+        "model": model,
+        "optim": stepper,
+        "metrics": metrics,
+        "evals": evals,
+        "generator": generator,
+    }
+    run = resume_or_start(checkpoint, components, state, total_steps=100, device=device)
+    for step in range(state.step, 100):
+        index = torch.randint(0, 256, (32,), generator=generator)
+        with plan.autocast():
+            prediction = model(inputs[index])
+        loss = torch.nn.functional.mse_loss(prediction.float().squeeze(1), targets[index])
+        metrics.record([loss.detach(), stepper.step(loss)])
+        state.step = step + 1
+        if state.step % 10 == 0:
+            run.log({"step": state.step, **metrics.read(state.step)})
+        evals.maybe(state.step, model)
+        run.maybe_save(state.step)
+    return model.state_dict(), run.finish(state.step)["history"], evals.records
+
+
+def test_supervised_loop_resumes_through_the_same_hooks(tmp_path: Path) -> None:
+    reference = fit_regression(None)
+    path = tmp_path / "resume.pt"
+    with pytest.raises(Killed):
+        fit_regression(TrainingCheckpoint(path, 30, FINGERPRINT), kill_at=70)
+    checkpoint = TrainingCheckpoint(path, 30, FINGERPRINT)
+    weights_after, history, evals = fit_regression(checkpoint)
+    assert checkpoint.resumed_from == 60
+    assert all(torch.equal(weights_after[key], reference[0][key]) for key in reference[0])
+    assert history == reference[1] and len(history) == 10
+    assert evals == reference[2] == [[step, float(step)] for step in (20, 40, 60, 80, 100)]
+    assert history[-1]["loss"] < history[0]["loss"]  # it did learn
 
 
 def test_checkpointing_does_not_change_training(data, uninterrupted, tmp_path: Path) -> None:
@@ -274,7 +336,7 @@ def test_checkpoint_with_non_finite_weights_is_not_written(tmp_path: Path) -> No
     good = (tmp_path / "resume.pt").read_bytes()
     with torch.no_grad():
         net.weight[0, 1] = float("inf")
-    with pytest.raises(NonFiniteError, match="env step 200; last good checkpoint kept"):
+    with pytest.raises(NonFiniteError, match="at step 200; last good checkpoint kept"):
         checkpoint.save(200, {"weights": net.state_dict()}, [net])
     assert (tmp_path / "resume.pt").read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["resume.pt"]

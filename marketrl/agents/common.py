@@ -1,36 +1,43 @@
-"""Pieces shared by the DQN and PPO trainers: hyperparameter parsing, the result object, the greedy policy,
-device-side statistics read back once per window, and small helpers for precision and seeding."""
+"""Pieces shared by the DQN and PPO trainers: hyperparameter parsing, the common set-up (`set_up`) and ending
+(`finish`) of a training run, the result object, the greedy policy and the evaluation schedule."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from gpu_utils import NonFiniteError, PrecisionPlan, detect_precision
-from marketrl.env import EnvConfig
+from gpu_utils import PrecisionPlan, resolve_precision
+from marketrl.agents.networks import build_networks, make_architecture
+from marketrl.agents.resume import Run
+from marketrl.env import EnvConfig, MarketData, TradingEnv
 
 __all__ = [
     "AgentConfigError",
     "EvalCallback",
+    "EvalSchedule",
     "GreedyPolicy",
     "HParamError",
+    "RunConfig",
+    "Setup",
     "TrainResult",
-    "WindowStats",
-    "autocast",
+    "check_ranges",
     "env_settings",
+    "finish",
     "parse_hparams",
-    "resolve_precision",
     "seeded",
+    "set_up",
 ]
+
+#: Offset of the trainer's own generator seed (exploration, Gumbel noise, minibatch order) from the run seed.
+GENERATOR_SEED_OFFSET = 7919
 
 #: on_eval(env_steps, policy) -> validation score or None; may raise (e.g. optuna.TrialPruned) to stop training.
 EvalCallback = Callable[[int, Callable[[torch.Tensor], torch.Tensor]], float | None]
@@ -48,6 +55,38 @@ def check_run_setting(key: str, value: Any, minimum: int) -> None:
     """Raise ``AgentConfigError`` unless ``value`` is an integer >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise AgentConfigError(f"training.{key}: expected an integer >= {minimum}, got {value!r}")
+
+
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "positive": (lambda v: v > 0, "a number > 0"),
+    "positive_or_null": (lambda v: v is None or v > 0, "> 0 or null"),
+    "non_negative": (lambda v: v >= 0, "a number >= 0"),
+    "at_least_one": (lambda v: v >= 1, "an integer >= 1"),
+    "unit": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "unit_above_zero": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+}
+
+
+def check_ranges(hp: Any, **groups: tuple[str, ...]) -> None:
+    """Raise ``HParamError`` for the first field of ``hp`` outside its group's range; groups are the keys of
+    ``_RANGES`` (``positive=("learning_rate",), unit=("gamma",), ...``)."""
+    for group, keys in groups.items():
+        holds, expectation = _RANGES[group]
+        for key in keys:
+            require(holds(getattr(hp, key)), key, expectation, getattr(hp, key))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Run settings every trainer takes (not tuned): length, environment and evaluation cadence."""
+
+    total_steps: int = 60_000  # env steps (transitions, N per vector step)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    eval_every: int = 0  # env steps between on_eval calls (0: only at the end)
+
+    def __post_init__(self) -> None:
+        check_run_setting("total_steps", self.total_steps, 1)
+        check_run_setting("eval_every", self.eval_every, 0)
 
 
 def parse_hparams(cls: type, hparams: Mapping[str, Any] | None, algo: str) -> Any:
@@ -106,27 +145,6 @@ def env_settings(config: EnvConfig) -> dict[str, Any]:
     return values
 
 
-def resolve_precision(precision: PrecisionPlan | str, device: torch.device) -> PrecisionPlan:
-    """A ready plan, or the ``training.precision`` override string (auto/bf16/fp16/fp32) for this device."""
-    if isinstance(precision, PrecisionPlan):
-        if precision.device_type != device.type:
-            raise ValueError(
-                f"training.precision: plan is for {precision.device_type!r}, training runs on {device.type!r}"
-            )
-        return precision
-    return detect_precision(device, precision)
-
-
-@contextlib.contextmanager
-def autocast(plan: PrecisionPlan) -> Iterator[None]:
-    """Forward-pass autocast for inference (no-op for fp32), matching ``OptimStep.autocast``."""
-    if not plan.autocast_enabled:
-        yield
-        return
-    with torch.autocast(device_type=plan.device_type, dtype=plan.dtype):
-        yield
-
-
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
     """Run a block (network initialization) under a fixed seed without disturbing the caller's global RNG."""
@@ -145,7 +163,7 @@ class GreedyPolicy:
     @torch.no_grad()
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         """Greedy actions (argmax of Q-values or logits)."""
-        with autocast(self.plan):
+        with self.plan.autocast():
             scores = self.net(obs)
         return scores.float().argmax(dim=1)
 
@@ -169,121 +187,9 @@ class TrainResult:
     log: dict[str, Any] = field(default_factory=dict)
 
 
-class WindowStats:
-    """Training statistics kept on the device and read back with ONE transfer per window.
-
-    * ``record(values)``: one row of per-step scalars (0-dim tensors, one per name in ``columns``) written into a
-      preallocated device buffer with a single ``torch.stack(..., out=row)``; the window's sum, min and max of
-      every column are reduced only when it is read (a full buffer is folded into running accumulators first).
-    * ``counter(name)``: a device vector of ``counter_width`` running sums the caller updates in place (e.g. one
-      slot per env for finished-episode returns); it is summed when read.
-
-    ``read(step)`` copies everything to the host with one ``tolist()``, resets, and raises ``NonFiniteError`` if
-    a ``watched`` column's sum is NaN/inf: a non-finite value anywhere makes the sum non-finite, so this is the
-    NaN guard, sharing the statistics' read instead of adding a second one.
-    """
-
-    def __init__(
-        self,
-        columns: list[str],
-        device: torch.device,
-        *,
-        counters: tuple[str, ...] = (),
-        watched: tuple[str, ...] = (),
-        capacity: int = 128,
-        counter_width: int = 1,
-    ) -> None:
-        self.columns = list(columns)
-        self.counters = list(counters)
-        self.watched = list(watched)
-        self.device = device
-        self.host_reads = 0
-        self.window_start = 1
-        width = len(self.columns)
-        self._rows = torch.zeros(max(1, capacity), width, dtype=torch.float32, device=device)
-        self._next_row = 0
-        self._folded = torch.tensor([[0.0] * width, [math.inf] * width, [-math.inf] * width], device=device)
-        self._counts = torch.zeros(len(self.counters), counter_width, dtype=torch.float32, device=device)
-
-    def record(self, values: list[torch.Tensor]) -> None:
-        """Write one row of 0-dim float32 tensors (in ``columns`` order); no host sync."""
-        if self._next_row == self._rows.shape[0]:
-            self._fold()
-        torch.stack(values, out=self._rows[self._next_row])
-        self._next_row += 1
-
-    def counter(self, name: str) -> torch.Tensor:
-        """The running-sum vector of one counter (a view: update it in place, e.g. ``add_``)."""
-        return self._counts[self.counters.index(name)]
-
-    def _reduced(self) -> torch.Tensor:
-        """[3, columns]: sum, min and max over the window (folded part and pending rows)."""
-        rows = self._rows[: self._next_row]
-        if rows.shape[0] == 0:
-            return self._folded
-        low, high = torch.aminmax(rows, dim=0)
-        return torch.stack(
-            [self._folded[0] + rows.sum(dim=0), self._folded[1].minimum(low), self._folded[2].maximum(high)]
-        )
-
-    def _fold(self) -> None:
-        self._folded = self._reduced()
-        self._next_row = 0
-
-    def read(self, step: int) -> dict[str, float]:
-        """One device→host copy of the window; reset; raise on non-finite watched sums.
-
-        Keys: each column's sum under its name plus ``<name>_min`` / ``<name>_max``, and each counter's sum.
-        ``step`` is the loop's step counter at the read (the NaN message names the window of steps).
-        """
-        packed = torch.cat([self._reduced().reshape(-1), self._counts.sum(dim=1)]).tolist()
-        self.host_reads += 1
-        width = len(self.columns)
-        record: dict[str, float] = {}
-        for index, name in enumerate(self.columns):
-            record[name] = packed[index]
-            record[f"{name}_min"] = packed[width + index]
-            record[f"{name}_max"] = packed[2 * width + index]
-        record.update(zip(self.counters, packed[3 * width :], strict=True))
-        bad = [name for name in self.watched if not _finite(record[name])]
-        first, self.window_start = self.window_start, step + 1
-        self._next_row = 0
-        self._folded = torch.tensor(
-            [[0.0] * width, [math.inf] * width, [-math.inf] * width], device=self.device
-        )
-        self._counts.zero_()
-        if bad:
-            quoted = ", ".join(repr(name) for name in bad)
-            raise NonFiniteError(f"non-finite {quoted} between steps {first} and {step}")
-        return record
-
-    def state_dict(self) -> dict[str, Any]:
-        """The pending window (device tensors and counters), for resumable training checkpoints."""
-        return {
-            "rows": self._rows,
-            "next_row": self._next_row,
-            "folded": self._folded,
-            "counts": self._counts,
-            "host_reads": self.host_reads,
-            "window_start": self.window_start,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore `state_dict` in place (counter views handed out by `counter` stay valid)."""
-        self._rows.copy_(state["rows"])
-        self._folded = state["folded"].to(self.device)
-        self._counts.copy_(state["counts"])
-        self._next_row = int(state["next_row"])
-        self.host_reads = int(state["host_reads"])
-        self.window_start = int(state["window_start"])
-
-
-def _finite(value: float) -> bool:
-    return value == value and value not in (float("inf"), float("-inf"))
-
-
 class EvalSchedule:
-    """Calls ``on_eval`` whenever the env-step count crosses a multiple of ``every`` (0: only at the end)."""
+    """Calls ``on_eval`` whenever the step count crosses a multiple of ``every`` (0: only at the end); the
+    scores are kept in ``records`` and in the resumable state. ``on_eval`` may raise to stop training (pruning)."""
 
     def __init__(self, on_eval: EvalCallback | None, every: int) -> None:
         self.on_eval = on_eval
@@ -292,7 +198,7 @@ class EvalSchedule:
         self.records: list[list[float | None]] = []
         self._last_step: int | None = None
 
-    def maybe(self, env_steps: int, policy: GreedyPolicy) -> None:
+    def maybe(self, env_steps: int, policy: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Evaluate if a multiple of ``every`` was reached since the last call."""
         if self.on_eval is None or self.next_at is None or env_steps < self.next_at:
             return
@@ -300,7 +206,7 @@ class EvalSchedule:
             self.next_at += self.every
         self._call(env_steps, policy)
 
-    def final(self, env_steps: int, policy: GreedyPolicy) -> None:
+    def final(self, env_steps: int, policy: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Evaluate at the end of training (unless the last evaluation was at this very step)."""
         if self.on_eval is not None and self._last_step != env_steps:
             self._call(env_steps, policy)
@@ -315,7 +221,80 @@ class EvalSchedule:
         self.records = [list(record) for record in state["records"]]
         self._last_step = state["last_step"]
 
-    def _call(self, env_steps: int, policy: GreedyPolicy) -> None:
+    def _call(self, env_steps: int, policy: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self._last_step = env_steps
         score = self.on_eval(env_steps, policy)
         self.records.append([env_steps, None if score is None else float(score)])
+
+
+class Setup(NamedTuple):
+    """What every agent's ``train`` starts from (see `set_up`)."""
+
+    hp: Any
+    device: torch.device
+    plan: PrecisionPlan
+    env: TradingEnv
+    architecture: dict[str, Any]
+    networks: dict[str, nn.Module]
+    generator: torch.Generator
+
+
+def set_up(
+    algo: str,
+    hparams_class: type,
+    hparams: Mapping[str, Any] | None,
+    train_data: MarketData,
+    env_config: EnvConfig,
+    precision: PrecisionPlan | str,
+    device: torch.device | str,
+    seed: int,
+) -> Setup:
+    """Parse the hyperparameters, choose the precision, build the env and the seeded networks (on the device)
+    and the trainer's generator (``seed + GENERATOR_SEED_OFFSET``)."""
+    hp = parse_hparams(hparams_class, hparams, algo)
+    device = torch.device(device)
+    plan = resolve_precision(precision, device)
+    env = TradingEnv(train_data, env_config, seed=seed, device=device)
+    architecture = make_architecture(algo, env.obs_dim, dataclasses.asdict(hp))
+    with seeded(seed):
+        networks = {name: net.to(device) for name, net in build_networks(architecture).items()}
+    generator = torch.Generator(device=device).manual_seed(seed + GENERATOR_SEED_OFFSET)
+    return Setup(hp, device, plan, env, architecture, networks, generator)
+
+
+def finish(
+    setup: Setup,
+    run: Run,
+    evals: EvalSchedule,
+    policy: GreedyPolicy,
+    networks: dict[str, nn.Module],
+    latest: tuple[str, ...],
+    **log_fields: Any,
+) -> TrainResult:
+    """Time the run, make the final evaluation and assemble the `TrainResult`.
+
+    Its log holds ``log_fields``, the most recent non-None value of each ``latest`` statistic in the history
+    (None if never recorded), and the fields every trainer logs (see `TrainResult`).
+    """
+    env_steps = log_fields["env_steps"]
+    summary = run.finish(env_steps)
+    evals.final(env_steps, policy)
+    algo = setup.architecture["algo"]
+    hparams = dataclasses.asdict(setup.hp)
+    values: dict[str, Any] = dict.fromkeys(latest)
+    for record in summary["history"]:
+        values.update({name: record[name] for name in latest if record.get(name) is not None})
+    log = {
+        "algo": algo,
+        **log_fields,
+        **values,
+        "steps_per_second": summary["steps_per_second"],
+        "precision": setup.plan.to_dict(),
+        "env": env_settings(setup.env.config),
+        "hidden_sizes": setup.architecture["hidden"],
+        "architecture": setup.architecture,
+        "hparams": hparams,
+        "evals": evals.records,
+        "history": summary["history"],
+    }
+    return TrainResult(algo, networks, policy, setup.architecture, hparams, setup.plan, log)

@@ -13,34 +13,30 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_utils import OptimStep, PrecisionPlan, make_optimizer
+from gpu_utils import DeviceMetrics, OptimStep, PrecisionPlan
 from marketrl.agents.common import (
     EvalCallback,
     EvalSchedule,
     GreedyPolicy,
+    RunConfig,
     TrainResult,
-    WindowStats,
-    autocast,
+    check_ranges,
     check_run_setting,
-    env_settings,
-    parse_hparams,
+    finish,
     require,
-    resolve_precision,
-    seeded,
+    set_up,
 )
-from marketrl.agents.networks import build_networks, make_architecture
-from marketrl.agents.resume import TrainingCheckpoint, to_device
-from marketrl.env import N_ACTIONS, EnvConfig, MarketData, TradingEnv
+from marketrl.agents.resume import TrainingCheckpoint, resume_or_start, to_device
+from marketrl.env import N_ACTIONS, MarketData
 
 __all__ = ["DQNConfig", "DQNHyperparams", "ReplayBuffer", "td_loss", "train"]
 
@@ -75,48 +71,32 @@ class DQNHyperparams:
 
     def validate(self) -> None:
         """Range checks (types were checked by `parse_hparams`)."""
-        require(self.learning_rate > 0, "learning_rate", "a number > 0", self.learning_rate)
-        require(0 < self.gamma <= 1, "gamma", "a number in (0, 1]", self.gamma)
-        require(0 < self.tau <= 1, "tau", "a number in (0, 1]", self.tau)
-        for key in (
-            "batch_size",
-            "buffer_size",
-            "train_freq",
-            "gradient_steps",
-            "target_update",
-            "n_step_return",
-        ):
-            require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
-        require(self.learning_starts >= 0, "learning_starts", "an integer >= 0", self.learning_starts)
-        require(
-            0 < self.exploration_fraction <= 1,
-            "exploration_fraction",
-            "a number in (0, 1]",
-            self.exploration_fraction,
+        check_ranges(
+            self,
+            positive=("learning_rate", "reward_scale"),
+            positive_or_null=("max_grad_norm",),
+            unit_above_zero=("gamma", "tau", "exploration_fraction"),
+            unit=("exploration_initial_eps", "exploration_final_eps"),
+            at_least_one=(
+                "batch_size",
+                "buffer_size",
+                "train_freq",
+                "gradient_steps",
+                "target_update",
+                "n_step_return",
+            ),
+            non_negative=("learning_starts",),
         )
-        for key in ("exploration_initial_eps", "exploration_final_eps"):
-            require(0 <= getattr(self, key) <= 1, key, "a number in [0, 1]", getattr(self, key))
-        require(
-            self.max_grad_norm is None or self.max_grad_norm > 0,
-            "max_grad_norm",
-            "> 0 or null",
-            self.max_grad_norm,
-        )
-        require(self.reward_scale > 0, "reward_scale", "a number > 0", self.reward_scale)
 
 
 @dataclass(frozen=True)
-class DQNConfig:
-    """Run settings (not tuned): length, environment, evaluation and statistics cadence."""
+class DQNConfig(RunConfig):
+    """Run settings (not tuned): those of every trainer, and the statistics cadence."""
 
-    total_steps: int = 60_000  # env steps (transitions, N per vector step)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    eval_every: int = 0  # env steps between on_eval calls (0: only at the end)
     check_every: int = 100  # gradient steps between statistics reads (= NaN checks)
 
     def __post_init__(self) -> None:
-        check_run_setting("total_steps", self.total_steps, 1)
-        check_run_setting("eval_every", self.eval_every, 0)
+        super().__post_init__()
         check_run_setting("check_every", self.check_every, 1)
 
 
@@ -203,10 +183,19 @@ class NStepWindow:
     end; the bootstrap obs is the true next state at that end (the env's ``final_obs``, not the auto-reset obs).
     """
 
-    def __init__(self, n: int, gamma: float) -> None:
+    def __init__(self, n: int, gamma: float, device: torch.device | str) -> None:
         self.n = n
         self.gamma = gamma
+        self.device = torch.device(device)
         self.steps: deque[tuple[torch.Tensor, ...]] = deque()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The held vector steps, for resumable training checkpoints."""
+        return {"steps": list(self.steps)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict` (tensors moved to this window's device)."""
+        self.steps = deque(to_device(list(state["steps"]), self.device))
 
     def push(
         self,
@@ -240,16 +229,29 @@ def td_loss(
     q_net: nn.Module, target_net: nn.Module, batch: Batch, plan: PrecisionPlan, *, double_q: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Huber TD loss (fp32) and the taken actions' Q-values; Double DQN picks a′ with the online network."""
-    with torch.no_grad(), autocast(plan):
+    with torch.no_grad(), plan.autocast():
         next_target = target_net(batch.next_obs)
         best = q_net(batch.next_obs).argmax(dim=1, keepdim=True) if double_q else None
     next_target = next_target.float()
     next_q = next_target.gather(1, best).squeeze(1) if double_q else next_target.max(dim=1).values
     target = batch.rewards + batch.discounts * next_q
-    with autocast(plan):
+    with plan.autocast():
         q = q_net(batch.obs)
     q_taken = q.float().gather(1, batch.actions[:, None]).squeeze(1)
     return F.smooth_l1_loss(q_taken, target), q_taken
+
+
+@dataclass
+class LoopState:
+    """The loop's own variables: what a resumed run continues from (with the components given to the `Run`)."""
+
+    obs: torch.Tensor
+    episode_return: torch.Tensor
+    explore_draws: torch.Tensor | None = None  # pool of uniform draws for ε-greedy, refilled every 64 steps
+    random_actions: torch.Tensor | None = None
+    env_steps: int = 0
+    grad_steps: int = 0
+    epsilon: float = 1.0
 
 
 def train(
@@ -267,26 +269,18 @@ def train(
     With ``checkpoint``, the loop resumes from its saved state (if any) and saves its full state whenever the
     checkpoint is due; the result is the same as one uninterrupted run.
     """
-    hp: DQNHyperparams = parse_hparams(DQNHyperparams, hparams, "dqn")
-    device = torch.device(device)
-    plan = resolve_precision(precision, device)
-    env = TradingEnv(train_data, config.env, seed=seed, device=device)
+    setup = set_up("dqn", DQNHyperparams, hparams, train_data, config.env, precision, device, seed)
+    hp, device, plan, env, generator = setup.hp, setup.device, setup.plan, setup.env, setup.generator
     n_envs = env.n_envs
     require(hp.buffer_size >= n_envs, "buffer_size", f"an integer >= env.n_envs ({n_envs})", hp.buffer_size)
-
-    architecture = make_architecture("dqn", env.obs_dim, asdict(hp))
-    with seeded(seed):
-        q_net = build_networks(architecture)["q"].to(device)
+    q_net = setup.networks["q"]
     target_net = copy.deepcopy(q_net).requires_grad_(False)
-    stepper = OptimStep(
-        make_optimizer(q_net.parameters(), hp.learning_rate, plan, device), plan, hp.max_grad_norm
-    )
+    stepper = OptimStep.adam(q_net.parameters(), hp.learning_rate, plan, hp.max_grad_norm)
     replay = ReplayBuffer(hp.buffer_size, env.obs_dim, device)
-    n_step = NStepWindow(hp.n_step_return, hp.gamma)
-    generator = torch.Generator(device=device).manual_seed(seed + 7919)
+    n_step = NStepWindow(hp.n_step_return, hp.gamma, device)
     policy = GreedyPolicy(q_net, plan)
     evals = EvalSchedule(on_eval, config.eval_every)
-    stats = WindowStats(
+    metrics = DeviceMetrics(
         ["loss", "q_mean", "q_low", "q_high", "grad_norm"],
         device,
         counters=("episode_return", "episodes"),
@@ -294,139 +288,87 @@ def train(
         capacity=config.check_every,
         counter_width=n_envs,
     )
-    finished_returns, finished_episodes = stats.counter("episode_return"), stats.counter("episodes")
-    history: list[dict[str, Any]] = []
-
+    finished_returns, finished_episodes = metrics.counter("episode_return"), metrics.counter("episodes")
     n_vector_steps = max(1, math.ceil(config.total_steps / n_envs))
     exploration_steps = hp.exploration_fraction * n_vector_steps * n_envs
-    obs = env.reset()
-    episode_return = torch.zeros(n_envs, device=device)
-    env_steps = grad_steps = window_grad_steps = 0
-    epsilon = hp.exploration_initial_eps
-    first_step = 0
-    state = checkpoint.load() if checkpoint is not None else None
-    if state is not None:  # CPU tensors: the load_state_dict methods copy them to the device
-        q_net.load_state_dict(state["q"])
-        target_net.load_state_dict(state["target"])
-        stepper.optimizer.load_state_dict(state["optimizer"])
-        if stepper.scaler is not None:
-            stepper.scaler.load_state_dict(state["scaler"])
-        replay.load_state_dict(state["replay"])
-        generator.set_state(state["generator"])
-        env.load_state_dict(state["env"])
-        stats.load_state_dict(state["stats"])
-        evals.load_state_dict(state["evals"])
-        n_step.steps = deque(to_device(state["n_step"], device))
-        obs, episode_return, explore_draws, random_actions = to_device(
-            [state["obs"], state["episode_return"], state["explore_draws"], state["random_actions"]], device
-        )
-        first_step, env_steps, grad_steps = state["vector_step"], state["env_steps"], state["grad_steps"]
-        window_grad_steps, epsilon, history = state["window_grad_steps"], state["epsilon"], state["history"]
-    started = time.perf_counter()
+    state = LoopState(obs=env.reset(), episode_return=torch.zeros(n_envs, device=device))
+    run = resume_or_start(
+        checkpoint,
+        {
+            "q": q_net,
+            "target": target_net,
+            "optim": stepper,
+            "replay": replay,
+            "n_step": n_step,
+            "generator": generator,
+            "env": env,
+            "metrics": metrics,
+            "evals": evals,
+        },
+        state,
+        total_steps=n_vector_steps * n_envs,
+        device=device,
+    )
 
-    for vector_step in range(first_step, n_vector_steps):
+    for vector_step in range(state.env_steps // n_envs, n_vector_steps):
         # ε-greedy on the device; uniform draws come from a pool refilled every _RANDOM_POOL_STEPS steps.
         if vector_step % _RANDOM_POOL_STEPS == 0:
-            explore_draws = torch.rand(_RANDOM_POOL_STEPS, n_envs, generator=generator, device=device)
-            random_actions = torch.randint(
+            state.explore_draws = torch.rand(_RANDOM_POOL_STEPS, n_envs, generator=generator, device=device)
+            state.random_actions = torch.randint(
                 0, N_ACTIONS, (_RANDOM_POOL_STEPS, n_envs), generator=generator, device=device
             )
-        progress = min(1.0, env_steps / exploration_steps)
-        epsilon = hp.exploration_initial_eps + progress * (
+        progress = min(1.0, state.env_steps / exploration_steps)
+        state.epsilon = hp.exploration_initial_eps + progress * (
             hp.exploration_final_eps - hp.exploration_initial_eps
         )
-        with torch.no_grad(), autocast(plan):
-            greedy = q_net(obs).argmax(dim=1)
-        pool_row = vector_step % _RANDOM_POOL_STEPS
-        actions = torch.where(explore_draws[pool_row] < epsilon, random_actions[pool_row], greedy)
+        with torch.no_grad(), plan.autocast():
+            greedy = q_net(state.obs).argmax(dim=1)
+        row = vector_step % _RANDOM_POOL_STEPS
+        explore = state.explore_draws[row] < state.epsilon
+        actions = torch.where(explore, state.random_actions[row], greedy)
 
         next_obs, rewards, terminated, truncated = env.step(actions)
         done = terminated | truncated
         transition = n_step.push(
-            obs, actions, rewards * hp.reward_scale, env.final_obs, terminated, done
+            state.obs, actions, rewards * hp.reward_scale, env.final_obs, terminated, done
         )  # final_obs: the true next state, also where the env auto-reset
         if transition is not None:
             first_obs, first_actions, bootstrap_obs, returns, discounts = transition
             replay.add(first_obs, bootstrap_obs, first_actions, returns, discounts)
-        episode_return.add_(rewards)
-        finished_returns.add_(episode_return * done)
+        state.episode_return.add_(rewards)
+        finished_returns.add_(state.episode_return * done)
         finished_episodes.add_(done)
-        episode_return.masked_fill_(done, 0.0)
-        obs = next_obs
-        env_steps += n_envs
+        state.episode_return.masked_fill_(done, 0.0)
+        state.obs = next_obs
+        state.env_steps += n_envs
 
-        if env_steps >= hp.learning_starts and replay.size > 0 and vector_step % hp.train_freq == 0:
+        if state.env_steps >= hp.learning_starts and replay.size > 0 and vector_step % hp.train_freq == 0:
             for batch in replay.sample(hp.batch_size, hp.gradient_steps, generator):
                 loss, q_taken = td_loss(q_net, target_net, batch, plan, double_q=hp.double_q)
                 grad_norm = stepper.step(loss)
                 q_low, q_high = torch.aminmax(q_taken.detach())
-                stats.record([loss.detach(), q_taken.detach().mean(), q_low, q_high, grad_norm.float()])
-                grad_steps += 1
-                window_grad_steps += 1
-                if grad_steps % hp.target_update == 0:
+                metrics.record([loss.detach(), q_taken.detach().mean(), q_low, q_high, grad_norm.float()])
+                state.grad_steps += 1
+                if state.grad_steps % hp.target_update == 0:
                     _update_target(target_net, q_net, hp.tau)
-                if grad_steps % config.check_every == 0:
-                    history.append(
-                        _record(stats.read(grad_steps), env_steps, grad_steps, window_grad_steps, epsilon)
-                    )
-                    window_grad_steps = 0
-        evals.maybe(env_steps, policy)
-        if checkpoint is not None and checkpoint.due(env_steps) and vector_step + 1 < n_vector_steps:
-            loop_state = {
-                "vector_step": vector_step + 1,
-                "env_steps": env_steps,
-                "grad_steps": grad_steps,
-                "window_grad_steps": window_grad_steps,
-                "epsilon": epsilon,
-                "history": history,
-                "q": q_net.state_dict(),
-                "target": target_net.state_dict(),
-                "optimizer": stepper.optimizer.state_dict(),
-                "scaler": stepper.scaler.state_dict() if stepper.scaler is not None else None,
-                "replay": replay.state_dict(),
-                "n_step": list(n_step.steps),
-                "generator": generator.get_state(),
-                "env": env.state_dict(),
-                "stats": stats.state_dict(),
-                "evals": evals.state_dict(),
-                "obs": obs,
-                "episode_return": episode_return,
-                "explore_draws": explore_draws,
-                "random_actions": random_actions,
-            }
-            checkpoint.save(env_steps, loop_state, [q_net])
+                if state.grad_steps % config.check_every == 0:
+                    run.log(_record(metrics.read(state.grad_steps), state))
+        evals.maybe(state.env_steps, policy)
+        run.maybe_save(state.env_steps)
 
-    if window_grad_steps > 0 or not history:  # the last partial window
-        history.append(_record(stats.read(grad_steps), env_steps, grad_steps, window_grad_steps, epsilon))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - started
-    evals.final(env_steps, policy)
-
-    log: dict[str, Any] = {
-        "algo": "dqn",
-        "env_steps": env_steps,
-        "grad_steps": grad_steps,
-        "steps_per_second": env_steps / elapsed if elapsed > 0 else float("inf"),
-        "host_syncs": stats.host_reads,
-        "precision": plan.to_dict(),
-        "env": env_settings(config.env),
-        "hidden_sizes": architecture["hidden"],
-        "architecture": architecture,
-        "hparams": asdict(hp),
-        "final_epsilon": epsilon,
-        **_last_values(history, ("loss", "q_mean", "q_min", "q_max", "grad_norm", "episode_return_mean")),
-        "evals": evals.records,
-        "history": history,
-    }
-    return TrainResult(
-        algo="dqn",
-        networks={"q": q_net, "target": target_net},
-        policy=policy,
-        architecture=architecture,
-        hparams=asdict(hp),
-        precision=plan,
-        log=log,
+    if metrics.pending > 0 or not run.history:  # the last partial window
+        run.log(_record(metrics.read(state.grad_steps), state))
+    return finish(
+        setup,
+        run,
+        evals,
+        policy,
+        {"q": q_net, "target": target_net},
+        latest=("loss", "q_mean", "q_min", "q_max", "grad_norm", "episode_return_mean"),
+        env_steps=state.env_steps,
+        grad_steps=state.grad_steps,
+        host_syncs=metrics.host_reads,
+        final_epsilon=state.epsilon,
     )
 
 
@@ -440,26 +382,18 @@ def _update_target(target_net: nn.Module, q_net: nn.Module, tau: float) -> None:
             target_param.lerp_(param, tau)
 
 
-def _record(
-    window: dict[str, float], env_steps: int, grad_steps: int, n_grad: int, epsilon: float
-) -> dict[str, Any]:
-    """Turn one window's sums into means (gradient-step means over n_grad, episode mean over its count)."""
+def _record(window: dict[str, Any], state: LoopState) -> dict[str, Any]:
+    """One history record from a statistics read (episode mean over the episodes that ended in the window)."""
     episodes = int(window["episodes"])
-    record: dict[str, Any] = {"env_steps": env_steps, "grad_steps": grad_steps, "epsilon": epsilon}
-    for name in ("loss", "q_mean", "grad_norm"):
-        record[name] = window[name] / n_grad if n_grad else None
-    record["q_min"] = window["q_low_min"] if n_grad else None
-    record["q_max"] = window["q_high_max"] if n_grad else None
-    record["episodes"] = episodes
-    record["episode_return_mean"] = window["episode_return"] / episodes if episodes else None
-    return record
-
-
-def _last_values(history: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, Any]:
-    """The most recent non-None value of each name across the history (None if never recorded)."""
-    values: dict[str, Any] = dict.fromkeys(names)
-    for record in history:
-        for name in names:
-            if record.get(name) is not None:
-                values[name] = record[name]
-    return values
+    return {
+        "env_steps": state.env_steps,
+        "grad_steps": state.grad_steps,
+        "epsilon": state.epsilon,
+        "loss": window["loss"],
+        "q_mean": window["q_mean"],
+        "grad_norm": window["grad_norm"],
+        "q_min": window["q_low_min"],
+        "q_max": window["q_high_max"],
+        "episodes": episodes,
+        "episode_return_mean": window["episode_return"] / episodes if episodes else None,
+    }

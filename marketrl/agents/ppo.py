@@ -18,9 +18,8 @@ names (``n_steps`` = T, ``batch_size`` = minibatch size); see `PPOHyperparams` a
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,24 +27,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_utils import NonFiniteError, OptimStep, PrecisionPlan, make_optimizer
+from gpu_utils import DeviceMetrics, NonFiniteError, OptimStep, PrecisionPlan
 from marketrl.agents.common import (
     EvalCallback,
     EvalSchedule,
     GreedyPolicy,
+    RunConfig,
     TrainResult,
-    WindowStats,
-    autocast,
-    check_run_setting,
-    env_settings,
-    parse_hparams,
-    require,
-    resolve_precision,
-    seeded,
+    check_ranges,
+    finish,
+    set_up,
 )
-from marketrl.agents.networks import build_networks, make_architecture
-from marketrl.agents.resume import TrainingCheckpoint
-from marketrl.env import N_ACTIONS, EnvConfig, MarketData, TradingEnv
+from marketrl.agents.resume import TrainingCheckpoint, resume_or_start
+from marketrl.env import N_ACTIONS, MarketData
 
 __all__ = ["PPOConfig", "PPOHyperparams", "compute_gae", "ppo_loss", "train"]
 
@@ -76,41 +70,20 @@ class PPOHyperparams:
 
     def validate(self) -> None:
         """Range checks (types were checked by `parse_hparams`)."""
-        require(self.learning_rate > 0, "learning_rate", "a number > 0", self.learning_rate)
-        for key in ("n_steps", "batch_size", "n_epochs"):
-            require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
-        for key in ("gamma", "gae_lambda"):
-            require(0 <= getattr(self, key) <= 1, key, "a number in [0, 1]", getattr(self, key))
-        require(self.clip_range > 0, "clip_range", "a number > 0", self.clip_range)
-        require(
-            self.clip_range_vf is None or self.clip_range_vf > 0,
-            "clip_range_vf",
-            "> 0 or null",
-            self.clip_range_vf,
+        check_ranges(
+            self,
+            positive=("learning_rate", "clip_range", "reward_scale"),
+            positive_or_null=("clip_range_vf", "max_grad_norm", "target_kl"),
+            unit=("gamma", "gae_lambda"),
+            at_least_one=("n_steps", "batch_size", "n_epochs"),
+            non_negative=("ent_coef", "vf_coef"),
         )
-        require(self.ent_coef >= 0, "ent_coef", "a number >= 0", self.ent_coef)
-        require(self.vf_coef >= 0, "vf_coef", "a number >= 0", self.vf_coef)
-        require(
-            self.max_grad_norm is None or self.max_grad_norm > 0,
-            "max_grad_norm",
-            "> 0 or null",
-            self.max_grad_norm,
-        )
-        require(self.target_kl is None or self.target_kl > 0, "target_kl", "> 0 or null", self.target_kl)
-        require(self.reward_scale > 0, "reward_scale", "a number > 0", self.reward_scale)
 
 
 @dataclass(frozen=True)
-class PPOConfig:
-    """Run settings (not tuned): length, environment and evaluation cadence."""
-
-    total_steps: int = 60_000  # env steps (transitions); rounded up to whole rollouts of n_steps × n_envs
-    env: EnvConfig = field(default_factory=EnvConfig)
-    eval_every: int = 0  # env steps between on_eval calls, checked after each update (0: only at the end)
-
-    def __post_init__(self) -> None:
-        check_run_setting("total_steps", self.total_steps, 1)
-        check_run_setting("eval_every", self.eval_every, 0)
+class PPOConfig(RunConfig):
+    """Run settings (not tuned), those of every trainer. ``total_steps`` is rounded up to whole rollouts of
+    n_steps × n_envs; ``eval_every`` is checked after each update."""
 
 
 class Minibatch(NamedTuple):
@@ -152,7 +125,7 @@ def ppo_loss(
     policy_net: nn.Module, value_net: nn.Module, batch: Minibatch, hp: PPOHyperparams, plan: PrecisionPlan
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Total loss (fp32) and the detached 0-dim terms [policy_loss, value_loss, entropy, approx_kl, clip_fraction]."""
-    with autocast(plan):
+    with plan.autocast():
         logits = policy_net(batch.obs)
         values = value_net(batch.obs)
     log_probs_all = F.log_softmax(logits.float(), dim=1)
@@ -181,6 +154,17 @@ def ppo_loss(
     return loss, [policy_loss.detach(), value_loss.detach(), entropy.detach(), approx_kl, clip_fraction]
 
 
+@dataclass
+class LoopState:
+    """The loop's own variables: what a resumed run continues from (with the components given to the `Run`)."""
+
+    obs: torch.Tensor
+    episode_return: np.ndarray  # running return per env, on the host (rewards arrive there with the rollout)
+    env_steps: int = 0
+    grad_steps: int = 0
+    rollout_copies: int = 0
+
+
 def train(
     train_data: MarketData,
     config: PPOConfig,
@@ -196,60 +180,44 @@ def train(
     With ``checkpoint``, the loop resumes from its saved state (if any) and saves its full state after any
     update at which the checkpoint is due; the result is the same as one uninterrupted run.
     """
-    hp: PPOHyperparams = parse_hparams(PPOHyperparams, hparams, "ppo")
-    device = torch.device(device)
-    plan = resolve_precision(precision, device)
-    env = TradingEnv(train_data, config.env, seed=seed, device=device)
+    setup = set_up("ppo", PPOHyperparams, hparams, train_data, config.env, precision, device, seed)
+    hp, device, plan, env, generator = setup.hp, setup.device, setup.plan, setup.env, setup.generator
     n_envs, n_steps, obs_dim = env.n_envs, hp.n_steps, env.obs_dim
     rollout_size = n_steps * n_envs
-
-    architecture = make_architecture("ppo", obs_dim, asdict(hp))
-    with seeded(seed):
-        networks = build_networks(architecture)
-    policy_net, value_net = networks["policy"].to(device), networks["value"].to(device)
+    policy_net, value_net = setup.networks["policy"], setup.networks["value"]
     # One optimizer (and one GradScaler under fp16) over both networks: one backward of the summed loss.
-    optimizer = make_optimizer(
-        [*policy_net.parameters(), *value_net.parameters()], hp.learning_rate, plan, device
-    )
-    stepper = OptimStep(optimizer, plan, hp.max_grad_norm)
-    generator = torch.Generator(device=device).manual_seed(seed + 7919)
+    params = [*policy_net.parameters(), *value_net.parameters()]
+    stepper = OptimStep.adam(params, hp.learning_rate, plan, hp.max_grad_norm)
     policy = GreedyPolicy(policy_net, plan)
     evals = EvalSchedule(on_eval, config.eval_every)
     minibatches_per_epoch = math.ceil(rollout_size / hp.batch_size)
-    stats = WindowStats(
+    metrics = DeviceMetrics(
         _LOSS_TERMS,
         device,
         watched=("policy_loss", "value_loss", "entropy"),
         capacity=minibatches_per_epoch * (1 if hp.target_kl is not None else hp.n_epochs),
     )
-    history: list[dict[str, Any]] = []
-    rollout_copies = 0
-
     n_updates = max(1, math.ceil(config.total_steps / rollout_size))
-    obs = env.reset()
-    episode_return = np.zeros(n_envs, dtype=np.float64)
-    env_steps = grad_steps = 0
-    first_update = 0
-    state = checkpoint.load() if checkpoint is not None else None
-    if state is not None:  # CPU tensors: the load_state_dict methods copy them to the device
-        policy_net.load_state_dict(state["policy"])
-        value_net.load_state_dict(state["value"])
-        optimizer.load_state_dict(state["optimizer"])
-        if stepper.scaler is not None:
-            stepper.scaler.load_state_dict(state["scaler"])
-        generator.set_state(state["generator"])
-        env.load_state_dict(state["env"])
-        stats.load_state_dict(state["stats"])
-        evals.load_state_dict(state["evals"])
-        obs, episode_return = state["obs"].to(device), state["episode_return"].numpy()
-        first_update, env_steps, grad_steps = state["update"], state["env_steps"], state["grad_steps"]
-        rollout_copies, history = state["rollout_copies"], state["history"]
-    started = time.perf_counter()
+    state = LoopState(obs=env.reset(), episode_return=np.zeros(n_envs, dtype=np.float64))
+    run = resume_or_start(
+        checkpoint,
+        {
+            "policy": policy_net,
+            "value": value_net,
+            "optim": stepper,
+            "generator": generator,
+            "env": env,
+            "metrics": metrics,
+            "evals": evals,
+        },
+        state,
+        total_steps=n_updates * rollout_size,
+        device=device,
+    )
 
-    for update in range(first_update, n_updates):
+    for update in range(state.env_steps // rollout_size, n_updates):
         learning_rate = hp.learning_rate * (1.0 - update / n_updates) if hp.anneal_lr else hp.learning_rate
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate
+        stepper.set_learning_rate(learning_rate)
 
         # 1. Rollout, entirely on the device.
         gumbel = torch.empty(n_steps, n_envs, N_ACTIONS, device=device).exponential_(generator=generator)
@@ -258,27 +226,27 @@ def train(
         rollout_rewards, rollout_terminated, rollout_truncated = [], [], []
         with (
             torch.no_grad(),
-            autocast(plan),
+            plan.autocast(),
         ):  # one context for the whole rollout (the env ops are not autocast)
             for t in range(n_steps):
-                logits = policy_net(obs).float()
+                logits = policy_net(state.obs).float()
                 actions = (logits + gumbel[t]).argmax(dim=1)  # Gumbel-max: a sample from softmax(logits)
                 next_obs, rewards, terminated, truncated = env.step(actions)
-                rollout_obs.append(obs)
+                rollout_obs.append(state.obs)
                 rollout_next_obs.append(env.final_obs)  # the true next state, also where the env auto-reset
                 rollout_logits.append(logits)
                 rollout_actions.append(actions)
                 rollout_rewards.append(rewards)
                 rollout_terminated.append(terminated)
                 rollout_truncated.append(truncated)
-                obs = next_obs
-        env_steps += rollout_size
+                state.obs = next_obs
+        state.env_steps += rollout_size
 
         # 2. Batched values of s and s′, and the behaviour policy's log-probs.
         flat_obs = torch.stack(rollout_obs).view(rollout_size, obs_dim)
         flat_next_obs = torch.stack(rollout_next_obs).view(rollout_size, obs_dim)
         flat_actions = torch.stack(rollout_actions).view(rollout_size)
-        with torch.no_grad(), autocast(plan):
+        with torch.no_grad(), plan.autocast():
             values = value_net(flat_obs).float().view(n_steps, n_envs)
             next_values = value_net(flat_next_obs).float().view(n_steps, n_envs)
         old_log_probs = (
@@ -300,9 +268,11 @@ def train(
         rewards_h, values_h, next_values_h, terminated_h, truncated_h = (
             packed.cpu().numpy().astype(np.float64)
         )
-        rollout_copies += 1
+        state.rollout_copies += 1
         if not (np.isfinite(values_h).all() and np.isfinite(next_values_h).all()):
-            raise NonFiniteError(f"non-finite value estimates in the rollout ending at env step {env_steps}")
+            raise NonFiniteError(
+                f"non-finite value estimates in the rollout ending at env step {state.env_steps}"
+            )
 
         # 4. GAE on the host, then advantages and returns back to the device.
         advantages_h, returns_h = compute_gae(
@@ -314,7 +284,8 @@ def train(
             hp.gamma,
             hp.gae_lambda,
         )
-        finished = _finished_episode_returns(episode_return, rewards_h, np.maximum(terminated_h, truncated_h))
+        done_h = np.maximum(terminated_h, truncated_h)
+        finished = _finished_episode_returns(state.episode_return, rewards_h, done_h)
         targets = torch.as_tensor(np.stack([advantages_h, returns_h]).astype(np.float32), device=device)
 
         # 5. Minibatch epochs. Observations stay a contiguous [T·N, obs_dim] tensor (a strided slice of a wider
@@ -330,95 +301,51 @@ def train(
             ],
             dim=1,
         )
-        window: dict[str, float] = dict.fromkeys(_LOSS_TERMS, 0.0)
-        minibatches = epochs = 0
+        epoch_reads: list[dict[str, Any]] = []
         for _ in range(hp.n_epochs):
             order = torch.randperm(rollout_size, generator=generator, device=device)
             for index in order.split(hp.batch_size):
                 batch = _minibatch(flat_obs.index_select(0, index), scalars.index_select(0, index))
                 loss, terms = ppo_loss(policy_net, value_net, batch, hp, plan)
                 grad_norm = stepper.step(loss)
-                stats.record([*terms, grad_norm.float()])
-                minibatches += 1
-                grad_steps += 1
-            epochs += 1
+                metrics.record([*terms, grad_norm.float()])
+                state.grad_steps += 1
             if hp.target_kl is not None:  # one read per epoch, only when early stopping needs the KL
-                epoch_terms = stats.read(grad_steps)
-                for name in _LOSS_TERMS:
-                    window[name] += epoch_terms[name]
-                if epoch_terms["approx_kl"] / minibatches_per_epoch > hp.target_kl:
+                epoch_reads.append(metrics.read(state.grad_steps))
+                if epoch_reads[-1]["approx_kl"] > hp.target_kl:
                     break
-        if hp.target_kl is None:
-            window = stats.read(grad_steps)
+        window = metrics.read(state.grad_steps) if hp.target_kl is None else metrics.combine(epoch_reads)
 
-        record: dict[str, Any] = {"env_steps": env_steps, "update": update + 1, "grad_steps": grad_steps}
-        record.update({name: window[name] / minibatches for name in _LOSS_TERMS})
-        record.update(
-            epochs=epochs,
-            learning_rate=learning_rate,
-            value_mean=float(values_h.mean()),
-            value_min=float(values_h.min()),
-            value_max=float(values_h.max()),
-            explained_variance=_explained_variance(values_h, returns_h),
-            episodes=len(finished),
-            episode_return_mean=float(np.mean(finished)) if finished else None,
-        )
-        history.append(record)
-        evals.maybe(env_steps, policy)
-        if checkpoint is not None and checkpoint.due(env_steps) and update + 1 < n_updates:
-            loop_state = {
+        run.log(
+            {
+                "env_steps": state.env_steps,
                 "update": update + 1,
-                "env_steps": env_steps,
-                "grad_steps": grad_steps,
-                "rollout_copies": rollout_copies,
-                "history": history,
-                "policy": policy_net.state_dict(),
-                "value": value_net.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scaler": stepper.scaler.state_dict() if stepper.scaler is not None else None,
-                "generator": generator.get_state(),
-                "env": env.state_dict(),
-                "stats": stats.state_dict(),
-                "evals": evals.state_dict(),
-                "obs": obs,
-                "episode_return": torch.from_numpy(episode_return.copy()),
+                "grad_steps": state.grad_steps,
+                **{name: window[name] for name in _LOSS_TERMS},
+                "epochs": window["count"] // minibatches_per_epoch,
+                "learning_rate": learning_rate,
+                "value_mean": float(values_h.mean()),
+                "value_min": float(values_h.min()),
+                "value_max": float(values_h.max()),
+                "explained_variance": _explained_variance(values_h, returns_h),
+                "episodes": len(finished),
+                "episode_return_mean": float(np.mean(finished)) if finished else None,
             }
-            checkpoint.save(env_steps, loop_state, [policy_net, value_net])
+        )
+        evals.maybe(state.env_steps, policy)
+        run.maybe_save(state.env_steps)
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - started
-    evals.final(env_steps, policy)
-
-    last = history[-1]
-    log: dict[str, Any] = {
-        "algo": "ppo",
-        "env_steps": env_steps,
-        "grad_steps": grad_steps,
-        "updates": n_updates,
-        "steps_per_second": env_steps / elapsed if elapsed > 0 else float("inf"),
-        "host_syncs": rollout_copies + stats.host_reads,
-        "precision": plan.to_dict(),
-        "env": env_settings(config.env),
-        "hidden_sizes": architecture["hidden"],
-        "architecture": architecture,
-        "hparams": asdict(hp),
-        **{name: last[name] for name in (*_LOSS_TERMS, "value_mean", "explained_variance")},
-        "episode_return_mean": next(
-            (r["episode_return_mean"] for r in reversed(history) if r["episode_return_mean"] is not None),
-            None,
-        ),
-        "evals": evals.records,
-        "history": history,
-    }
-    return TrainResult(
-        algo="ppo",
-        networks={"policy": policy_net, "value": value_net},
-        policy=policy,
-        architecture=architecture,
-        hparams=asdict(hp),
-        precision=plan,
-        log=log,
+    return finish(
+        setup,
+        run,
+        evals,
+        policy,
+        {"policy": policy_net, "value": value_net},
+        latest=(*_LOSS_TERMS, "value_mean", "explained_variance", "episode_return_mean"),
+        env_steps=state.env_steps,
+        grad_steps=state.grad_steps,
+        updates=n_updates,
+        host_syncs=state.rollout_copies + metrics.host_reads,
     )
 
 
