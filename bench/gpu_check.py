@@ -246,6 +246,30 @@ def train(
     return module.train(data, config, hparams, precision, device, 0).log
 
 
+def calibrated_steps(
+    algo: str,
+    data: Any,
+    spec: dict[str, Any],
+    seconds: float,
+    precision: str,
+    device: torch.device,
+    sizes: Sizes,
+) -> int:
+    """Env steps (whole loop iterations) for about ``seconds`` of training loop.
+
+    Two short runs: the first pays the one-off costs (kernel loading, cuBLAS handles, allocator growth), the
+    second's loop rate sizes the measured run.
+    """
+    n_envs, hparams = spec["n_envs"], spec["hparams"]
+    unit = n_envs * hparams["n_steps"] if algo == "ppo" else n_envs
+    first = hparams.get("learning_starts", 0) + (3 if algo == "ppo" else 20) * unit
+    rate = 0.0
+    for _ in range(2):
+        log = train(algo, data, n_envs, hparams, first, precision=precision, device=device, sizes=sizes)
+        rate = log["steps_per_second"]
+    return max(2 * unit, int(rate * seconds) // unit * unit)
+
+
 def timed_training(
     algo: str,
     data: Any,
@@ -257,10 +281,7 @@ def timed_training(
 ) -> dict[str, Any]:
     """Calibrate on a short run (also the warm-up), then train for about ``seconds``; the trainer's own clock."""
     n_envs, hparams = spec["n_envs"], spec["hparams"]
-    unit = n_envs * hparams["n_steps"] if algo == "ppo" else n_envs
-    first = hparams.get("learning_starts", 0) + 3 * unit
-    calibration = train(algo, data, n_envs, hparams, first, precision=precision, device=device, sizes=sizes)
-    steps = max(2 * unit, int(calibration["steps_per_second"] * seconds) // unit * unit)
+    steps = calibrated_steps(algo, data, spec, seconds, precision, device, sizes)
     started = time.perf_counter()
     log = train(algo, data, n_envs, hparams, steps, precision=precision, device=device, sizes=sizes)
     return {
@@ -641,10 +662,7 @@ def sampled_training(
 ) -> dict[str, Any]:
     """Train ``algo`` for about ``sizes.train_seconds`` while a thread samples utilization."""
     n_envs, hparams = spec["n_envs"], spec["hparams"]
-    unit = n_envs * hparams["n_steps"] if algo == "ppo" else n_envs
-    first = hparams.get("learning_starts", 0) + 3 * unit
-    calibration = train(algo, data, n_envs, hparams, first, precision="auto", device=device, sizes=sizes)
-    steps = max(2 * unit, int(calibration["steps_per_second"] * sizes.train_seconds) // unit * unit)
+    steps = calibrated_steps(algo, data, spec, sizes.train_seconds, "auto", device, sizes)
     close: Callable[[], None] = lambda: None  # noqa: E731
     if device.type == "cuda":
         read, close = nvml_reader(device)
