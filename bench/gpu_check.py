@@ -165,40 +165,74 @@ STACK = Stack()
 
 
 def synthetic_market_data(n_rows: int, n_features: int, device: torch.device, seed: int = 0) -> Any:
-    """A MarketData of two random-walk instruments (one segment each), built from numpy without a frame.
+    """A MarketData of two random-walk instruments of minute bars (one segment each), from numpy, no frame.
 
-    The per-row fields follow ``MarketData.from_frame``: decision rows are every row but a segment's last,
-    step returns are next-bar returns, a constant 1 bp cost fraction stands in for the cost model.
+    Uses ``MarketData.from_arrays`` (the env package's array constructor) when it exists; otherwise fills the
+    dataclass fields the way ``MarketData.from_frame`` does, with a constant 1 bp cost fraction.
     """
     env = STACK.load("marketrl.env")
     rng = np.random.default_rng(seed)
     n_segments = 2
     per = n_rows // n_segments
     n_rows = per * n_segments
-    segment_id = np.repeat(np.arange(n_segments, dtype=np.int64), per)
-    segment_first = np.arange(n_segments, dtype=np.int64) * per
-    segment_last = segment_first + per - 1
     closes = np.concatenate(
         [4000.0 * np.exp(np.cumsum(rng.normal(0.0, 5e-4, per))) for _ in range(n_segments)]
     )
     opens = np.concatenate([[closes[0]], closes[:-1]])
+    segment_first = np.arange(n_segments, dtype=np.int64) * per
     opens[segment_first] = closes[segment_first]
+    features = np.clip(rng.standard_normal((n_rows, n_features), dtype=np.float32), -5.0, 5.0)
+    if hasattr(env.MarketData, "from_arrays"):
+        costs = STACK.load("marketrl.costs").CostModel(
+            kind="futures",
+            commission_per_contract=1.0,
+            half_spread_ticks=0.5,
+            tick_size=0.25,
+            tick_value=12.5,
+        )
+        minute_ns = 60 * 10**9
+        return env.MarketData.from_arrays(
+            features,
+            opens=opens,
+            closes=closes,
+            instrument_id=np.repeat(np.arange(1, n_segments + 1), per),
+            ts_event_ns=np.tile(np.arange(per, dtype=np.int64) * minute_ns, n_segments),
+            cost_model=costs,
+            device=device,
+            feature_clip=5.0,
+            max_gap=None,
+        )
+    return _market_data_from_fields(env.MarketData, features, opens, closes, n_segments, device)
+
+
+def _market_data_from_fields(
+    market_data: type,
+    features: np.ndarray,
+    opens: np.ndarray,
+    closes: np.ndarray,
+    n_segments: int,
+    device: torch.device,
+) -> Any:
+    """The same data through the dataclass fields (for a marketrl.env without ``from_arrays``)."""
+    n_rows = features.shape[0]
+    per = n_rows // n_segments
+    segment_id = np.repeat(np.arange(n_segments, dtype=np.int64), per)
+    segment_first = np.arange(n_segments, dtype=np.int64) * per
+    segment_last = segment_first + per - 1
     is_decision = np.ones(n_rows, dtype=bool)
     is_decision[segment_last] = False
     next_open, next_close = np.append(opens[1:], 1.0), np.append(closes[1:], 1.0)
-    features = np.clip(rng.standard_normal((n_rows, n_features), dtype=np.float32), -5.0, 5.0)
 
     def f32(values: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.ascontiguousarray(values, dtype=np.float32), device=device)
 
-    cost = np.where(is_decision, 1e-4, 0.0)
     values = {
         "obs_table": f32(np.concatenate([features, np.zeros((n_rows, 1), dtype=np.float32)], axis=1)),
         "ret_close_close": f32(np.where(is_decision, next_close / closes - 1.0, 0.0)),
         "ret_close_open": f32(np.where(is_decision, next_open / closes - 1.0, 0.0)),
         "ret_open_close": f32(np.where(is_decision, next_close / next_open - 1.0, 0.0)),
         "cost_close": f32(np.full(n_rows, 1e-4)),
-        "cost_next_open": f32(cost),
+        "cost_next_open": f32(np.where(is_decision, 1e-4, 0.0)),
         "close": torch.as_tensor(closes, device=device),
         "segment_start": torch.as_tensor(np.repeat(segment_first, per), device=device),
         "segment_id": torch.as_tensor(segment_id, device=device),
@@ -206,18 +240,18 @@ def synthetic_market_data(n_rows: int, n_features: int, device: torch.device, se
         "segment_first": segment_first,
         "segment_last": segment_last,
         "rows": None,  # host metadata (timestamps, symbols): only evaluation reports need it
-        "feature_names": [f"f{j}" for j in range(n_features)],
+        "feature_names": [f"f{j}" for j in range(features.shape[1])],
         "max_gap": None,
         "feature_clip": 5.0,
         "device": device,
     }
-    known = {item.name for item in dataclasses.fields(env.MarketData) if not item.name.startswith("_")}
+    known = {item.name for item in dataclasses.fields(market_data) if not item.name.startswith("_")}
     if known != set(values):
         raise TypeError(
             f"MarketData fields changed: missing here {sorted(known - set(values))}, "
             f"unknown there {sorted(set(values) - known)}"
         )
-    return env.MarketData(**values)
+    return market_data(**values)
 
 
 # -------------------------------------------------------------------------------------------------- helpers
