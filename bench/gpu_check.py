@@ -456,25 +456,52 @@ def section_precision(device: torch.device, sizes: Sizes, dry: bool) -> dict[str
 
 
 @contextmanager
-def sync_debug_warnings(device: torch.device) -> Iterator[list[warnings.WarningMessage] | None]:
-    """On CUDA: sync-debug mode "warn" with every warning recorded; elsewhere yields None."""
+def sync_debug_warnings(device: torch.device) -> Iterator[list[str] | None]:
+    """On CUDA: sync-debug mode "warn", yielding the list that receives one call site per sync warning.
+
+    Sites are taken from the stack when the warning is raised: the innermost frame in this repository outside
+    ``gpu_utils/sync.py`` (whose SyncCounter wrappers sit between the trainer and torch) and this script.
+    Elsewhere yields None.
+    """
     if device.type != "cuda":
         yield None
         return
+    sites: list[str] = []
+    show = warnings.showwarning
+
+    def record(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+        if SYNC_WARNING in str(message):
+            sites.append(_caller_site())
+        else:  # other warnings are shown as usual
+            show(message, *args, **kwargs)
+
     previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            yield caught
+            yield sites
         finally:
             torch.cuda.set_sync_debug_mode(previous)
+
+
+def _caller_site() -> str:
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        path = Path(frame.filename).resolve()
+        if (
+            REPO_ROOT in path.parents
+            and path != Path(__file__).resolve()
+            and path.parts[-2:] != ("gpu_utils", "sync.py")
+        ):
+            return f"{_short_path(frame.filename)}:{frame.lineno}"
+    return "outside the repository"
 
 
 def count_syncs(run: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
     """Run one training with sync-debug warnings (CUDA) and ``gpu_utils.SyncCounter`` counting."""
     gpu_utils = STACK.load("gpu_utils")
-    with sync_debug_warnings(device) as caught, gpu_utils.SyncCounter(cuda_sync_debug_mode=None) as counter:
+    with sync_debug_warnings(device) as sites, gpu_utils.SyncCounter(cuda_sync_debug_mode=None) as counter:
         log = run()
     result: dict[str, Any] = {
         "sync_counter": counter.count,
@@ -483,13 +510,11 @@ def count_syncs(run: Callable[[], dict[str, Any]], device: torch.device) -> dict
         "env_steps": log["env_steps"],
         "grad_steps": log["grad_steps"],
     }
-    if caught is None:
+    if sites is None:
         result["cuda_sync_warnings"] = SKIPPED_NO_CUDA
     else:
-        syncs = [w for w in caught if SYNC_WARNING in str(w.message)]
-        sites = Counter(f"{_short_path(w.filename)}:{w.lineno}" for w in syncs)
-        result["cuda_sync_warnings"] = len(syncs)
-        result["cuda_sync_sites"] = dict(sites.most_common(12))
+        result["cuda_sync_warnings"] = len(sites)
+        result["cuda_sync_sites"] = dict(Counter(sites).most_common(12))
     return result
 
 
