@@ -951,6 +951,19 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_report(report: dict[str, Any], out_dir: Path) -> str:
+    """Write gpu_check.json and gpu_check.md (each through a rename, never half-written); return the table."""
+    summary = table(report)
+    for name, text in (
+        ("gpu_check.json", json.dumps(report, indent=2, default=str)),
+        ("gpu_check.md", summary),
+    ):
+        tmp = out_dir / f".{name}.tmp"
+        tmp.write_text(text + "\n")
+        tmp.replace(out_dir / name)
+    return summary
+
+
 def default_out() -> Path:
     return Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO_ROOT / "results"
 
@@ -961,11 +974,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT, else results/)")
     parser.add_argument("--dry", action="store_true", help="tiny sizes on the CPU, seconds")
     parser.add_argument("--device", default=None, help="default: cuda if available (cpu with --dry)")
+    names = [name for name, _, _ in SECTIONS]
+    parser.add_argument("--only", nargs="+", choices=names, help="run only these sections (a rerun)")
+    parser.add_argument(
+        "--train-seconds", type=float, default=None, help="section 5's run (default 60, dry 1)"
+    )
     args = parser.parse_args(argv)
     out_dir = args.out or default_out()
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device or ("cpu" if args.dry or not torch.cuda.is_available() else "cuda"))
     sizes = DRY if args.dry else FULL
+    if args.train_seconds is not None:
+        sizes = dataclasses.replace(sizes, train_seconds=args.train_seconds)
     torch.manual_seed(0)
     if args.dry:  # a shared CI machine: extra intra-op threads only contend with the sampler and other jobs
         torch.set_num_threads(1)
@@ -986,17 +1006,20 @@ def main(argv: list[str] | None = None) -> int:
             data_holder["data"] = synthetic_market_data(sizes.rows, sizes.features, device)
         return data_holder["data"]
 
+    summary = ""
     for name, function, needs_data in SECTIONS:
+        if args.only and name not in args.only:
+            continue
         call = (
             (lambda f=function: f(device, sizes, data(), args.dry))
             if needs_data
             else (lambda f=function: f(device, sizes, args.dry))
         )
         report["sections"][name] = run_section(name, call)
-    report["total_seconds"] = round(time.perf_counter() - started, 1)
-    summary = table(report)
-    (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (out_dir / "gpu_check.md").write_text(summary + "\n")
+        report["total_seconds"] = round(time.perf_counter() - started, 1)
+        summary = write_report(
+            report, out_dir
+        )  # after every section: a timeout still leaves the finished ones
     print(summary)
     print(f"[gpu_check] wrote {out_dir / 'gpu_check.json'} in {report['total_seconds']} s")
     errors = [n for n, s in report["sections"].items() if str(s["status"]).startswith("error")]
