@@ -1,6 +1,6 @@
 """The GPU check: one command that measures what the training stack does on a real accelerator.
 
-    python bench/gpu_check.py --out "$OUT"     # on the GPU machine: about 3 minutes on one H200
+    python bench/gpu_check.py --out "$OUT"     # on the GPU machine: about 3 minutes on one H200 (estimated)
     python bench/gpu_check.py --dry --out DIR  # the same code path on the CPU in seconds (tests/test_gpu_check.py)
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` (a short table) to ``--out`` (default: $OUT if set, else
@@ -16,9 +16,10 @@ Writes ``gpu_check.json`` and ``gpu_check.md`` (a short table) to ``--out`` (def
   6. vram        - HardwareBudget's predicted maximum batch fits under a memory cap of its usable bytes;
                    1.5x of it is predicted not to fit, and whether it really fails (OOM caught) is reported
 
-It needs only torch and numpy (plus nvidia-ml-py for section 5): the environment's data are synthetic tensors
-built straight into ``MarketData``'s fields, no polars frame. Every section runs inside its own error guard,
-so one failure is reported in the JSON and the others still run. ``--dry`` uses tiny sizes and ~1 s durations;
+It needs only torch and numpy (plus nvidia-ml-py for section 5): the environment's data are synthetic arrays
+given to ``MarketData.from_arrays`` (or its dataclass fields), no polars frame. Every section runs inside its
+own error guard, so one failure is reported in the JSON and the others still run; the report is rewritten
+after every section. ``--dry`` uses tiny sizes and ~1 s durations;
 the NVML and sync-debug parts then report "skipped: no CUDA" while the code around them (training runs,
 sampler thread, CPU sync counting with ``gpu_utils.SyncCounter``) still runs.
 """
