@@ -14,6 +14,10 @@ and two parts of (a) alone, to show where its time goes:
   bars       - ``read_bars`` (decode + bars + symbols)
   write      - writing (a)'s finished table again, chunk by chunk, with the stage's Parquet settings
 
+``--codecs`` instead writes (a)'s table once per Parquet setting (codec and level, BYTE_STREAM_SPLIT on/off,
+rows per row group, without the derivable key columns), median of 3 writes each, and prints CPU s, wall s and
+the file size: the evidence behind the constants in ``marketrl.features`` (docs/PERFORMANCE.md).
+
 The input is generated with a numpy structured array in databento's own record layout written after
 ``bytes(databento_dbn.Metadata)`` (building a million record objects in Python would dominate the run).
 The naive path uses pandas' untruncated ``ewm`` where the stage truncates its EMAs (docs/FEATURES.md), so the
@@ -32,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -178,7 +183,7 @@ def _rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
-def run_phase(phase: str, src: Path, dst: Path) -> dict[str, float]:
+def run_phase(phase: str, src: Path, dst: Path) -> dict[str, Any]:
     """Run one phase in this process (imports first, then measure)."""
     import databento
 
@@ -207,6 +212,8 @@ def run_phase(phase: str, src: Path, dst: Path) -> dict[str, float]:
         from marketrl.data.reader import read_bars
 
         extra["rows"] = float(read_bars(src).bars.height)
+    elif phase == "codecs":
+        return {"codecs": codec_phase(dst.with_name("stage.parquet"), dst)}
     elif phase == "write":
         from marketrl.features import CHUNK_BARS, _write_chunks
 
@@ -218,6 +225,65 @@ def run_phase(phase: str, src: Path, dst: Path) -> dict[str, float]:
     cpu = _cpu_seconds() - cpu_before
     peak = _peak_rss_bytes()
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_delta_bytes": float(max(peak - rss_before, 0)), **extra}
+
+
+# (label, compression, level, byte_stream_split, rows per row group, drop derivable key columns)
+CODEC_SETTINGS: list[tuple[str, str, int | None, bool, int, bool]] = [
+    ("zstd -1 + BSS (stage)", "zstd", -1, True, 24_576, False),
+    ("zstd 1 + BSS", "zstd", 1, True, 24_576, False),
+    ("zstd 3 + BSS", "zstd", 3, True, 24_576, False),
+    ("zstd -1, no BSS", "zstd", -1, False, 24_576, False),
+    ("lz4 + BSS", "lz4", None, True, 24_576, False),
+    ("lz4, no BSS", "lz4", None, False, 24_576, False),
+    ("snappy + BSS", "snappy", None, True, 24_576, False),
+    ("snappy, no BSS", "snappy", None, False, 24_576, False),
+    ("none + BSS", "none", None, True, 24_576, False),
+    ("none, no BSS", "none", None, False, 24_576, False),
+    ("zstd -1 + BSS, 12,288 rows/group", "zstd", -1, True, 12_288, False),
+    ("zstd -1 + BSS, 98,304 rows/group", "zstd", -1, True, 98_304, False),
+    ("zstd -1 + BSS, 1 group", "zstd", -1, True, 10**9, False),
+    ("zstd -1 + BSS, no trading_day/symbol", "zstd", -1, True, 24_576, True),
+]
+
+
+def codec_phase(table_path: Path, dst: Path, repeats: int = 3) -> list[dict[str, float | str]]:
+    """Write the stage's table with every ``CODEC_SETTINGS`` entry; median CPU/wall of ``repeats`` writes."""
+    import pyarrow.parquet as pq
+
+    from marketrl.features import _PARQUET_KEY_COLUMNS
+
+    table = pq.read_table(table_path)
+    table = table.replace_schema_metadata(None)
+    floats = [f.name for f in table.schema if str(f.type) in ("float", "double")]
+    rows = []
+    for label, codec, level, bss, group_rows, drop_keys in CODEC_SETTINGS:
+        data = table.drop_columns(["trading_day", "symbol"]) if drop_keys else table
+        keys = [c for c in _PARQUET_KEY_COLUMNS if c in data.column_names]
+        cpu, wall = [], []
+        for _ in range(repeats):
+            cpu_before, started = _cpu_seconds(), time.perf_counter()
+            with pq.ParquetWriter(
+                dst,
+                data.schema,
+                compression=codec,
+                compression_level=level,
+                use_dictionary=keys,
+                write_statistics=keys,
+                use_byte_stream_split=floats if bss else False,
+            ) as writer:
+                for start in range(0, data.num_rows, group_rows):
+                    writer.write_table(data.slice(start, group_rows), row_group_size=group_rows)
+            wall.append(time.perf_counter() - started)
+            cpu.append(_cpu_seconds() - cpu_before)
+        rows.append(
+            {
+                "setting": label,
+                "cpu_s": sorted(cpu)[repeats // 2],
+                "wall_s": sorted(wall)[repeats // 2],
+                "mib": dst.stat().st_size / 2**20,
+            }
+        )
+    return rows
 
 
 def _peak_rss_bytes() -> int:
@@ -237,7 +303,7 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _subprocess_phase(phase: str, src: Path, dst: Path) -> dict[str, float]:
+def _subprocess_phase(phase: str, src: Path, dst: Path) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--phase", phase, "--src", str(src), "--dst", str(dst)]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -268,6 +334,7 @@ def main() -> None:
     parser.add_argument("--instruments", type=int, default=2)
     parser.add_argument("--skip-naive", action="store_true", help="skip the (slow) pandas path")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--codecs", action="store_true", help="compare Parquet write settings on (a)'s table")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     parser.add_argument("--src", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--dst", type=Path, help=argparse.SUPPRESS)
@@ -279,6 +346,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="marketrl-bench-") as tmp:
         src = Path(tmp) / "bench.ohlcv-1m.dbn.zst"
         size = generate_ohlcv_file(src, args.bars, args.instruments)
+        if args.codecs:
+            _subprocess_phase("stage", src, Path(tmp) / "stage.parquet")
+            codecs = _subprocess_phase("codecs", src, Path(tmp) / "codecs.parquet")["codecs"]
+            print(
+                f"Parquet settings on (a)'s table ({args.bars:,} bars), median of 3 writes; cpus={os.cpu_count()}"
+            )
+            print(f"{'setting':<40}{'cpu s':>8}{'wall s':>8}{'MiB':>8}")
+            for row in codecs:
+                print(f"{row['setting']:<40}{row['cpu_s']:>8.2f}{row['wall_s']:>8.2f}{row['mib']:>8.0f}")
+            return
         phases = ["floor", "stage", "bars", "write"] + ([] if args.skip_naive else ["naive"])
         results = {p: _subprocess_phase(p, src, Path(tmp) / f"{p}.parquet") for p in phases}
         array_bytes = results["floor"]["array_bytes"]

@@ -105,13 +105,17 @@ def _entry(
 # Patterns run on the lower-cased name with "nvidia"/"geforce"/"tesla" removed and whitespace collapsed.
 _GPU_TABLE: tuple[tuple[re.Pattern[str], GpuInfo], ...] = (
     # Jetson / Tegra first: "orin nano" must not fall through to the Maxwell "nano" entry.
+    _entry(r"\bthor\b|\bjetson t[45]000\b", "Jetson Thor (Blackwell)", (11, 0)),
     _entry(r"\borin\b", "Jetson Orin (Ampere)", (8, 7)),
     _entry(r"\bxavier\b", "Jetson Xavier (Volta)", (7, 2)),
     _entry(r"\btx2\b|\btegra x2\b", "Jetson TX2 (Pascal)", (6, 2)),
     _entry(r"\bnano\b|\btx1\b|\btegra x1\b", "Jetson Nano/TX1 (Maxwell)", (5, 3)),
-    # Blackwell.
-    _entry(r"\bgb[123]00\b|\bb[123]00\b", "Blackwell datacenter", (10, 0)),
-    _entry(r"\bblackwell\b|\brtx 50\d0\b", "Blackwell workstation/consumer", (12, 0)),
+    # Blackwell (NVIDIA's compute-capability table): B300/GB300 are sm_103, B100/B200/GB200 sm_100, GB10
+    # (DGX Spark) sm_121, every "RTX PRO" part and GeForce RTX 50xx (desktop and laptop) sm_120.
+    _entry(r"\bg?b300\b", "Blackwell Ultra datacenter", (10, 3)),
+    _entry(r"\bgb[12]00\b|\bb[12]00\b", "Blackwell datacenter", (10, 0)),
+    _entry(r"\bgb10\b|\bdgx spark\b", "Blackwell GB10 (DGX Spark)", (12, 1)),
+    _entry(r"\bblackwell\b|\brtx pro \d{3,4}\b|\brtx 50\d0\b", "Blackwell workstation/consumer", (12, 0)),
     # Hopper.
     _entry(r"\bgh200\b|\bh200\b|\bh100\b|\bh800\b|\bh20\b", "Hopper", (9, 0)),
     # Ada.

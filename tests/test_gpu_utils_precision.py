@@ -84,6 +84,68 @@ def test_auto_precision_over_real_devices(
     assert plan.device_type == ("cpu" if name == "cpu" else "cuda")
 
 
+# Name-only detection (no capability reported) over the current Blackwell, Hopper and Ada product lists, by the
+# compute capability NVIDIA's table gives each part: every one must resolve to bf16 with the right capability.
+CURRENT_PARTS = [
+    ("NVIDIA B100", (10, 0)),
+    ("NVIDIA B200", (10, 0)),
+    ("NVIDIA GB200", (10, 0)),
+    ("NVIDIA B300 SXM6 AC", (10, 3)),
+    ("NVIDIA GB300", (10, 3)),
+    ("NVIDIA GB10", (12, 1)),  # DGX Spark
+    ("NVIDIA Thor", (11, 0)),  # Jetson AGX Thor
+    ("NVIDIA Jetson T5000", (11, 0)),
+    ("NVIDIA Jetson T4000", (11, 0)),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", (12, 0)),
+    ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", (12, 0)),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0)),
+    ("NVIDIA RTX PRO 6000", (12, 0)),  # without the generation word
+    ("NVIDIA RTX PRO 5000 Blackwell", (12, 0)),
+    ("NVIDIA RTX PRO 4500 Blackwell", (12, 0)),
+    ("NVIDIA RTX PRO 4500 Blackwell Server Edition", (12, 0)),
+    ("NVIDIA RTX PRO 4000 Blackwell", (12, 0)),
+    ("NVIDIA RTX PRO 4000 Blackwell SFF Edition", (12, 0)),
+    ("NVIDIA RTX PRO 2000 Blackwell", (12, 0)),
+    ("NVIDIA RTX PRO 5000 Blackwell Generation Laptop GPU", (12, 0)),
+    ("NVIDIA RTX PRO 500 Blackwell Generation Laptop GPU", (12, 0)),
+    ("NVIDIA GeForce RTX 5090", (12, 0)),
+    ("NVIDIA GeForce RTX 5090 D", (12, 0)),
+    ("NVIDIA GeForce RTX 5080", (12, 0)),
+    ("NVIDIA GeForce RTX 5070 Ti", (12, 0)),
+    ("NVIDIA GeForce RTX 5060 Ti", (12, 0)),
+    ("NVIDIA GeForce RTX 5050", (12, 0)),
+    ("NVIDIA GeForce RTX 5090 Laptop GPU", (12, 0)),
+    ("NVIDIA GeForce RTX 5070 Laptop GPU", (12, 0)),
+    ("NVIDIA GeForce RTX 5050 Laptop GPU", (12, 0)),
+    ("NVIDIA H200 NVL", (9, 0)),
+    ("NVIDIA H100 NVL", (9, 0)),
+    ("NVIDIA H800", (9, 0)),
+    ("NVIDIA H800 PCIe", (9, 0)),
+    ("NVIDIA H20", (9, 0)),
+    ("NVIDIA L20", (8, 9)),
+    ("NVIDIA L2", (8, 9)),
+    ("NVIDIA RTX 4000 SFF Ada Generation", (8, 9)),
+    ("NVIDIA A800 80GB PCIe", (8, 0)),
+]
+
+
+@pytest.mark.parametrize(("name", "capability"), CURRENT_PARTS)
+def test_name_only_detection_of_current_parts(name: str, capability: tuple[int, int]) -> None:
+    plan = select_precision(name, None)
+    assert plan.mode == "bf16", plan.reason
+    assert plan.capability == capability
+    assert "name table" in plan.reason
+
+
+def test_new_name_rules_do_not_capture_older_parts() -> None:
+    # "RTX PRO" is Blackwell-only branding; "Quadro RTX 6000" stays Turing, and a Turing "T1000" is no Thor.
+    assert lookup_gpu("Quadro RTX 6000").capability == (7, 5)
+    assert lookup_gpu("NVIDIA T1000").capability == (7, 5)
+    assert lookup_gpu("NVIDIA RTX 6000 Ada Generation").capability == (8, 9)
+    assert lookup_gpu("NVIDIA GeForce RTX 4090").capability == (8, 9)
+    assert lookup_gpu("Jetson Orin Nano").capability == (8, 7)
+
+
 @pytest.mark.parametrize(
     ("name", "family_word", "capability"),
     [
