@@ -810,9 +810,15 @@ def section_vram(device: torch.device, sizes: Sizes, data: Any, dry: bool) -> di
     if device.type == "cuda":
         torch.cuda.empty_cache()
     budget = gpu_utils.HardwareBudget.detect(device)
-    low, high = budget.batch_size_bounds("dqn", obs_dim, hidden, replay, plan)
-    static = budget.static_memory_bytes("dqn", obs_dim, hidden, replay)
-    per_sample = budget.per_sample_bytes("dqn", obs_dim, hidden, plan)
+    memory = STACK.load("marketrl.agents.memory")
+    footprint = memory.footprint("dqn", obs_dim, hidden, replay, plan)
+    low, high = memory.batch_size_bounds(budget, "dqn", obs_dim, hidden, replay, plan)
+    static = gpu_utils.static_memory_bytes(
+        footprint["parameter_count"],
+        frozen_parameter_count=footprint["frozen_parameter_count"],
+        buffer_bytes=footprint["buffer_bytes"],
+    )
+    per_sample = footprint["bytes_per_sample"]
     memory_bound = (budget.usable_bytes - static) // per_sample  # before the BATCH_LIMITS clamp
     over = int(memory_bound * VRAM_OVERSHOOT)
     out: dict[str, Any] = {

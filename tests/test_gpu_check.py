@@ -19,9 +19,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKER = ROOT / "tests" / "faults" / "no_heavy_deps"
 SECTIONS = ("precision", "host_syncs", "env", "bf16_vs_fp32", "utilization", "vram")
-# The env package split (marketrl/env/) makes these imports lazy; until it is merged, marketrl.env (and the
-# normalizer it imports) pulls them in at import time. The lead removes this once the split is merged.
-PENDING_LAZY_IMPORTERS = ("marketrl.env", "marketrl.normalize")
 
 
 def run_dry(out: Path, *, blocked: bool) -> tuple[subprocess.CompletedProcess[str], dict]:
@@ -40,24 +37,9 @@ def run_dry(out: Path, *, blocked: bool) -> tuple[subprocess.CompletedProcess[st
     return done, json.loads(report_file.read_text())
 
 
-def pending_env_split(report: dict) -> str | None:
-    """The first section error caused by a blocked import in a module the env split makes lazy, if any."""
-    for section in report["sections"].values():
-        status = str(section["status"])
-        if "blocked by the test" in status and any(
-            f"imported by {m})" in status for m in PENDING_LAZY_IMPORTERS
-        ):
-            return status
-    return None
-
-
 @pytest.mark.parametrize("blocked", [True, False], ids=["heavy-deps-blocked", "full-env"])
 def test_dry_run_reports_every_section(tmp_path: Path, blocked: bool) -> None:
     done, report = run_dry(tmp_path, blocked=blocked)
-    if blocked and (reason := pending_env_split(report)):
-        pytest.xfail(
-            f"marketrl.env still imports a heavy dependency at import time (env split pending): {reason}"
-        )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     sections = report["sections"]
     assert tuple(sections) == SECTIONS
