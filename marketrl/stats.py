@@ -42,15 +42,6 @@ class ConfidenceInterval(NamedTuple):
     hi: float
 
 
-class PairedSharpeComparison(NamedTuple):
-    """Sharpe(a) − Sharpe(b) with a paired bootstrap interval and the share of resamples where a beats b."""
-
-    point: float
-    lo: float
-    hi: float
-    prob_a_better: float
-
-
 StatisticFn = Callable[..., np.ndarray | float]
 
 
@@ -296,62 +287,6 @@ def stationary_bootstrap_ci(
         ]
     )
     return ConfidenceInterval(point, *_percentile_interval(boot, alpha))
-
-
-def sharpe_difference_ci(
-    a: object,
-    b: object,
-    n_boot: int = 2000,
-    mean_block: float | None = None,
-    alpha: float = 0.05,
-    seed: int = 0,
-) -> PairedSharpeComparison:
-    """Paired stationary-bootstrap CI of Sharpe(a) − Sharpe(b) (per-period units) on aligned daily returns.
-
-    Both series are resampled with the same indices, so their correlation is kept. ``prob_a_better`` is the
-    fraction of resamples (with finite Sharpes) where Sharpe(a) > Sharpe(b).
-    """
-    x = _as_1d_finite(a, "a")
-    y = _as_1d_finite(b, "b")
-    if x.size != y.size:
-        raise StatsInputError(
-            f"sharpe_difference_ci: a and b must be aligned (same days), got {x.size}, {y.size}"
-        )
-    _check_bootstrap_params(n_boot, alpha)
-    point = float(sharpe_ratio(x) - sharpe_ratio(y))
-    if x.size < 2:
-        return PairedSharpeComparison(point, math.nan, math.nan, math.nan)
-    block = default_mean_block(x, y) if mean_block is None else mean_block
-    rng = np.random.default_rng(seed)
-    sharpe_a, sharpe_b = [], []
-    for rows in _chunk_sizes(n_boot, x.size):
-        indices = stationary_bootstrap_indices(x.size, block, rows, rng)
-        sharpe_a.append(np.asarray(sharpe_ratio(x[indices])))
-        sharpe_b.append(np.asarray(sharpe_ratio(y[indices])))
-    boot_a, boot_b = np.concatenate(sharpe_a), np.concatenate(sharpe_b)
-    both_finite = np.isfinite(boot_a) & np.isfinite(boot_b)
-    prob_a_better = (
-        float(np.mean(boot_a[both_finite] > boot_b[both_finite])) if both_finite.any() else math.nan
-    )
-    lo, hi = _percentile_interval(boot_a - boot_b, alpha)
-    return PairedSharpeComparison(point, lo, hi, prob_a_better)
-
-
-def align_daily_returns(
-    days_a: object, returns_a: object, days_b: object, returns_b: object
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Align two daily return series on the union of their days; a missing day counts as a 0 return (no PnL)."""
-    days_a, days_b = np.asarray(days_a), np.asarray(days_b)
-    ra, rb = _as_1d_finite(returns_a, "returns_a"), _as_1d_finite(returns_b, "returns_b")
-    if days_a.shape != ra.shape or days_b.shape != rb.shape:
-        raise StatsInputError("align_daily_returns: each days array must match its returns in length")
-    if np.unique(days_a).size != days_a.size or np.unique(days_b).size != days_b.size:
-        raise StatsInputError("align_daily_returns: days must be unique within each series")
-    days = np.union1d(days_a, days_b)
-    aligned_a, aligned_b = np.zeros(days.size), np.zeros(days.size)
-    aligned_a[np.searchsorted(days, days_a)] = ra
-    aligned_b[np.searchsorted(days, days_b)] = rb
-    return days, aligned_a, aligned_b
 
 
 def _iqm_weights(n: int) -> np.ndarray:
