@@ -338,6 +338,7 @@ class FamilySummary:
     mean_block: float
     detectable: float  # annualised, formula (c + z_power)·√(2/n)·√252
     sentence: str
+    max_autocorrelation: float  # largest lag-1 autocorrelation of a model's seed-mean daily returns
 
 
 def _aligned_matrix(series: Sequence[ReturnSeries]) -> tuple[np.ndarray, np.ndarray]:
@@ -348,6 +349,15 @@ def _aligned_matrix(series: Sequence[ReturnSeries]) -> tuple[np.ndarray, np.ndar
     for column, (d, r) in enumerate(dailies):
         matrix[np.searchsorted(days, d), column] = r
     return days, matrix
+
+
+def lag1_autocorrelation(daily: np.ndarray) -> float:
+    """Sample lag-1 autocorrelation (NaN below 3 days or for a constant series)."""
+    if daily.size < 3:
+        return math.nan
+    centered = daily - daily.mean()
+    denominator = float(np.dot(centered, centered))
+    return float(np.dot(centered[1:], centered[:-1]) / denominator) if denominator > 0 else math.nan
 
 
 def _percentile(value: float, reference: np.ndarray) -> float:
@@ -539,6 +549,10 @@ def agent_verdicts(
             f"No model beats every baseline at family-wise 5% over all {len(algos)} model(s): no edge larger than "
             f"about {formula:.2f} (annualised Sharpe difference) is present at 80% power."
         )
+    autocorrelations = [
+        lag1_autocorrelation(matrix[:, [column_of[id(m)] for m in members[algo]]].mean(axis=1))
+        for algo in algos
+    ]
     summary = FamilySummary(
         n_days,
         n_hypotheses,
@@ -551,6 +565,7 @@ def agent_verdicts(
         block,
         formula,
         family_sentence,
+        max(autocorrelations, default=math.nan),
     )
     return verdicts, summary
 
