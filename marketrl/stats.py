@@ -1,4 +1,6 @@
-"""Honest statistics for strategy returns: PSR/DSR, stationary bootstrap CIs, rliable-style seed aggregation.
+"""Honest statistics for strategy returns: PSR/DSR, stationary bootstrap CIs, rliable-style seed aggregation, and
+the small-sample inference behind the report's verdict (studentized bootstrap-t intervals of Sharpe contrasts,
+the Romano–Wolf stepdown family test, the minimum detectable Sharpe difference).
 
 All Sharpe ratios here are *per period* (daily when fed daily returns) and never annualised unless a function
 says so; see docs/METRICS.md for formulas, conventions and references.

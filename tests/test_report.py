@@ -134,7 +134,7 @@ def test_verdict_says_which_agent_beats_the_baselines(report: tuple[PipelineOutp
     assert verdicts == {"ppo": "beats", "dqn": "does-not-beat"}
     assert "ppo beats every baseline after costs" in html
     assert "dqn does not beat the baselines after costs" in html
-    assert "ppo beat(s) every baseline; the claim accounts for all 2 model(s)" in html
+    assert "At family-wise 5% over all 2 model(s) of this run: ppo beats every baseline." in html
 
 
 def test_verdict_claims_follow_the_family_wise_p_values(report: tuple[PipelineOutputs, str]) -> None:
@@ -194,8 +194,8 @@ def test_verdict_without_enough_data_claims_nothing() -> None:
     assert "not enough out-of-sample data for a verdict (2 test day(s))" in sentence
 
 
-@pytest.mark.parametrize("test_days", [1, 2])
-def test_one_or_two_test_days_say_not_enough_data(tmp_path: Path, test_days: int) -> None:
+@pytest.mark.parametrize("test_days", [1, 2, 3])
+def test_too_few_test_days_say_not_enough_data(tmp_path: Path, test_days: int) -> None:
     outputs = write_pipeline_outputs(
         tmp_path / "run", n_folds=1, test_days=test_days, n_seeds=1, skill={"ppo": 0.95}, random_seeds=3
     )

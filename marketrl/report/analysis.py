@@ -405,6 +405,97 @@ def verdict_sentence(
     return False, f"{algo} does not beat the baselines after costs: " + "; ".join(reasons) + "."
 
 
+@dataclass(frozen=True)
+class _FamilyResult:
+    """Estimates, marginal intervals and family-wise decisions of the model rows and the hypothesis rows."""
+
+    estimate: np.ndarray  # [n_models + n_hypotheses], per-day units
+    se: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    p_adjusted: np.ndarray  # [n_hypotheses]
+    reject: np.ndarray
+    critical: float
+    critical_source: str
+    mean_block: float
+
+
+def _family_result(
+    matrix: np.ndarray,
+    model_rows: list[np.ndarray],
+    family_rows: list[np.ndarray],
+    rules: VerdictRules,
+    seed: int,
+) -> _FamilyResult:
+    """The studentized bootstrap of every row and the Romano–Wolf stepdown over the hypothesis rows; below 3
+    days nothing is estimable and the critical value falls back to the Bonferroni bound (for the power line)."""
+    n_rows, n_hypotheses = len(model_rows) + len(family_rows), len(family_rows)
+    bonferroni = bonferroni_critical(n_hypotheses, rules.alpha)
+    if matrix.shape[0] < 3 or not n_hypotheses:
+        nan = np.full(n_rows, np.nan)
+        return _FamilyResult(
+            nan,
+            nan,
+            nan,
+            nan,
+            np.ones(n_hypotheses),
+            np.zeros(n_hypotheses, bool),
+            bonferroni,
+            "Bonferroni bound",
+            math.nan,
+        )
+    contrasts = sharpe_contrasts(matrix, np.array(model_rows + family_rows), rules.n_boot, seed=seed)
+    lo, hi = bootstrap_t_intervals(contrasts, 0.05)
+    hypotheses = slice(len(model_rows), None)
+    family = familywise_test(
+        SharpeContrasts(
+            contrasts.estimate[hypotheses],
+            contrasts.standard_error[hypotheses],
+            contrasts.t_boot[:, hypotheses],
+            contrasts.mean_block,
+        ),
+        rules.alpha,
+    )
+    critical, source = family.first_step_critical, "Romano–Wolf first step"
+    if not is_finite_number(critical):
+        critical, source = bonferroni, "Bonferroni bound"
+    return _FamilyResult(
+        contrasts.estimate,
+        contrasts.standard_error,
+        lo,
+        hi,
+        family.p_adjusted,
+        family.reject,
+        critical,
+        source,
+        contrasts.mean_block,
+    )
+
+
+def _family_sentence(verdicts: Sequence[AgentVerdict], detectable: float, power: float) -> str:
+    winners = [v.algo for v in verdicts if v.beats]
+    n = len(verdicts)
+    if not all(v.enough_data for v in verdicts):
+        return "Not enough out-of-sample data for a verdict on every model; see each model below."
+    if winners:
+        verb = "beats" if len(winners) == 1 else "beat"
+        return f"At family-wise 5% over all {n} model(s) of this run: {_join(winners)} {verb} every baseline."
+    return (
+        f"No model beats every baseline at family-wise 5% over all {n} model(s). This run would have detected an "
+        f"annualised Sharpe difference above about {detectable:.2f} with {100 * power:.0f}% power: no edge larger "
+        "than that, smaller ones undetermined."
+    )
+
+
+def _shortfalls(n_days: int, n_seeds: int, rules: VerdictRules) -> list[str]:
+    shortfalls = []
+    if n_days < rules.min_test_days:
+        shortfalls.append(f"{n_days} test day(s), evaluation.min_test_days = {rules.min_test_days}")
+    if n_seeds < rules.min_seeds:
+        shortfalls.append(f"{n_seeds} seed(s), evaluation.min_seeds = {rules.min_seeds}")
+    return shortfalls
+
+
 def agent_verdicts(
     inputs: ReportInputs,
     agents: Sequence[Strategy],
@@ -420,17 +511,23 @@ def agent_verdicts(
     each evaluated on its own, never the Sharpe of their averaged portfolio.
     """
     algos = list(inputs.algos)
-    fixed = [b for b in baselines if b.name != RANDOM_BASELINE and b.pooled is not None]
+    fixed = [b for b in baselines if b.name != RANDOM_BASELINE]
     members = {
         algo: sorted((a for a in agents if a.name == algo), key=lambda a: a.seed_index or 0) for algo in algos
     }
     columns = [m for algo in algos for m in members[algo]] + fixed + list(random_seeds)
-    days, matrix = _aligned_matrix([c.pooled for c in columns if c.pooled is not None])
+    pooled = [c.pooled for c in columns]
+    if any(p is None for p in pooled):
+        raise ReportInputError(
+            "report: a strategy has no pooled out-of-sample series (build_strategies first)"
+        )
+    days, matrix = _aligned_matrix([p for p in pooled if p is not None])
     n_days = int(days.size)
     column_of = {id(c): j for j, c in enumerate(columns)}
     baseline_names = [b.name for b in fixed] + ([RANDOM_BASELINE] if random_seeds else [])
 
     def weights_for(algo: str, baseline: str | None) -> np.ndarray:
+        """Mean of the model's seed Sharpes minus the baseline's Sharpe (or the random traders' mean)."""
         row = np.zeros(len(columns))
         for m in members[algo]:
             row[column_of[id(m)]] += 1.0 / len(members[algo])
@@ -444,66 +541,35 @@ def agent_verdicts(
     model_rows = [weights_for(algo, None) for algo in algos]
     pairs = [(algo, name) for algo in algos for name in baseline_names]
     family_rows = [sign * weights_for(algo, name) for algo, name in pairs for sign in (1.0, -1.0)]
-    n_hypotheses = len(family_rows)
-    seed = derive_seed(root_seed, "report", "family")
-    estimate = np.full(len(model_rows) + n_hypotheses, np.nan)
-    se = np.full_like(estimate, np.nan)
-    lo = np.full_like(estimate, np.nan)
-    hi = np.full_like(estimate, np.nan)
-    p_adjusted = np.ones(n_hypotheses)
-    reject = np.zeros(n_hypotheses, dtype=bool)
-    critical, source, block = bonferroni_critical(n_hypotheses, rules.alpha), "Bonferroni bound", math.nan
-    if n_days >= 3 and n_hypotheses:
-        contrasts = sharpe_contrasts(matrix, np.array(model_rows + family_rows), rules.n_boot, seed=seed)
-        estimate, se, block = contrasts.estimate, contrasts.standard_error, contrasts.mean_block
-        lo, hi = bootstrap_t_intervals(contrasts, 0.05)
-        family = familywise_test(
-            SharpeContrasts(
-                estimate[len(model_rows) :],
-                se[len(model_rows) :],
-                contrasts.t_boot[:, len(model_rows) :],
-                block,
-            ),
-            rules.alpha,
-        )
-        p_adjusted, reject = family.p_adjusted, family.reject
-        if is_finite_number(family.first_step_critical):
-            critical, source = family.first_step_critical, "Romano–Wolf first step"
-    z_power = float(norm.ppf(rules.power))
-    random_sharpes = (
-        np.array([annualized_sharpe(matrix[:, column_of[id(r)]]) for r in random_seeds], dtype=np.float64)
-        if n_days
-        else np.array([])
+    result = _family_result(
+        matrix, model_rows, family_rows, rules, derive_seed(root_seed, "report", "family")
     )
+    z_power = float(norm.ppf(rules.power))
+    random_sharpes = np.array([annualized_sharpe(matrix[:, column_of[id(r)]]) for r in random_seeds])
 
     verdicts = []
     for i, algo in enumerate(algos):
-        n_seeds = len(members[algo])
-        shortfalls = []
-        if n_days < rules.min_test_days:
-            shortfalls.append(f"{n_days} test day(s), evaluation.min_test_days = {rules.min_test_days}")
-        if n_seeds < rules.min_seeds:
-            shortfalls.append(f"{n_seeds} seed(s), evaluation.min_seeds = {rules.min_seeds}")
+        shortfalls = _shortfalls(n_days, len(members[algo]), rules)
         enough = not shortfalls
         comparisons = []
         for name in baseline_names:
-            k = 2 * pairs.index((algo, name))
+            k = 2 * pairs.index((algo, name))  # rows k ("beats") and k + 1 ("worse") of the family
             row = len(model_rows) + k
             comparisons.append(
                 Comparison(
                     baseline=name,
-                    diff=float(estimate[row]) * ANNUALIZER,
-                    lo=float(lo[row]) * ANNUALIZER,
-                    hi=float(hi[row]) * ANNUALIZER,
-                    p_beats=float(p_adjusted[k]),
-                    p_worse=float(p_adjusted[k + 1]),
-                    beats=enough and bool(reject[k]),
-                    worse=enough and bool(reject[k + 1]),
-                    detectable=(critical + z_power) * float(se[row]) * ANNUALIZER,
+                    diff=float(result.estimate[row]) * ANNUALIZER,
+                    lo=float(result.lo[row]) * ANNUALIZER,
+                    hi=float(result.hi[row]) * ANNUALIZER,
+                    p_beats=float(result.p_adjusted[k]),
+                    p_worse=float(result.p_adjusted[k + 1]),
+                    beats=enough and bool(result.reject[k]),
+                    worse=enough and bool(result.reject[k + 1]),
+                    detectable=(result.critical + z_power) * float(result.se[row]) * ANNUALIZER,
                 )
             )
-        sharpe = ConfidenceInterval(
-            float(estimate[i]) * ANNUALIZER, float(lo[i]) * ANNUALIZER, float(hi[i]) * ANNUALIZER
+        sharpe = _annualized_ci(
+            ConfidenceInterval(float(result.estimate[i]), float(result.lo[i]), float(result.hi[i]))
         )
         seeds = []
         for m in members[algo]:
@@ -511,61 +577,50 @@ def agent_verdicts(
             boot_seed = derive_seed(root_seed, "report", "sharpe", algo, m.seed_index)
             stats = sharpe_stats(m.pooled, m.pooled_summary, rules.n_boot, boot_seed)
             seeds.append(SeedRow(m.seed_index, stats, _percentile(stats.sharpe.point, random_sharpes)))
-        per_seed = np.array([s.stats.sharpe.point for s in seeds])
-        iqm = ConfidenceInterval(math.nan, math.nan, math.nan)
-        if np.all(np.isfinite(per_seed)) and per_seed.size:
-            iqm = seed_aggregate(per_seed, rules.n_boot, derive_seed(root_seed, "report", "iqm", algo))
-            if n_seeds < rules.min_seeds:
-                iqm = ConfidenceInterval(iqm.point, math.nan, math.nan)
+        iqm = seed_aggregate(
+            np.array([s.stats.sharpe.point for s in seeds]),
+            rules.n_boot,
+            derive_seed(root_seed, "report", "iqm", algo),
+        )
+        if len(members[algo]) < rules.min_seeds:
+            iqm = ConfidenceInterval(iqm.point, math.nan, math.nan)  # measured coverage too low to print
         detectable = max(
             (c.detectable for c in comparisons if is_finite_number(c.detectable)), default=math.nan
         )
         beats, sentence = verdict_sentence(algo, comparisons, (enough, "; ".join(shortfalls)), detectable)
         verdicts.append(
             AgentVerdict(
-                algo,
-                n_seeds,
-                seeds,
-                deflation_for(inputs, algo),
-                sharpe,
-                iqm,
-                _percentile(sharpe.point, random_sharpes),
-                comparisons,
-                enough,
-                beats,
-                sentence,
+                algo=algo,
+                n_seeds=len(members[algo]),
+                seeds=seeds,
+                deflation=deflation_for(inputs, algo),
+                sharpe=sharpe,
+                iqm_sharpe=iqm,
+                random_percentile=_percentile(sharpe.point, random_sharpes),
+                comparisons=comparisons,
+                enough_data=enough,
+                beats=beats,
+                sentence=sentence,
             )
         )
-    formula = minimum_detectable_sharpe_difference(n_days, critical, rules.power) * ANNUALIZER
-    winners = [v.algo for v in verdicts if v.beats]
-    if not all(v.enough_data for v in verdicts):
-        family_sentence = "Not enough out-of-sample data for a verdict on every model; see each model below."
-    elif winners:
-        family_sentence = (
-            f"{_join(winners)} beat(s) every baseline; the claim accounts for all {len(algos)} model(s)."
-        )
-    else:
-        family_sentence = (
-            f"No model beats every baseline at family-wise 5% over all {len(algos)} model(s): no edge larger than "
-            f"about {formula:.2f} (annualised Sharpe difference) is present at 80% power."
-        )
+    formula = minimum_detectable_sharpe_difference(n_days, result.critical, rules.power) * ANNUALIZER
     autocorrelations = [
         lag1_autocorrelation(matrix[:, [column_of[id(m)] for m in members[algo]]].mean(axis=1))
         for algo in algos
     ]
     summary = FamilySummary(
-        n_days,
-        n_hypotheses,
-        len(algos),
-        len(random_seeds),
-        rules.alpha,
-        rules.power,
-        critical,
-        source,
-        block,
-        formula,
-        family_sentence,
-        max(autocorrelations, default=math.nan),
+        n_days=n_days,
+        n_hypotheses=len(family_rows),
+        n_models=len(algos),
+        n_random=len(random_seeds),
+        alpha=rules.alpha,
+        power=rules.power,
+        critical=result.critical,
+        critical_source=result.critical_source,
+        mean_block=result.mean_block,
+        detectable=formula,
+        sentence=_family_sentence(verdicts, formula, rules.power),
+        max_autocorrelation=max((a for a in autocorrelations if is_finite_number(a)), default=math.nan),
     )
     return verdicts, summary
 
