@@ -1,4 +1,6 @@
-"""Honest statistics for strategy returns: PSR/DSR, stationary bootstrap CIs, rliable-style seed aggregation.
+"""Honest statistics for strategy returns: PSR/DSR, stationary bootstrap CIs, rliable-style seed aggregation, and
+the small-sample inference behind the report's verdict (studentized bootstrap-t intervals of Sharpe contrasts,
+the Romano–Wolf stepdown family test, the minimum detectable Sharpe difference).
 
 All Sharpe ratios here are *per period* (daily when fed daily returns) and never annualised unless a function
 says so; see docs/METRICS.md for formulas, conventions and references.
@@ -40,15 +42,6 @@ class ConfidenceInterval(NamedTuple):
     point: float
     lo: float
     hi: float
-
-
-class PairedSharpeComparison(NamedTuple):
-    """Sharpe(a) − Sharpe(b) with a paired bootstrap interval and the share of resamples where a beats b."""
-
-    point: float
-    lo: float
-    hi: float
-    prob_a_better: float
 
 
 StatisticFn = Callable[..., np.ndarray | float]
@@ -97,6 +90,24 @@ def sharpe_ratio(returns: object, axis: int = -1) -> np.ndarray | float:
     return _scalar_or_array(sharpe)
 
 
+def probabilistic_sharpe_from_moments(
+    sharpe: float, n_obs: int, sr_benchmark: float = 0.0, skewness: float = 0.0, raw_kurtosis: float = 3.0
+) -> float:
+    """PSR from summary moments: Φ((SR − SR*)·√(n−1) / √(1 − γ₃·SR + (γ₄ − 1)/4·SR²)).
+
+    ``sharpe`` and ``sr_benchmark`` are per period; ``raw_kurtosis`` is non-excess (normal = 3). The defaults
+    assume normal returns, for when only a Sharpe and a sample length are known. NaN when n < 3 or undefined.
+    """
+    if n_obs < 3 or not all(map(math.isfinite, (sharpe, sr_benchmark, skewness, raw_kurtosis))):
+        return math.nan
+    variance_factor = 1.0 - skewness * sharpe + (raw_kurtosis - 1.0) / 4.0 * sharpe**2
+    if variance_factor <= 0:
+        # Only reachable in degenerate two-point distributions (kurtosis = 1 + skew²): no usable estimate.
+        return math.nan
+    z_score = (sharpe - sr_benchmark) * math.sqrt(n_obs - 1) / math.sqrt(variance_factor)
+    return float(norm.cdf(z_score))
+
+
 def probabilistic_sharpe_ratio(returns: object, sr_benchmark: float = 0.0) -> float:
     """Probability that the true per-period Sharpe exceeds ``sr_benchmark`` (Bailey & López de Prado 2012).
 
@@ -115,12 +126,7 @@ def probabilistic_sharpe_ratio(returns: object, sr_benchmark: float = 0.0) -> fl
         return math.nan
     skewness = float(np.mean(centered**3)) / second_moment**1.5
     raw_kurtosis = float(np.mean(centered**4)) / second_moment**2
-    variance_factor = 1.0 - skewness * sharpe + (raw_kurtosis - 1.0) / 4.0 * sharpe**2
-    if variance_factor <= 0:
-        # Only reachable in degenerate two-point distributions (kurtosis = 1 + skew²): no usable estimate.
-        return math.nan
-    z_score = (sharpe - sr_benchmark) * math.sqrt(n - 1) / math.sqrt(variance_factor)
-    return float(norm.cdf(z_score))
+    return probabilistic_sharpe_from_moments(float(sharpe), n, sr_benchmark, skewness, raw_kurtosis)
 
 
 def expected_max_sharpe(n_trials: int, trials_sr_variance: float) -> float:
@@ -285,62 +291,6 @@ def stationary_bootstrap_ci(
     return ConfidenceInterval(point, *_percentile_interval(boot, alpha))
 
 
-def sharpe_difference_ci(
-    a: object,
-    b: object,
-    n_boot: int = 2000,
-    mean_block: float | None = None,
-    alpha: float = 0.05,
-    seed: int = 0,
-) -> PairedSharpeComparison:
-    """Paired stationary-bootstrap CI of Sharpe(a) − Sharpe(b) (per-period units) on aligned daily returns.
-
-    Both series are resampled with the same indices, so their correlation is kept. ``prob_a_better`` is the
-    fraction of resamples (with finite Sharpes) where Sharpe(a) > Sharpe(b).
-    """
-    x = _as_1d_finite(a, "a")
-    y = _as_1d_finite(b, "b")
-    if x.size != y.size:
-        raise StatsInputError(
-            f"sharpe_difference_ci: a and b must be aligned (same days), got {x.size}, {y.size}"
-        )
-    _check_bootstrap_params(n_boot, alpha)
-    point = float(sharpe_ratio(x) - sharpe_ratio(y))
-    if x.size < 2:
-        return PairedSharpeComparison(point, math.nan, math.nan, math.nan)
-    block = default_mean_block(x, y) if mean_block is None else mean_block
-    rng = np.random.default_rng(seed)
-    sharpe_a, sharpe_b = [], []
-    for rows in _chunk_sizes(n_boot, x.size):
-        indices = stationary_bootstrap_indices(x.size, block, rows, rng)
-        sharpe_a.append(np.asarray(sharpe_ratio(x[indices])))
-        sharpe_b.append(np.asarray(sharpe_ratio(y[indices])))
-    boot_a, boot_b = np.concatenate(sharpe_a), np.concatenate(sharpe_b)
-    both_finite = np.isfinite(boot_a) & np.isfinite(boot_b)
-    prob_a_better = (
-        float(np.mean(boot_a[both_finite] > boot_b[both_finite])) if both_finite.any() else math.nan
-    )
-    lo, hi = _percentile_interval(boot_a - boot_b, alpha)
-    return PairedSharpeComparison(point, lo, hi, prob_a_better)
-
-
-def align_daily_returns(
-    days_a: object, returns_a: object, days_b: object, returns_b: object
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Align two daily return series on the union of their days; a missing day counts as a 0 return (no PnL)."""
-    days_a, days_b = np.asarray(days_a), np.asarray(days_b)
-    ra, rb = _as_1d_finite(returns_a, "returns_a"), _as_1d_finite(returns_b, "returns_b")
-    if days_a.shape != ra.shape or days_b.shape != rb.shape:
-        raise StatsInputError("align_daily_returns: each days array must match its returns in length")
-    if np.unique(days_a).size != days_a.size or np.unique(days_b).size != days_b.size:
-        raise StatsInputError("align_daily_returns: days must be unique within each series")
-    days = np.union1d(days_a, days_b)
-    aligned_a, aligned_b = np.zeros(days.size), np.zeros(days.size)
-    aligned_a[np.searchsorted(days, days_a)] = ra
-    aligned_b[np.searchsorted(days, days_b)] = rb
-    return days, aligned_a, aligned_b
-
-
 def _iqm_weights(n: int) -> np.ndarray:
     # Sorted sample i owns the probability interval [i/n, (i+1)/n]; its weight is twice its overlap with
     # [1/4, 3/4], i.e. the integral of the empirical quantile function over the middle half.
@@ -405,3 +355,209 @@ def stratified_bootstrap_ci(
         resampled = matrix[seed_indices, task_columns]
         boot.append(np.asarray(statistic(resampled.reshape(rows, -1), axis=-1)))
     return ConfidenceInterval(point, *_percentile_interval(np.concatenate(boot), alpha))
+
+
+# ------------------------------------------------------------------------------------ small-sample inference
+# Percentile intervals under-cover badly at 9-20 days (docs/METRICS.md, "Coverage"). Everything below is a
+# bootstrap-t (studentized) procedure: each resample's Sharpe contrast is divided by its own standard error,
+# so the bootstrap calibrates the shape of the t-statistic instead of the raw spread of the estimate.
+
+
+class SharpeContrasts(NamedTuple):
+    """Linear combinations θ = W·SR of the per-period Sharpe ratios of aligned series, studentized."""
+
+    estimate: np.ndarray  # θ̂ [k], per-period units
+    standard_error: np.ndarray  # influence-function SE [k]; 0 for a contrast of constant series
+    t_boot: np.ndarray  # bootstrap-t draws (θ* − θ̂) / se* [n_boot, k]
+    mean_block: float
+
+
+class FamilyTest(NamedTuple):
+    """Romano–Wolf stepdown over one-sided hypotheses θ_k ≤ 0."""
+
+    t_stat: np.ndarray  # θ̂_k / se_k; −inf where untestable (se = 0 or undefined)
+    p_adjusted: np.ndarray  # family-wise adjusted p-values (1 where untestable)
+    reject: np.ndarray  # bool: θ_k > 0 claimed at family-wise level alpha
+    first_step_critical: float  # (1 − alpha) quantile of max_k t*_k over all testable hypotheses
+
+
+def _sharpe_and_influence(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sharpe along axis −2 of [..., n, S] and its influence values [..., n, S] (0 for a constant series).
+
+    IF(r) = z − SR/2 · (z² − 1), z = (r − μ)/σ: the first-order effect of one observation on μ/σ. Its mean
+    square over n gives the Lo (2002) / Mertens (2002) variance (1 + SR²/2 − γ₃·SR + (γ₄ − 3)/4·SR²) / n.
+    """
+    sharpe = np.asarray(sharpe_ratio(x, axis=-2))
+    mean = x.mean(axis=-2, keepdims=True)
+    std = x.std(axis=-2, ddof=1, keepdims=True)
+    rms = np.sqrt(np.mean(x * x, axis=-2, keepdims=True))
+    constant = std <= _CONSTANT_RELATIVE_STD * rms
+    z = (x - mean) / np.where(constant, 1.0, std)
+    influence = np.where(constant, 0.0, z - sharpe[..., None, :] / 2.0 * (z * z - 1.0))
+    return sharpe, influence
+
+
+def newey_west_lags(n: int) -> int:
+    """Bartlett-kernel bandwidth ⌊4·(n/100)^(2/9)⌋ (Newey & West 1994), at least 1 and below n/2."""
+    return max(1, min(int(4.0 * (n / 100.0) ** (2.0 / 9.0)), (n - 1) // 2))
+
+
+def _contrast_and_se(x: np.ndarray, weights: np.ndarray, lags: int) -> tuple[np.ndarray, np.ndarray]:
+    """Contrasts and their HAC standard errors: Bartlett-weighted autocovariances of the influence values.
+
+    Never below the i.i.d. standard error: at 9-40 days negative sample autocovariances are mostly noise, and
+    letting them shrink the SE produced false claims in the coverage simulation (docs/METRICS.md).
+    """
+    sharpe, influence = _sharpe_and_influence(x)
+    n = x.shape[-2]
+    u = influence @ weights.T  # [..., n, k]
+    iid = np.sum(u * u, axis=-2)
+    long_run = iid.copy()
+    for lag in range(1, lags + 1):
+        long_run += 2.0 * (1.0 - lag / (lags + 1.0)) * np.sum(u[..., lag:, :] * u[..., :-lag, :], axis=-2)
+    se = np.sqrt(np.maximum(iid, long_run) / (n * (n - 1)))
+    return sharpe @ weights.T, se
+
+
+def _studentized(diff: np.ndarray, se: np.ndarray) -> np.ndarray:
+    # A resample whose contrast has zero spread (e.g. one day drawn n times) is a legitimate, extreme draw.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = diff / se
+    return np.where(se > 0, t, np.where(diff > 0, np.inf, np.where(diff < 0, -np.inf, 0.0)))
+
+
+def sharpe_contrasts(
+    returns: object,
+    weights: object,
+    n_boot: int = 2000,
+    mean_block: float | None = None,
+    seed: int = 0,
+) -> SharpeContrasts:
+    """Studentized stationary bootstrap of linear Sharpe contrasts of aligned series ``returns`` [n, S].
+
+    ``weights`` [k, S]: row k defines θ_k = Σ_s W_ks·SR_s (e.g. [1, −1] for a difference, [1/S…] for a mean).
+    All series are resampled with the same day indices, so their cross-correlation is kept. NaN estimates
+    (undefined Sharpes) give se = NaN. Needs n ≥ 3 days.
+    """
+    x = np.asarray(returns, dtype=np.float64)
+    w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+    if x.ndim != 2 or w.ndim != 2 or w.shape[1] != x.shape[1]:
+        raise StatsInputError(
+            f"sharpe_contrasts: expected returns [n, S] and weights [k, S], got {x.shape}, {w.shape}"
+        )
+    if x.shape[0] < 3:
+        raise StatsInputError(f"sharpe_contrasts: expected at least 3 observations, got {x.shape[0]}")
+    if not np.all(np.isfinite(x)) or not np.all(np.isfinite(w)):
+        raise StatsInputError("sharpe_contrasts: expected finite returns and weights")
+    _check_bootstrap_params(n_boot, 0.05)
+    n, n_series = x.shape
+    block = default_mean_block(*x.T) if mean_block is None else mean_block
+    lags = newey_west_lags(n)
+    estimate, se = _contrast_and_se(x, w, lags)
+    rng = np.random.default_rng(seed)
+    draws = []
+    rows_per_chunk = max(1, _MAX_CHUNK_ELEMENTS // (n * n_series))
+    for start in range(0, n_boot, rows_per_chunk):
+        rows = min(rows_per_chunk, n_boot - start)
+        resampled = x[stationary_bootstrap_indices(n, block, rows, rng)]  # [rows, n, S]
+        boot_estimate, boot_se = _contrast_and_se(resampled, w, lags)
+        draws.append(_studentized(boot_estimate - estimate, boot_se))
+    return SharpeContrasts(estimate, se, np.concatenate(draws), float(block))
+
+
+def _testable(contrasts: SharpeContrasts) -> np.ndarray:
+    return (
+        np.isfinite(contrasts.estimate)
+        & np.isfinite(contrasts.standard_error)
+        & (contrasts.standard_error > 0)
+    )
+
+
+def bootstrap_t_intervals(contrasts: SharpeContrasts, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """Two-sided (1 − alpha) bootstrap-t intervals [θ̂ − q_{1−α/2}·se, θ̂ − q_{α/2}·se] per contrast.
+
+    NaN where the interval is degenerate (se = 0 or undefined): a zero-width interval is no evidence.
+    Quantiles are taken conservatively (outward), which also handles the ±inf draws of zero-spread resamples.
+    """
+    testable = _testable(contrasts)
+    lo = np.full(contrasts.estimate.shape, np.nan)
+    hi = np.full(contrasts.estimate.shape, np.nan)
+    for k in np.flatnonzero(testable):
+        draws = contrasts.t_boot[:, k]
+        draws = draws[~np.isnan(draws)]
+        q_hi = np.quantile(draws, 1.0 - alpha / 2.0, method="higher")
+        q_lo = np.quantile(draws, alpha / 2.0, method="lower")
+        lo[k] = contrasts.estimate[k] - q_hi * contrasts.standard_error[k]
+        hi[k] = contrasts.estimate[k] - q_lo * contrasts.standard_error[k]
+    return np.where(np.isfinite(lo), lo, np.nan), np.where(np.isfinite(hi), hi, np.nan)
+
+
+def studentized_sharpe_ci(
+    returns: object, n_boot: int = 2000, mean_block: float | None = None, alpha: float = 0.05, seed: int = 0
+) -> ConfidenceInterval:
+    """Bootstrap-t CI of one per-period Sharpe ratio (NaN bounds below 3 observations or for no spread)."""
+    x = _as_1d_finite(returns, "returns")
+    point = float(sharpe_ratio(x)) if x.size >= 2 else math.nan
+    if x.size < 3:
+        return ConfidenceInterval(point, math.nan, math.nan)
+    contrasts = sharpe_contrasts(x[:, None], [[1.0]], n_boot, mean_block, seed)
+    lo, hi = bootstrap_t_intervals(contrasts, alpha)
+    return ConfidenceInterval(point, float(lo[0]), float(hi[0]))
+
+
+def romano_wolf_stepdown(t_stat: object, t_boot: object, alpha: float = 0.05) -> FamilyTest:
+    """Romano & Wolf (2005) stepdown for one-sided hypotheses θ_k ≤ 0 from studentized bootstrap draws.
+
+    ``t_boot`` [n_boot, k] are centred draws (θ*_k − θ̂_k)/se*_k from ONE joint resampling of all hypotheses.
+    Ordered by decreasing t, p_(j) = max(p_(j−1), (1 + #{b: max_{i ≥ j} t*_{b,(i)} ≥ t_(j)}) / (n_boot + 1)):
+    the max is over the hypotheses not yet rejected, which is what makes the stepdown more powerful than the
+    single-step max-t while keeping the family-wise error rate at ``alpha``. Non-finite t are untestable.
+    """
+    t = np.asarray(t_stat, dtype=np.float64)
+    boot = np.asarray(t_boot, dtype=np.float64)
+    if boot.ndim != 2 or boot.shape[1] != t.size:
+        raise StatsInputError(f"romano_wolf_stepdown: expected t_boot [n_boot, {t.size}], got {boot.shape}")
+    if not 0 < alpha < 1:
+        raise StatsInputError(f"alpha: expected 0 < alpha < 1, got {alpha}")
+    testable = np.isfinite(t)
+    boot = np.where(np.isnan(boot) | ~testable, -np.inf, boot)
+    p_adjusted = np.ones(t.size)
+    critical = math.nan
+    order = [k for k in np.argsort(-np.where(testable, t, -np.inf), kind="stable") if testable[k]]
+    if order:
+        # Running max from the least significant hypothesis upwards: column j = max over order[j:].
+        ordered = boot[:, order]
+        tail_max = np.maximum.accumulate(ordered[:, ::-1], axis=1)[:, ::-1]
+        exceed = (tail_max >= t[order]).sum(axis=0)
+        p_raw = (1.0 + exceed) / (boot.shape[0] + 1.0)
+        p_adjusted[order] = np.maximum.accumulate(p_raw)
+        critical = float(np.quantile(tail_max[:, 0], 1.0 - alpha, method="higher"))
+    t_out = np.where(testable, t, -np.inf)
+    return FamilyTest(t_out, p_adjusted, testable & (p_adjusted <= alpha), critical)
+
+
+def familywise_test(contrasts: SharpeContrasts, alpha: float = 0.05) -> FamilyTest:
+    """Romano–Wolf stepdown on every contrast of ``contrasts`` (each a one-sided 'θ_k > 0' claim)."""
+    testable = _testable(contrasts)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(testable, contrasts.estimate / contrasts.standard_error, np.nan)
+    return romano_wolf_stepdown(t, contrasts.t_boot, alpha)
+
+
+def minimum_detectable_sharpe_difference(
+    n_obs: int, critical: float, power: float = 0.8, standard_error: float | None = None
+) -> float:
+    """Smallest per-period Sharpe difference a one-sided test at ``critical`` detects with ``power``.
+
+    MDE = (c + Φ⁻¹(power)) · SE. Default SE = √(2/n): two uncorrelated zero-Sharpe normal series, each with the
+    Lo (2002) variance (1 + SR²/2)/n at SR = 0. NaN below 2 observations or for an undefined critical value.
+    """
+    if n_obs < 2 or not math.isfinite(critical) or not 0 < power < 1:
+        return math.nan
+    se = math.sqrt(2.0 / n_obs) if standard_error is None else float(standard_error)
+    return float((critical + norm.ppf(power)) * se) if math.isfinite(se) else math.nan
+
+
+def bonferroni_critical(n_hypotheses: int, alpha: float = 0.05) -> float:
+    """One-sided normal critical value Φ⁻¹(1 − alpha/m): an upper bound on the Romano–Wolf first step."""
+    return float(norm.ppf(1.0 - alpha / max(1, n_hypotheses)))

@@ -8,6 +8,7 @@ import math
 import re
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -16,8 +17,9 @@ import pytest
 
 from marketrl.metrics import performance_summary
 from marketrl.report import SECTIONS, ReportInputError, build_report
-from marketrl.report.analysis import Comparison, Deflation, SeedVerdict, SharpeStats, verdict_sentence
-from marketrl.stats import ConfidenceInterval
+from marketrl.report.analysis import Comparison, deflation_for, verdict_sentence
+from marketrl.report.inputs import HyperoptSummary
+from marketrl.stats import ANNUALIZER, expected_max_sharpe, probabilistic_sharpe_from_moments
 from tests.report_fixtures import PipelineOutputs, write_pipeline_outputs
 
 SIZE_BUDGET_BYTES = 5 * 1024 * 1024
@@ -66,9 +68,10 @@ def _build(outputs: PipelineOutputs, out: Path) -> str:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineOutputs, str]:
-    """dqn without skill, ppo with strong (look-ahead) skill: one build exercises both verdicts."""
+    """dqn without skill, ppo with strong (look-ahead) skill: one build exercises both verdicts (12 test days,
+    5 seeds: above the default evaluation.min_test_days and min_seeds)."""
     root = tmp_path_factory.mktemp("report")
-    outputs = write_pipeline_outputs(root / "run", skill={"ppo": 0.95}, test_days=4, seed=1)
+    outputs = write_pipeline_outputs(root / "run", skill={"ppo": 0.95}, test_days=4, n_seeds=5, seed=1)
     return outputs, _build(outputs, root / "eval_report.html")
 
 
@@ -130,58 +133,112 @@ def test_verdict_says_which_agent_beats_the_baselines(report: tuple[PipelineOutp
     }
     assert verdicts == {"ppo": "beats", "dqn": "does-not-beat"}
     assert "ppo beats every baseline after costs" in html
-    assert re.search(r"dqn does not (significantly )?beat the baselines after costs", html)
+    assert "dqn does not beat the baselines after costs" in html
+    assert "At family-wise 5% over all 2 model(s) of this run: ppo beats every baseline." in html
 
 
-def test_verdict_numbers_are_consistent_with_the_rule(report: tuple[PipelineOutputs, str]) -> None:
+def test_verdict_claims_follow_the_family_wise_p_values(report: tuple[PipelineOutputs, str]) -> None:
     _, html = report
     parsed = _parse(html)
-    for seed in ("0", "1"):
-        assert float(parsed.cell("dsr", algo="ppo", seed=seed)["data-value"]) > 0.95
+    for algo in ("ppo", "dqn"):
         for baseline in ("buy_and_hold", "flat", "momentum", "random"):
-            assert float(parsed.cell(f"diff-{baseline}", algo="ppo", seed=seed)["data-lo"]) > 0
+            cell = parsed.cell(f"diff-{baseline}", algo=algo, seed="model")
+            p_beats, p_worse = float(cell["data-p-beats"]), float(cell["data-p-worse"])
+            expected = "beats" if p_beats <= 0.05 else ("worse" if p_worse <= 0.05 else "none")
+            assert cell["data-claim"] == expected
+            if algo == "ppo":
+                assert cell["data-claim"] == "beats" and float(cell["data-lo"]) > 0
+    # The random baseline is the distribution of traders: ppo sits above all of them, dqn does not.
+    assert float(parsed.cell("random-percentile", algo="ppo", seed="model")["data-value"]) == 1.0
+    assert float(parsed.cell("random-percentile", algo="dqn", seed="model")["data-value"]) < 1.0
 
 
-def _seed(diffs_lo: list[float], dsr: float, index: int = 0) -> SeedVerdict:
-    nan = math.nan
-    stats = SharpeStats(ConfidenceInterval(1.0, 0.5, 1.5), 0.99, dsr, 60, 0.01, -0.01)
-    names = ["buy_and_hold", "flat", "momentum", "random"]
-    return SeedVerdict(
-        index,
-        stats,
-        [Comparison(n, lo + 0.5, lo, lo + 1.0, nan) for n, lo in zip(names, diffs_lo, strict=True)],
-    )
+def test_power_section_states_the_detectable_edge(report: tuple[PipelineOutputs, str]) -> None:
+    _, html = report
+    parsed = _parse(html)
+    assert 'id="power"' in html and "What this run could detect" in html
+    detectable = [attrs for tag, attrs in parsed.tags if attrs.get("data-metric") == "detectable"]
+    assert len(detectable) == 1 and float(detectable[0]["data-value"]) > 0
+    for baseline in ("buy_and_hold", "momentum"):
+        assert float(parsed.cell(f"detectable-{baseline}", algo="dqn")["data-value"]) > 0
+
+
+def _comparison(name: str, beats: bool = False, worse: bool = False) -> Comparison:
+    return Comparison(name, 0.5, 0.1, 0.9, 0.01 if beats else 0.5, 0.01 if worse else 0.5, beats, worse, 1.5)
 
 
 @pytest.mark.parametrize(
-    ("seeds", "beats", "phrase"),
+    ("claims", "beats", "phrase"),
     [
-        ([_seed([0.1] * 4, 0.99), _seed([0.2] * 4, 0.97, 1)], True, "beats every baseline"),
+        ({"buy_and_hold": "b", "flat": "b", "momentum": "b", "random": "b"}, True, "beats every baseline"),
         (
-            [_seed([0.1] * 4, 0.90)],
+            {"buy_and_hold": "b", "flat": "b", "momentum": "", "random": "b"},
             False,
-            "does not significantly beat",
-        ),  # significant, but not after deflation
-        (
-            [_seed([0.1] * 4, 0.99), _seed([0.1, 0.1, -0.2, 0.1], 0.99, 1)],
-            False,
-            "not significantly better than momentum",
+            "against momentum the test",
         ),
-        ([_seed([-2.0, -0.2, -0.2, -0.2], 0.2)], False, "significantly worse than buy & hold"),
+        ({"buy_and_hold": "w", "flat": "", "momentum": "", "random": ""}, False, "worse than buy & hold"),
+        ({"buy_and_hold": "", "flat": "", "momentum": "", "random": ""}, False, "above about 1.50"),
     ],
 )
-def test_verdict_rule_is_conservative(seeds: list[SeedVerdict], beats: bool, phrase: str) -> None:
-    said_beats, sentence = verdict_sentence("ppo", seeds, Deflation(20, 0.01, ""))
+def test_verdict_rule_is_conservative(claims: dict[str, str], beats: bool, phrase: str) -> None:
+    comparisons = [_comparison(name, c == "b", c == "w") for name, c in claims.items()]
+    said_beats, sentence = verdict_sentence("ppo", comparisons, (True, ""), 1.5)
     assert said_beats is beats
     assert phrase in sentence
 
 
-def test_verdict_without_hyperopt_trials_never_beats() -> None:
-    beats, sentence = verdict_sentence(
-        "ppo", [_seed([0.5] * 4, math.nan)], Deflation(0, math.nan, "no completed hyperopt trials")
-    )
+def test_verdict_without_enough_data_claims_nothing() -> None:
+    comparisons = [_comparison(name, beats=True) for name in ("buy_and_hold", "flat", "momentum", "random")]
+    beats, sentence = verdict_sentence("ppo", comparisons, (False, "2 test day(s)"), 9.0)
     assert not beats
-    assert "unavailable (no completed hyperopt trials)" in sentence
+    assert "not enough out-of-sample data for a verdict (2 test day(s))" in sentence
+
+
+@pytest.mark.parametrize("test_days", [1, 2, 3])
+def test_too_few_test_days_say_not_enough_data(tmp_path: Path, test_days: int) -> None:
+    outputs = write_pipeline_outputs(
+        tmp_path / "run", n_folds=1, test_days=test_days, n_seeds=1, skill={"ppo": 0.95}, random_seeds=3
+    )
+    html = _build(outputs, tmp_path / "eval_report.html")
+    verdicts = {attrs["data-verdict"] for tag, attrs in _parse(html).tags if "data-verdict" in attrs}
+    assert verdicts == {"not-enough-data"}
+    assert "not enough out-of-sample data for a verdict" in html
+    assert 'data-claim="beats"' not in html and 'data-claim="worse"' not in html
+
+
+class _Inputs:
+    """The two fields of ReportInputs that deflation_for reads: the hyperopt summary and 20 validation days."""
+
+    def __init__(self, trials: list[dict[str, Any]], best_value: float) -> None:
+        data = {"best_value": best_value}
+        self.hyperopt = {"dqn": HyperoptSummary("dqn", Path("dqn.json"), trials, [], data)}
+        self.plan = SimpleNamespace(tuning=SimpleNamespace(validation_days=list(range(20))))
+
+
+def test_dsr_counts_every_trial_tried_and_takes_v_from_the_same_trials() -> None:
+    trials = [
+        {"state": "COMPLETE", "value": 1.6, "intermediate": {"0": 0.5, "1": 1.0}},
+        {"state": "COMPLETE", "value": -0.4, "intermediate": {}},
+        {"state": "PRUNED", "value": None, "intermediate": {"0": 0.3, "1": -0.8}},
+        {"state": "PRUNED", "value": None, "intermediate": {"0": 0.9}},
+        {"state": "FAIL", "value": None, "intermediate": {"0": 0.2}},  # failed after a score: a trial
+        {"state": "FAIL", "value": None, "intermediate": {}},  # failed before any score: nothing selected
+        {"state": "FAIL", "value": None, "intermediate": {"0": 3.0}, "user_attrs": {"interrupted": True}},
+    ]
+    deflation = deflation_for(_Inputs(trials, 1.6), "dqn")  # type: ignore[arg-type]
+    assert deflation.n_trials == 5
+    assert deflation.counts == {"COMPLETE": 2, "PRUNED": 2, "FAIL": 1}
+    scores = np.array([1.6, -0.4, -0.8, 0.9, 0.2]) / ANNUALIZER
+    assert deflation.trials_sr_variance == pytest.approx(np.var(scores, ddof=1))
+    benchmark = expected_max_sharpe(5, float(np.var(scores, ddof=1)))
+    assert deflation.dsr == pytest.approx(probabilistic_sharpe_from_moments(1.6 / ANNUALIZER, 20, benchmark))
+    assert any("skewness 0 and kurtosis 3" in a for a in deflation.assumptions)
+
+
+def test_dsr_is_unavailable_without_a_completed_trial() -> None:
+    trials = [{"state": "PRUNED", "value": None, "intermediate": {"0": 0.3}}]
+    deflation = deflation_for(_Inputs(trials, math.nan), "dqn")  # type: ignore[arg-type]
+    assert not deflation.available and deflation.note == "no completed hyperopt trials"
 
 
 # ------------------------------------------------------------------------------------ numbers vs the bars

@@ -17,20 +17,26 @@ from marketrl.stats import (
     ANNUALIZER,
     SESSIONS_PER_YEAR,
     StatsInputError,
-    align_daily_returns,
+    bonferroni_critical,
+    bootstrap_t_intervals,
     default_mean_block,
     deflated_sharpe_ratio,
     expected_max_sharpe,
+    familywise_test,
     interquartile_mean,
     is_finite_number,
+    minimum_detectable_sharpe_difference,
     optimal_mean_block,
+    probabilistic_sharpe_from_moments,
     probabilistic_sharpe_ratio,
-    sharpe_difference_ci,
+    romano_wolf_stepdown,
+    sharpe_contrasts,
     sharpe_ratio,
     stationary_bootstrap_ci,
     stationary_bootstrap_indices,
     stratified_bootstrap_ci,
     stratified_bootstrap_indices,
+    studentized_sharpe_ci,
 )
 
 SAMPLE = [0.02, -0.01, 0.03, 0.005, -0.015, 0.01, 0.025, -0.005, 0.04, -0.03]
@@ -170,29 +176,6 @@ def test_stationary_bootstrap_ci_point_and_custom_statistic():
         stationary_bootstrap_ci([0.1, float("nan"), 0.2])
 
 
-def test_sharpe_difference_ci_is_paired():
-    rng = np.random.default_rng(6)
-    market = rng.normal(0.0, 0.01, size=500)
-    better = market + 0.0005  # same noise, higher mean
-    same = sharpe_difference_ci(market, market, n_boot=300, seed=0)
-    assert (same.point, same.lo, same.hi, same.prob_a_better) == (0.0, 0.0, 0.0, 0.0)
-    comparison = sharpe_difference_ci(better, market, n_boot=500, seed=0)
-    assert comparison.point == pytest.approx(sharpe_ratio(better) - sharpe_ratio(market))
-    assert 0 < comparison.lo < comparison.point < comparison.hi
-    assert comparison.prob_a_better == 1.0
-    # Unpaired, the Sharpe of each series alone is uncertain by far more than the paired difference.
-    _, lo_alone, hi_alone = stationary_bootstrap_ci(better, n_boot=500, seed=0)
-    assert comparison.hi - comparison.lo < 0.2 * (hi_alone - lo_alone)
-    with pytest.raises(StatsInputError, match="aligned"):
-        sharpe_difference_ci(market, market[:-1])
-
-
-def test_align_daily_returns_fills_missing_days_with_zero():
-    days, a, b = align_daily_returns([1, 2, 4], [0.1, 0.2, 0.4], [2, 3], [-0.2, -0.3])
-    assert days.tolist() == [1, 2, 3, 4]
-    assert a.tolist() == [0.1, 0.2, 0.0, 0.4] and b.tolist() == [0.0, -0.2, -0.3, 0.0]
-
-
 def test_interquartile_mean_known_values():
     assert interquartile_mean(np.arange(1, 9)) == pytest.approx(4.5)  # mean of 3, 4, 5, 6
     assert interquartile_mean([5, 1, 4, 2, 3]) == pytest.approx(0.3 * 2 + 0.4 * 3 + 0.3 * 4)
@@ -244,3 +227,143 @@ def test_stratified_bootstrap_degenerate_cases():
     assert indices.shape == (50, 4, 3) and indices.min() >= 0 and indices.max() < 4
     with pytest.raises(StatsInputError, match="finite"):
         stratified_bootstrap_ci([[1.0, float("nan")]])
+
+
+# ------------------------------------------------------------------------- small-sample inference (bootstrap-t)
+
+
+def test_influence_standard_error_matches_the_lo_mertens_formula():
+    rng = np.random.default_rng(11)
+    x = rng.standard_t(df=6, size=20_000) * 0.01 + 0.002
+    contrasts = sharpe_contrasts(x[:, None], [[1.0]], n_boot=2, seed=0)
+    sharpe = float(sharpe_ratio(x))
+    skew, excess = scipy_stats.skew(x), scipy_stats.kurtosis(x)
+    mertens = math.sqrt((1 + sharpe**2 / 2 - skew * sharpe + excess / 4 * sharpe**2) / x.size)
+    assert contrasts.estimate[0] == pytest.approx(sharpe)
+    # HAC never below the i.i.d. SE, and on i.i.d. data barely above it.
+    assert mertens <= contrasts.standard_error[0] * 1.01
+    assert contrasts.standard_error[0] == pytest.approx(mertens, rel=0.05)
+
+
+def test_contrast_of_constant_series_is_degenerate_not_significant():
+    flat = np.zeros(30)
+    contrasts = sharpe_contrasts(np.column_stack([flat, flat]), [[1.0, -1.0]], n_boot=100, seed=1)
+    assert contrasts.estimate[0] == 0.0 and contrasts.standard_error[0] == 0.0
+    lo, hi = bootstrap_t_intervals(contrasts)
+    assert np.isnan(lo[0]) and np.isnan(hi[0])  # a zero-width interval is never printed as evidence
+    assert not familywise_test(contrasts).reject.any()
+    ci = studentized_sharpe_ci(np.full(10, 0.01), n_boot=100)
+    assert math.isnan(ci.lo) and math.isnan(ci.hi)
+    for n in (1, 2):
+        assert math.isnan(studentized_sharpe_ci(np.arange(n) * 0.01 + 0.01, n_boot=50).lo)
+    with pytest.raises(StatsInputError, match="at least 3"):
+        sharpe_contrasts(np.ones((2, 1)), [[1.0]])
+
+
+@pytest.mark.parametrize("n_days", [9, 20])
+def test_bootstrap_t_interval_covers_near_nominal_at_small_samples(n_days):
+    """K = 80 seeded AR(1) worlds (phi 0.2): coverage of the 95% Sharpe interval stays near nominal where the
+    percentile interval does not (docs/METRICS.md has the full table from bench/coverage.py)."""
+    phi, true_sharpe = 0.2, 0.1
+    rng = np.random.default_rng(n_days)
+    hits = []
+    for k in range(80):
+        x = ar1_series(n_days + 50, phi, 0.0, rng)[50:] * math.sqrt(1 - phi**2) + true_sharpe
+        ci = studentized_sharpe_ci(x, n_boot=200, seed=k)
+        hits.append(ci.lo <= true_sharpe <= ci.hi)
+    assert 0.88 <= np.mean(hits) <= 1.0
+
+
+def _stepdown_oracle(t, t_boot, alpha):
+    """Romano–Wolf by its definition: repeat {critical value = (1−α) quantile of the max over the hypotheses
+    still in play; reject every one above it} until nothing more is rejected. Written with plain loops."""
+    active = [k for k in range(len(t)) if math.isfinite(t[k])]
+    rejected = set()
+    while active:
+        maxima = [max(row[k] for k in active) for row in t_boot]
+        newly = [k for k in active if (1 + sum(m >= t[k] for m in maxima)) / (len(maxima) + 1) <= alpha]
+        if not newly:
+            break
+        rejected |= set(newly)
+        active = [k for k in active if k not in rejected]
+    return rejected
+
+
+def _single_step(t, t_boot, alpha):
+    maxima = t_boot.max(axis=1)
+    return {k for k in range(len(t)) if (1 + np.sum(maxima >= t[k])) / (len(maxima) + 1) <= alpha}
+
+
+def test_romano_wolf_matches_the_definition_and_contains_single_step_max_t():
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        k = int(rng.integers(2, 9))
+        t_boot = rng.standard_normal((300, k)) @ (np.eye(k) + 0.4 * rng.random((k, k)))
+        t = rng.normal(1.5, 1.5, size=k)
+        if trial % 5 == 0:
+            t[0] = -np.inf  # untestable hypothesis (zero standard error)
+        result = romano_wolf_stepdown(t, t_boot, 0.05)
+        assert set(np.flatnonzero(result.reject)) == _stepdown_oracle(t, t_boot, 0.05)
+        assert _single_step(np.where(np.isfinite(t), t, -np.inf), t_boot, 0.05) <= set(
+            np.flatnonzero(result.reject)
+        )
+        assert np.all((result.p_adjusted >= 0) & (result.p_adjusted <= 1))
+    with pytest.raises(StatsInputError, match="t_boot"):
+        romano_wolf_stepdown(np.zeros(3), np.zeros((10, 2)))
+
+
+def _family_weights(n_models: int, n_baselines: int) -> np.ndarray:
+    rows = []
+    for m in range(n_models):
+        for b in range(n_baselines):
+            row = np.zeros(n_models + n_baselines)
+            row[m], row[n_models + b] = 1.0, -1.0
+            rows += [row, -row]
+    return np.array(rows)
+
+
+def test_family_detects_one_huge_true_effect_and_nothing_else():
+    rng = np.random.default_rng(8)
+    x = rng.normal(0.0, 0.01, size=(40, 4))
+    x[:, 0] += 0.012  # model 0: daily Sharpe ≈ 1.2 above everything else
+    contrasts = sharpe_contrasts(x, _family_weights(2, 2), n_boot=400, seed=2)
+    reject = familywise_test(contrasts).reject
+    # rows: (model, baseline, direction) = (0,0,+), (0,0,−), (0,1,+), (0,1,−), (1,0,+), ...
+    assert reject[0] and reject[2]
+    assert not reject[[1, 3, 4, 5, 6, 7]].any()
+
+
+def test_family_on_pure_noise_rejects_at_most_alpha():
+    """K = 60 seeded no-edge worlds of 30 i.i.d. days, 2 models × 3 baselines × 2 directions: the share of
+    worlds with any claim stays at the 5% level (binomial 3-sigma bound: 60 × 0.05 + 3·√(60·0.05·0.95))."""
+    rng = np.random.default_rng(21)
+    weights = _family_weights(2, 3)
+    false_worlds = 0
+    for k in range(60):
+        contrasts = sharpe_contrasts(rng.normal(0.0, 0.01, size=(30, 5)), weights, n_boot=200, seed=k)
+        false_worlds += bool(familywise_test(contrasts).reject.any())
+    assert false_worlds <= 8
+
+
+def test_minimum_detectable_difference_formula():
+    c = bonferroni_critical(8)
+    assert c == pytest.approx(scipy_stats.norm.ppf(1 - 0.05 / 8))
+    mde = minimum_detectable_sharpe_difference(40, c, power=0.8)
+    assert mde == pytest.approx((c + scipy_stats.norm.ppf(0.8)) * math.sqrt(2 / 40))
+    assert minimum_detectable_sharpe_difference(160, c) == pytest.approx(mde / 2)  # halves with 4× the days
+    assert minimum_detectable_sharpe_difference(40, c, standard_error=0.1) == pytest.approx(
+        (c + scipy_stats.norm.ppf(0.8)) * 0.1
+    )
+    assert math.isnan(minimum_detectable_sharpe_difference(1, c))
+
+
+def test_psr_from_moments_agrees_with_psr_of_returns():
+    rng = np.random.default_rng(4)
+    x = rng.normal(0.001, 0.01, size=50)
+    centered = x - x.mean()
+    m2 = np.mean(centered**2)
+    skew, kurt = np.mean(centered**3) / m2**1.5, np.mean(centered**4) / m2**2
+    assert probabilistic_sharpe_from_moments(float(sharpe_ratio(x)), 50, 0.05, skew, kurt) == pytest.approx(
+        probabilistic_sharpe_ratio(x, 0.05)
+    )
+    assert math.isnan(probabilistic_sharpe_from_moments(0.1, 2))

@@ -21,7 +21,7 @@ from marketrl.io import atomic_open
 from marketrl.metrics import to_json_safe
 from marketrl.report import analysis, figures, tuning
 from marketrl.report.inputs import BASELINES, RANDOM_BASELINE, ReportInputs, load_inputs
-from marketrl.stats import is_finite_number
+from marketrl.stats import ANNUALIZER, is_finite_number
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ def _hyperopt_section(inputs: ReportInputs, algos: Sequence[str]) -> list[dict[s
                 "best_params": tuning.best_params_rows(summary),
                 "sampler": data.get("sampler") or {},
                 "tuning_window": data.get("tuning_window") or {},
-                "n_dsr": len(summary.trial_sharpe_daily),
+                "n_dsr": analysis.deflation_for(inputs, algo).n_trials,
                 "history": figures.hyperopt_history_figure(summary, color) if summary.trials else None,
                 "importance": figures.importance_figure(algo, importances, color) if importances else None,
                 "importance_message": message,
@@ -323,7 +323,8 @@ def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict
 
 def build_context(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, Any]:
     """Every number and figure of the report, ready for the template."""
-    n_boot = int(analysis.config_value(config, "evaluation.bootstrap_samples"))
+    rules = analysis.VerdictRules.from_config(config)
+    n_boot = rules.n_boot
     multipliers = [float(m) for m in analysis.config_value(config, "evaluation.cost_multipliers")]
     root_seed = int(analysis.config_value(config, "seed"))
     algos = inputs.algos
@@ -333,12 +334,12 @@ def build_context(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, 
     random_seeds = analysis.build_strategies(inputs.random_seed_runs)
     strategies = [*agents, *baselines]
 
-    verdicts = analysis.agent_verdicts(inputs, agents, baselines, random_seeds, n_boot, root_seed)
+    verdicts, family = analysis.agent_verdicts(inputs, agents, baselines, random_seeds, rules, root_seed)
     baseline_stats = [
         {
             "name": b.name,
             "stats": analysis.sharpe_stats(
-                b.pooled, b.pooled_summary, None, n_boot, derive_seed(root_seed, "report", "sharpe", b.name)
+                b.pooled, b.pooled_summary, n_boot, derive_seed(root_seed, "report", "sharpe", b.name)
             ),
         }
         for b in baselines
@@ -365,7 +366,11 @@ def build_context(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, 
         "baselines": [b.name for b in baselines],
         "all_baselines": BASELINES,
         "verdicts": verdicts,
+        "family": family,
         "dsr_threshold": analysis.DSR_THRESHOLD,
+        "annualizer": ANNUALIZER,
+        "rules": rules,
+        "verdict_baselines": [c.baseline for c in verdicts[0].comparisons] if verdicts else [],
         "baseline_stats": baseline_stats,
         "n_boot": n_boot,
         "n_folds": len(inputs.folds),

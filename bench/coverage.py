@@ -1,0 +1,104 @@
+"""Measured coverage of the report's intervals and error rates of its claims at the pipeline's sample sizes.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/coverage.py --sims 300 --boot 500
+
+Worlds: Gaussian AR(1) daily returns (phi = 0.2 unless stated) with a known true Sharpe. Prints one markdown table per
+check; docs/METRICS.md ("Coverage") records the output and the K used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+from marketrl.stats import (
+    familywise_test,
+    sharpe_contrasts,
+    stationary_bootstrap_ci,
+    stratified_bootstrap_ci,
+    studentized_sharpe_ci,
+)
+
+
+def ar1(n: int, phi: float, true_sharpe: float, rng: np.random.Generator, columns: int = 1) -> np.ndarray:
+    """[n, columns] stationary AR(1) series with unit marginal std and mean = true_sharpe (per period)."""
+    shocks = rng.normal(size=(n + 50, columns)) * math.sqrt(1 - phi**2)
+    x = np.zeros_like(shocks)
+    for t in range(1, len(x)):
+        x[t] = phi * x[t - 1] + shocks[t]
+    return x[50:] + true_sharpe
+
+
+def sharpe_coverage(days: list[int], sims: int, boot: int, phi: float, true_sharpe: float) -> None:
+    print(f"\nSharpe CI coverage (nominal 95%), AR(1) phi={phi}, true daily Sharpe {true_sharpe}, K={sims}")
+    print("| test days | percentile | bootstrap-t |\n|---|---|---|")
+    for n in days:
+        rng = np.random.default_rng(n)
+        hits = np.zeros(2)
+        for k in range(sims):
+            x = ar1(n, phi, true_sharpe, rng)[:, 0] * 0.01
+            for j, ci in enumerate(
+                (
+                    stationary_bootstrap_ci(x, n_boot=boot, seed=k),
+                    studentized_sharpe_ci(x, n_boot=boot, seed=k),
+                )
+            ):
+                hits[j] += bool(ci.lo <= true_sharpe <= ci.hi)
+        print(f"| {n} | {hits[0] / sims:.2f} | {hits[1] / sims:.2f} |")
+
+
+def false_claims(days: list[int], sims: int, boot: int, phi: float) -> None:
+    """No-edge world: 2 models vs 3 baselines, both directions (12 hypotheses), all with zero true Sharpe."""
+    print(f"\nFalse claims with no edge (2 models x 3 baselines x 2 directions), phi={phi}, K={sims}")
+    print("| test days | one pair, marginal one-sided 2.5% | family, per-comparison 2.5% | Romano-Wolf 5% |")
+    print("|---|---|---|---|")
+    weights = []
+    for model in range(2):
+        for baseline in range(3):
+            row = np.zeros(5)
+            row[model], row[2 + baseline] = 1.0, -1.0
+            weights += [row, -row]
+    weights = np.array(weights)
+    for n in days:
+        rng = np.random.default_rng(1000 + n)
+        single = family_naive = family_rw = 0
+        for k in range(sims):
+            x = ar1(n, phi, 0.0, rng, columns=5) * 0.01
+            contrasts = sharpe_contrasts(x, weights, n_boot=boot, seed=k)
+            t = contrasts.estimate / contrasts.standard_error
+            naive = t > np.quantile(contrasts.t_boot, 0.975, axis=0, method="higher")
+            single += bool(naive[0])
+            family_naive += bool(naive.any())
+            family_rw += bool(familywise_test(contrasts).reject.any())
+        print(f"| {n} | {single / sims:.2f} | {family_naive / sims:.2f} | {family_rw / sims:.2f} |")
+
+
+def seed_iqm_coverage(seed_counts: list[int], sims: int, boot: int) -> None:
+    print(f"\nSeed-IQM CI coverage (nominal 95%), normal seed scores, one fold, K={sims}")
+    print("| seeds | stratified percentile bootstrap |\n|---|---|")
+    for n_seeds in seed_counts:
+        rng = np.random.default_rng(n_seeds)
+        hits = 0
+        for k in range(sims):
+            ci = stratified_bootstrap_ci(rng.normal(size=n_seeds), n_boot=boot, seed=k)
+            hits += bool(ci.lo <= 0.0 <= ci.hi)  # the IQM of a symmetric law is its centre
+        print(f"| {n_seeds} | {hits / sims:.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sims", type=int, default=300, help="simulated worlds per cell (K)")
+    parser.add_argument("--boot", type=int, default=500, help="bootstrap resamples per interval")
+    args = parser.parse_args()
+    days = [3, 5, 7, 9, 20, 40]
+    print(f"bench/coverage.py --sims {args.sims} --boot {args.boot}")
+    sharpe_coverage(days, args.sims, args.boot, phi=0.2, true_sharpe=0.1)
+    for phi in (0.0, 0.2, 0.5):
+        false_claims(days, args.sims, args.boot, phi=phi)
+    seed_iqm_coverage([2, 3, 5, 10], args.sims, args.boot)
+
+
+if __name__ == "__main__":
+    main()
