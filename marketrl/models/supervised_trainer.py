@@ -35,7 +35,7 @@ from gpu_utils import (
     sample_bytes,
 )
 from marketrl.agents.common import EvalSchedule, parse_hparams
-from marketrl.agents.resume import resume_or_start, to_cpu
+from marketrl.agents.resume import resume_or_start
 from marketrl.env import MarketData
 from marketrl.models.base import (
     ModelSpec,
@@ -195,16 +195,18 @@ def train_torch(
     hp = parse_hparams(hparams_class, hparams, name)
     device = torch.device(device)
     plan = resolve_precision(precision, device)
-    train_data, validation_data = train_data.to(device), validation_data and validation_data.to(device)
+    train_data = _on(train_data, device)
+    validation_data = _on(validation_data, device) if validation_data is not None else None
     rows = SupervisedRows.build(train_data, hp.window, settings.horizon)
     if rows.n_rows == 0:
         raise ModelDataError(
             f"train_data: no row has a full window of {hp.window} rows and a target {settings.horizon} bars "
             "ahead inside its segment"
         )
-    val_rows = validation_data and SupervisedRows.build(validation_data, hp.window, settings.horizon)
-    if val_rows is not None and val_rows.n_rows == 0:
-        val_rows = None
+    val_rows = None
+    if validation_data is not None:
+        val_rows = SupervisedRows.build(validation_data, hp.window, settings.horizon)
+        val_rows = val_rows if val_rows.n_rows else None
     n_features = train_data.n_features
 
     with _private_rng(seed, device):
@@ -315,11 +317,16 @@ def train_torch(
         "best_step": state.best_step,
         "stopped_at": state.stopped_at,
         "steps_per_second": summary["steps_per_second"],
-        "host_syncs": metrics.host_reads,
+        "statistics_reads": metrics.host_reads,
         "evals": validations.records,
         "history": summary["history"],
     }
     return _trained(name, hp, n_features, predictor, module, settings, plan, log)
+
+
+def _on(data: MarketData, device: torch.device) -> MarketData:
+    """The data on ``device`` (moved only when it is elsewhere)."""
+    return data if data.device == device else data.to(device)
 
 
 def _read(run: Any, metrics: DeviceMetrics, step: int, hooks: TrainHooks) -> None:
@@ -344,7 +351,7 @@ def _trained(
         hparams=dataclasses.asdict(hp),
         n_features=n_features,
         predictor=predictor,
-        state={"state_dict": to_cpu(module.state_dict())},
+        state={"state_dict": module.state_dict()},  # live views; `TrainedModel.checkpoint` copies them out
         settings=settings.to_dict() if isinstance(settings, RunSettings) else dict(settings),
         precision=plan.to_dict(),
         log=log,
