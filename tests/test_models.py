@@ -399,3 +399,57 @@ def test_information_coefficients_by_day() -> None:
     assert summary["rank_icir"] == pytest.approx(rank_ic.mean() / rank_ic.std(ddof=1))
     _, short, _ = daily_information_coefficients(np.array([1, 1, 2, 2, 2]), np.arange(5.0), np.arange(5.0))
     assert math.isnan(short[0]) and short[1] == pytest.approx(1.0)
+
+
+def test_lightgbm_validates_stops_early_and_resumes(splits, tmp_path) -> None:
+    train, test = splits
+    settings = dataclasses.replace(SETTINGS, check_every=5, eval_every=5)
+    full = MODELS["lightgbm"].train(train, test, settings, SMALL["lightgbm"], "fp32", "cpu", 0)
+    assert [step for step, _ in full.log["evals"]] == [5, 10, 15, 20, 25, 30]
+    assert [record["step"] for record in full.log["history"]] == [5, 10, 15, 20, 25, 30]
+
+    class Killed(Exception):
+        pass
+
+    def dies_at_20(step: int, _model) -> None:
+        if step == 20:
+            raise Killed
+
+    path = tmp_path / "lightgbm-resume.pt"
+    with pytest.raises(Killed):
+        hooks = TrainHooks(on_validation=dies_at_20, checkpoint=TrainingCheckpoint(path, 10, {"run": 1}))
+        MODELS["lightgbm"].train(train, test, settings, SMALL["lightgbm"], "fp32", "cpu", 0, hooks)
+    hooks = TrainHooks(checkpoint=TrainingCheckpoint(path, 10, {"run": 1}))
+    resumed = MODELS["lightgbm"].train(train, test, settings, SMALL["lightgbm"], "fp32", "cpu", 0, hooks)
+    assert hooks.checkpoint.resumed_from == 10
+    assert torch.equal(resumed.predict(test), full.predict(test))
+
+    inverted = planted(200, 7, sign=-1.0)
+    early = MODELS["lightgbm"].train(
+        train, inverted, dataclasses.replace(settings, patience=2), SMALL["lightgbm"], "fp32", "cpu", 0
+    )
+    assert early.log["best_step"] == 5 and early.log["steps"] == 15
+    kept = load_model_from(early, tmp_path)
+    assert torch.equal(kept.predict(test), early.predict(test))  # the checkpoint keeps the best 5 rounds
+
+
+def load_model_from(model, tmp_path):
+    path = tmp_path / "model.pt"
+    save_model(path, model)
+    return load_model(path)
+
+
+def test_evaluation_frame_uses_the_env_fills_and_costs() -> None:
+    from marketrl.env import EnvConfig
+    from tests.test_agents import planted_data
+
+    train, normalizer = planted_data(400, seed=0)
+    test, _ = planted_data(200, seed=1, normalizer=normalizer)
+    model = MODELS["linear"].train(train, None, SETTINGS, {"window": 1}, "fp32", "cpu", 0)
+    bars = model.evaluate(test)
+    results = position_results(test, model.positions(test))
+    assert bars.height == int(test.is_decision.sum())
+    assert bars["net_return"].sum() == pytest.approx(float(results.net_return.sum()), rel=1e-6)
+    assert bars["net_return"].mean() > 0
+    with pytest.raises(ValueError, match="env.fill: linear was trained for fill 'close'"):
+        model.evaluate(test, EnvConfig(fill="next_open", max_gap=None))

@@ -17,12 +17,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from marketrl.agents.resume import TrainingCheckpoint
-from marketrl.env import FillMode, MarketData
+from marketrl.env import EnvConfig, FillMode, MarketData
+
+if TYPE_CHECKING:
+    import polars as pl
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -213,6 +216,18 @@ class TrainedModel:
 
         rule = TradingRule(self.hparams["threshold_multiplier"], self.hparams["hold_band"])
         return rule.positions(self.predict(data), data)
+
+    def evaluate(self, data: MarketData, env_config: EnvConfig | None = None) -> pl.DataFrame:
+        """The per-bar evaluation frame of `marketrl.env.evaluate_positions` (same fills and costs as the agents'
+        `evaluate`); the env's fill must be the one the model was trained for."""
+        from marketrl.env import evaluate_positions
+
+        config = env_config or EnvConfig(max_gap=data.max_gap, fill=self.settings.get("fill", "close"))
+        if config.fill != self.settings.get("fill", config.fill):
+            raise ValueError(
+                f"env.fill: {self.name} was trained for fill {self.settings['fill']!r}, evaluation uses {config.fill!r}"
+            )
+        return evaluate_positions(data, self.positions(data), config)
 
     def checkpoint(self, **extra: Any) -> dict[str, Any]:
         """The checkpoint dict (plain data: `torch.load(weights_only=True)` reads it back); ``extra`` is the

@@ -171,7 +171,7 @@ def train(
 
     def callback(env: Any) -> None:
         step = env.iteration + 1
-        results = {f"{name}_{metric}": value for name, metric, value, _ in env.evaluation_result_list}
+        results = {f"{name}_{metric}": float(value) for name, metric, value, _ in env.evaluation_result_list}
         if step % settings.check_every == 0 or step == rounds:
             record = {"step": step, **results}
             state["history"].append(record)
