@@ -449,7 +449,9 @@ def test_evaluation_frame_uses_the_env_fills_and_costs() -> None:
     bars = model.evaluate(test)
     results = position_results(test, model.positions(test))
     assert bars.height == int(test.is_decision.sum())
-    assert bars["net_return"].sum() == pytest.approx(float(results.net_return.sum()), rel=1e-6)
+    assert bars["net_return"].sum() == pytest.approx(
+        float(results.net_return[test.is_decision].sum()), rel=1e-6
+    )
     assert bars["net_return"].mean() > 0
     with pytest.raises(ValueError, match="env.fill: linear was trained for fill 'close'"):
         model.evaluate(test, EnvConfig(fill="next_open", max_gap=None))
