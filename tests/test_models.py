@@ -302,12 +302,17 @@ def test_linear_is_deterministic_and_exact(splits) -> None:
     np.testing.assert_allclose(one.state["weights"].numpy(), reference[:-1], rtol=1e-5, atol=1e-9)
 
 
-def test_mixed_precision_plans_train(splits) -> None:
-    train, _ = splits
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_plans_train(precision: str, splits) -> None:
+    from tests.test_agents import cpu_fp16_plan
+
+    train, test = splits
+    plan = cpu_fp16_plan() if precision == "fp16" else "bf16"  # fp16: autocast + GradScaler("cpu")
     settings = dataclasses.replace(SETTINGS, max_steps=20)
-    model = MODELS["tcn"].train(train, None, settings, SMALL["tcn"], "bf16", "cpu", 0)
-    assert model.precision["mode"] == "bf16"
+    model = MODELS["tcn"].train(train, None, settings, SMALL["tcn"], plan, "cpu", 0)
+    assert model.precision["mode"] == precision
     assert all(math.isfinite(record["loss"]) for record in model.log["history"])
+    assert torch.isfinite(model.predict(test)).all()
 
 
 def test_batch_size_is_capped_by_the_memory_budget(splits) -> None:
@@ -453,5 +458,5 @@ def test_evaluation_frame_uses_the_env_fills_and_costs() -> None:
         float(results.net_return[test.is_decision].sum()), rel=1e-6
     )
     assert bars["net_return"].mean() > 0
-    with pytest.raises(ValueError, match="env.fill: linear was trained for fill 'close'"):
+    with pytest.raises(ValueError, match=r"env\.fill: linear was trained for fill 'close'"):
         model.evaluate(test, EnvConfig(fill="next_open", max_gap=None))
