@@ -460,3 +460,18 @@ def test_evaluation_frame_uses_the_env_fills_and_costs() -> None:
     assert bars["net_return"].mean() > 0
     with pytest.raises(ValueError, match=r"env\.fill: linear was trained for fill 'close'"):
         model.evaluate(test, EnvConfig(fill="next_open", max_gap=None))
+
+
+def test_non_finite_loss_stops_training_naming_the_window(splits) -> None:
+    from gpu_utils import NonFiniteError
+    from marketrl.models import mlp
+    from marketrl.models.supervised_trainer import torch_model_spec
+
+    class Diverges(mlp.MLP):
+        def forward(self, windows: torch.Tensor) -> torch.Tensor:
+            return super().forward(windows) * float("nan")
+
+    spec = torch_model_spec("diverges", mlp.MLPHParams, mlp.search_space, Diverges)
+    train, _ = splits
+    with pytest.raises(NonFiniteError, match="non-finite 'loss' between steps 1 and 10"):
+        spec.train(train, None, SETTINGS, SMALL["mlp"], "fp32", "cpu", 0)

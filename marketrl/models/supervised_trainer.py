@@ -135,7 +135,10 @@ class _GlobalRng:
 @contextlib.contextmanager
 def _private_rng(seed: int, device: torch.device) -> Iterator[None]:
     """Seed torch's global RNG for the run and restore the caller's afterwards."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    cuda_devices = []
+    if device.type == "cuda":
+        cuda_devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=cuda_devices):
         torch.manual_seed(seed)
         yield
 
