@@ -475,3 +475,20 @@ def test_non_finite_loss_stops_training_naming_the_window(splits) -> None:
     train, _ = splits
     with pytest.raises(NonFiniteError, match="non-finite 'loss' between steps 1 and 10"):
         spec.train(train, None, SETTINGS, SMALL["mlp"], "fp32", "cpu", 0)
+
+
+def test_threshold_follows_the_run_settings_costs(splits, trained) -> None:
+    _, test = splits
+    model = trained["linear"]
+    assert model.positions(test).abs().sum() > 0
+    dear = dataclasses.replace(model, settings={**model.settings, "costs": {"model": "bps", "bps": 100.0}})
+    assert not dear.positions(test).any()  # a 2% round trip dwarfs the 0.3% edge: never enter
+    futures = {"model": "futures", "commission_per_contract": 1.0, "half_spread_ticks": 0.5}
+    futures |= {
+        "tick_size": 0.25,
+        "tick_value": 12.5,
+    }  # 7.25 per side on 100 x 50 notional: 2.9 bp round trip
+    expected = 2 * 7.25 / (test.close * 50.0)
+    from marketrl.models.trading_rule import cost_model, round_trip_cost
+
+    torch.testing.assert_close(round_trip_cost(test, cost_model(futures)), expected.float())

@@ -119,8 +119,8 @@ def neural_space(trial: Trial, max_window: int = 64) -> dict[str, Any]:
 class RunSettings:
     """Run settings (not tuned): what is predicted, the budget and the cadences.
 
-    costs: the run's `costs` config slice (plain data, recorded in the checkpoint). The per-row cost fractions
-      the trading rule uses come from the `MarketData`, which was built with this same cost model.
+    costs: the run's `costs` config slice (plain data, recorded in the checkpoint); the trading rule's threshold
+      is its round-trip cost at the close price. Empty: the `MarketData`'s own per-row cost fractions.
     fill: env.fill, recorded with the model (evaluation must use the same fill).
     horizon: bars of the forward return the models predict, close_{t+h}/close_t - 1.
     epochs / max_steps: passes over the training rows; max_steps (optimizer steps or boosting rounds) caps them.
@@ -212,10 +212,11 @@ class TrainedModel:
 
     def positions(self, data: MarketData) -> torch.Tensor:
         """Target positions [T] in {-1, 0, 1} by the cost-aware trading rule of this model's hyperparameters."""
-        from marketrl.models.trading_rule import TradingRule
+        from marketrl.models.trading_rule import TradingRule, cost_model
 
         rule = TradingRule(self.hparams["threshold_multiplier"], self.hparams["hold_band"])
-        return rule.positions(self.predict(data), data)
+        costs = self.settings.get("costs")
+        return rule.positions(self.predict(data), data, cost_model(costs) if costs else None)
 
     def evaluate(self, data: MarketData, env_config: EnvConfig | None = None) -> pl.DataFrame:
         """The per-bar evaluation frame of `marketrl.env.evaluate_positions` (same fills and costs as the agents'
