@@ -24,8 +24,7 @@ from marketrl.costs import CostModel
 from marketrl.env import MarketData, position_results, rule_positions
 from marketrl.metrics import daily_information_coefficients, information_coefficient_summary
 from marketrl.models import MODELS, RunSettings, TrainHooks, load_model, model_from_checkpoint, save_model
-from marketrl.models.supervised_data import SupervisedRows, forward_returns, full_window_rows
-from marketrl.models.supervised_trainer import ModelDataError
+from marketrl.models.supervised_data import ModelDataError, SupervisedRows, forward_returns, full_window_rows
 from marketrl.models.trading_rule import TradingRule
 
 COSTS = CostModel(kind="bps", bps=1.0)

@@ -31,8 +31,7 @@ from marketrl.models.base import (
     Trial,
     common_space,
 )
-from marketrl.models.supervised_data import SupervisedRows
-from marketrl.models.supervised_trainer import ModelDataError
+from marketrl.models.supervised_data import SupervisedRows, training_rows
 
 __all__ = ["SPEC", "LightGBMHParams", "search_space"]
 
@@ -142,12 +141,7 @@ def train(
 
     hooks = hooks or TrainHooks()
     hp = parse_hparams(LightGBMHParams, hparams, "lightgbm")
-    rows = SupervisedRows.build(train_data, hp.window, settings.horizon)
-    if rows.n_rows == 0:
-        raise ModelDataError(
-            f"train_data: no row has a full window of {hp.window} rows and a target {settings.horizon} bars "
-            "ahead inside its segment"
-        )
+    rows = training_rows(train_data, hp.window, settings.horizon)
     x, y = _matrix(rows)
     train_set = lightgbm.Dataset(x, y, free_raw_data=False)
     valid_sets, names = [train_set], ["train"]

@@ -27,8 +27,7 @@ from marketrl.models.base import (
     Trial,
     common_space,
 )
-from marketrl.models.supervised_data import SupervisedRows
-from marketrl.models.supervised_trainer import ModelDataError
+from marketrl.models.supervised_data import SupervisedRows, training_rows
 
 __all__ = ["SPEC", "RidgeHParams", "fit_ridge", "search_space"]
 
@@ -118,12 +117,7 @@ def train(
     """Fit the ridge regression (``precision`` and ``seed`` do not apply: it is a float64 closed form)."""
     hooks = hooks or TrainHooks()
     hp = parse_hparams(RidgeHParams, hparams, "linear")
-    rows = SupervisedRows.build(train_data.to(device), hp.window, settings.horizon)
-    if rows.n_rows == 0:
-        raise ModelDataError(
-            f"train_data: no row has a full window of {hp.window} rows and a target {settings.horizon} bars "
-            "ahead inside its segment"
-        )
+    rows = training_rows(train_data.to(device), hp.window, settings.horizon)
     weights, intercept = fit_ridge(rows, hp.alpha)
     model = _trained(hp, train_data.n_features, weights, intercept, settings.to_dict(), {})
     record = {"step": 1, "train_rows": rows.n_rows}

@@ -22,10 +22,22 @@ import torch
 
 from marketrl.env import MarketData
 
-__all__ = ["PREDICT_CHUNK", "SupervisedRows", "forward_returns", "full_window_rows", "predict_rows"]
+__all__ = [
+    "PREDICT_CHUNK",
+    "ModelDataError",
+    "SupervisedRows",
+    "forward_returns",
+    "full_window_rows",
+    "predict_rows",
+    "training_rows",
+]
 
 #: Rows per forward pass when predicting a whole split (bounds memory; host-side chunking, no syncs).
 PREDICT_CHUNK = 8192
+
+
+class ModelDataError(ValueError):
+    """A split cannot train a model (no row with a full window and an in-segment target)."""
 
 
 def _rows_between(firsts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
@@ -87,6 +99,17 @@ class SupervisedRows:
     def chunks(self, size: int = PREDICT_CHUNK) -> list[torch.Tensor]:
         """`rows` in consecutive slices of at most `size` (slicing by host integers: no sync)."""
         return [self.rows[start : start + size] for start in range(0, self.n_rows, size)]
+
+
+def training_rows(data: MarketData, window: int, horizon: int) -> SupervisedRows:
+    """`SupervisedRows.build`, refusing a split with no usable row in one line."""
+    rows = SupervisedRows.build(data, window, horizon)
+    if rows.n_rows == 0:
+        raise ModelDataError(
+            f"train_data: no row has a full window of {window} rows and a target {horizon} bars ahead inside "
+            "its segment"
+        )
+    return rows
 
 
 def predict_rows(

@@ -46,12 +46,11 @@ from marketrl.models.base import (
     TrainHooks,
     Trial,
 )
-from marketrl.models.supervised_data import SupervisedRows
+from marketrl.models.supervised_data import SupervisedRows, training_rows
 
 __all__ = [
     "BATCH_LIMITS",
     "ModelBuilder",
-    "ModelDataError",
     "bytes_per_sample",
     "torch_model_spec",
     "train_torch",
@@ -64,10 +63,6 @@ ORDER_SEED_OFFSET = 7919
 
 #: build(hparams, n_features) -> module mapping windows [B, window, F] to predictions [B]
 ModelBuilder = Callable[[Any, int], nn.Module]
-
-
-class ModelDataError(ValueError):
-    """A split cannot train a model (no row with a full window and an in-segment target)."""
 
 
 def bytes_per_sample(module: nn.Module, window: int, n_features: int, plan: PrecisionPlan) -> int:
@@ -200,12 +195,7 @@ def train_torch(
     plan = resolve_precision(precision, device)
     train_data = _on(train_data, device)
     validation_data = _on(validation_data, device) if validation_data is not None else None
-    rows = SupervisedRows.build(train_data, hp.window, settings.horizon)
-    if rows.n_rows == 0:
-        raise ModelDataError(
-            f"train_data: no row has a full window of {hp.window} rows and a target {settings.horizon} bars "
-            "ahead inside its segment"
-        )
+    rows = training_rows(train_data, hp.window, settings.horizon)
     val_rows = None
     if validation_data is not None:
         val_rows = SupervisedRows.build(validation_data, hp.window, settings.horizon)
@@ -216,13 +206,8 @@ def train_torch(
         module = TargetScaled(build(hp, n_features)).to(device)
         module.scale.copy_(rows.target.index_select(0, rows.rows).std(correction=0).clamp_min(1e-12))
         parameter_count = sum(p.numel() for p in module.parameters())
-        budget = hooks.budget or HardwareBudget.detect(device)
-        _, largest = budget.batch_size_bounds(
-            parameter_count,
-            bytes_per_sample(module, hp.window, n_features, plan),
-            limits=BATCH_LIMITS,
-            buffer_bytes=train_data.features.numel() * 4,
-            what=f"{name} with window={hp.window}, hidden_dim_base={getattr(hp, 'hidden_dim_base', None)}",
+        largest = _largest_batch(
+            hooks.budget or HardwareBudget.detect(device), module, hp, n_features, plan, train_data, name
         )
         batch_size = max(1, min(hp.batch_size, largest, rows.n_rows))
         steps_per_epoch = math.ceil(rows.n_rows / batch_size)
@@ -325,6 +310,26 @@ def train_torch(
         "history": summary["history"],
     }
     return _trained(name, hp, n_features, predictor, module, settings, plan, log)
+
+
+def _largest_batch(
+    budget: HardwareBudget,
+    module: nn.Module,
+    hp: NeuralHParams,
+    n_features: int,
+    plan: PrecisionPlan,
+    data: MarketData,
+    name: str,
+) -> int:
+    """The largest batch the device's memory holds next to the model and the split's feature table."""
+    _, largest = budget.batch_size_bounds(
+        sum(p.numel() for p in module.parameters()),
+        bytes_per_sample(module, hp.window, n_features, plan),
+        limits=BATCH_LIMITS,
+        buffer_bytes=data.features.numel() * 4,
+        what=f"{name} with window={hp.window}, hidden_dim_base={hp.hidden_dim_base}",
+    )
+    return largest
 
 
 def _on(data: MarketData, device: torch.device) -> MarketData:
