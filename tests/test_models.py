@@ -235,6 +235,7 @@ def test_validation_hook_sees_the_model_and_may_prune(splits) -> None:
         pass
 
     seen: list[int] = []
+    progress: list[dict] = []
 
     def hook(step: int, model) -> float:
         seen.append(step)
@@ -244,10 +245,11 @@ def test_validation_hook_sees_the_model_and_may_prune(splits) -> None:
 
     settings = dataclasses.replace(SETTINGS, epochs=100, max_steps=60, eval_every=10)
     with pytest.raises(Pruned):
-        MODELS["gru"].train(
-            train, None, settings, SMALL["gru"], "fp32", "cpu", 0, TrainHooks(on_validation=hook)
-        )
+        hooks = TrainHooks(on_validation=hook, log=progress.append)
+        MODELS["gru"].train(train, None, settings, SMALL["gru"], "fp32", "cpu", 0, hooks)
     assert seen == [10, 20]
+    assert [record["step"] for record in progress] == [10, 20]  # progress records arrive as they are read
+    assert all(math.isfinite(record["loss"]) for record in progress)
 
 
 def test_torch_training_is_deterministic_and_resumes_exactly(splits, tmp_path) -> None:
