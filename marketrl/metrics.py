@@ -277,3 +277,69 @@ def to_json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+# ----------------------------------------------------------------------------------- forecast quality (model zoo)
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share the mean of their positions), as Spearman's correlation needs."""
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
+    ends = np.r_[starts[1:], values.size]
+    mean_rank = (starts + ends - 1) / 2.0
+    ranks = np.empty(values.size, dtype=np.float64)
+    ranks[order] = np.repeat(mean_rank, ends - starts)
+    return ranks
+
+
+def _correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson correlation, NaN when either side is constant."""
+    dx, dy = x - x.mean(), y - y.mean()
+    denominator = math.sqrt(float(dx @ dx) * float(dy @ dy))
+    return float(dx @ dy) / denominator if denominator > 0 else math.nan
+
+
+def daily_information_coefficients(
+    trading_day: object, prediction: object, realized: object, min_rows: int = 3
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(days, IC, Rank IC) per session day: Pearson and Spearman correlation of predictions with realized
+    forward returns over that day's rows. Days with fewer than ``min_rows`` rows or a constant side get NaN."""
+    days = _as_numpy(trading_day)
+    pred = np.asarray(_as_numpy(prediction), dtype=np.float64)
+    real = np.asarray(_as_numpy(realized), dtype=np.float64)
+    if not days.shape == pred.shape == real.shape or pred.ndim != 1:
+        raise MetricsInputError(
+            f"information coefficients: trading_day, prediction and realized must be 1-D of equal length, got "
+            f"{days.shape}, {pred.shape}, {real.shape}"
+        )
+    if not (np.isfinite(pred).all() and np.isfinite(real).all()):
+        raise MetricsInputError("information coefficients: prediction and realized must be finite")
+    order = np.argsort(days, kind="stable")
+    days, pred, real = days[order], pred[order], real[order]
+    starts = np.flatnonzero(np.r_[True, days[1:] != days[:-1]]) if days.size else np.zeros(0, dtype=np.int64)
+    ends = np.r_[starts[1:], days.size].astype(np.int64)
+    ic = np.full(starts.size, math.nan)
+    rank_ic = np.full(starts.size, math.nan)
+    for k, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        if end - start >= min_rows:
+            ic[k] = _correlation(pred[start:end], real[start:end])
+            rank_ic[k] = _correlation(_ranks(pred[start:end]), _ranks(real[start:end]))
+    return days[starts], ic, rank_ic
+
+
+def information_coefficient_summary(
+    trading_day: object, prediction: object, realized: object, min_rows: int = 3
+) -> dict[str, float | int]:
+    """Mean IC and Rank IC over session days, and their ICIR (mean / sample std across days; NaN with fewer
+    than two scored days). ``n_days`` counts the days that got a score."""
+    _, ic, rank_ic = daily_information_coefficients(trading_day, prediction, realized, min_rows)
+    summary: dict[str, float | int] = {"n_days": int(np.isfinite(ic).sum())}
+    for name, values in (("ic", ic), ("rank_ic", rank_ic)):
+        scored = values[np.isfinite(values)]
+        mean = float(scored.mean()) if scored.size else math.nan
+        spread = float(scored.std(ddof=1)) if scored.size > 1 else math.nan
+        summary[name] = mean
+        summary[f"{name}ir"] = mean / spread if scored.size > 1 and spread > 0 else math.nan
+    return summary

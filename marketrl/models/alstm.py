@@ -1,0 +1,54 @@
+"""Attention LSTM: a tanh input projection, an LSTM over the window, attention pooling over its outputs; the
+pooled context and the last output (row t) feed the head.
+
+The attention weights are a softmax over the window's own rows (t-window+1..t), so it never sees later bars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from marketrl.models.base import NeuralHParams, Trial, neural_space
+from marketrl.models.supervised_trainer import torch_model_spec
+
+__all__ = ["ALSTM", "SPEC", "ALSTMHParams", "search_space"]
+
+
+@dataclass(frozen=True)
+class ALSTMHParams(NeuralHParams):
+    """The shared neural hyperparameters (hidden size = hidden_dim_base, attention width = half of it)."""
+
+    window: int = 16
+
+
+def search_space(trial: Trial) -> dict[str, Any]:
+    """`neural_space`."""
+    return neural_space(trial)
+
+
+class ALSTM(nn.Module):
+    """windows [B, window, F] -> predicted forward return [B]."""
+
+    def __init__(self, hp: ALSTMHParams, n_features: int) -> None:
+        super().__init__()
+        width = hp.hidden_dim_base
+        self.project = nn.Sequential(nn.Linear(n_features, width), nn.Tanh())
+        self.rnn = nn.LSTM(width, width, batch_first=True)
+        self.score = nn.Sequential(
+            nn.Linear(width, width // 2), nn.Tanh(), nn.Linear(width // 2, 1, bias=False)
+        )
+        self.head = nn.Sequential(nn.Dropout(hp.dropout), nn.Linear(2 * width, 1))
+
+    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+        """Predictions [B]."""
+        outputs, _ = self.rnn(self.project(windows))
+        weights = torch.softmax(self.score(outputs).float(), dim=1).to(outputs.dtype)  # [B, window, 1]
+        context = (weights * outputs).sum(dim=1)
+        return self.head(torch.cat([context, outputs[:, -1]], dim=1)).squeeze(-1)
+
+
+SPEC = torch_model_spec("alstm", ALSTMHParams, search_space, ALSTM)

@@ -1,0 +1,264 @@
+"""The model protocol every zoo model follows: its hyperparameter space, a `train` call, a checkpoint of plain
+data and a trained model that turns a split's bars into target positions for the existing evaluation.
+
+A model is one `ModelSpec` (see `marketrl.models.MODELS`):
+
+    spec.search_space(trial) -> hparams dict      # trial: anything with suggest_int/_float/_categorical (optuna)
+    spec.train(train_data, validation_data, settings, hparams, precision, device, seed, hooks) -> TrainedModel
+    spec.load(checkpoint_dict, device) -> TrainedModel
+
+`TrainedModel.predict(data)` gives one predicted forward return per row (0 where the model's lookback window is
+not full); `TrainedModel.positions(data)` applies the cost-aware trading rule; the result goes to
+`marketrl.env.evaluate_positions` / `position_results`, the same fills and costs the agents are scored with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from marketrl.agents.resume import TrainingCheckpoint
+from marketrl.env import EnvConfig, FillMode, MarketData
+
+if TYPE_CHECKING:
+    import polars as pl
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+    "CommonHParams",
+    "ModelSpec",
+    "NeuralHParams",
+    "RunSettings",
+    "TrainHooks",
+    "TrainedModel",
+    "Trial",
+    "common_space",
+    "neural_space",
+]
+
+CHECKPOINT_FORMAT = "marketrl-model"
+CHECKPOINT_VERSION = 1
+
+
+class Trial(Protocol):
+    """What a search space needs from a hyperopt trial (an `optuna.Trial` fits; no optuna import here)."""
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int: ...
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float: ...
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class CommonHParams:
+    """Hyperparameters every model has: its own lookback window (rows t-window+1..t of one segment, independent
+    of env.window) and the trading rule's threshold multiplier and hold band (see `trading_rule`)."""
+
+    window: int = 8
+    threshold_multiplier: float = 1.0
+    hold_band: float = 1.0
+
+    def validate(self) -> None:
+        """Raise `HParamError` for a value out of range (called by `parse_hparams`)."""
+        from marketrl.agents.common import check_ranges
+
+        check_ranges(self, at_least_one=("window",), non_negative=("threshold_multiplier",))
+        check_ranges(self, unit_above_zero=("hold_band",))
+
+
+@dataclass(frozen=True)
+class NeuralHParams(CommonHParams):
+    """Hyperparameters of every torch model trained by `supervised_trainer.train_torch`."""
+
+    hidden_dim_base: int = 32
+    learning_rate: float = 1e-3
+    batch_size: int = 256
+    weight_decay: float = 0.0
+    dropout: float = 0.0
+    max_grad_norm: float | None = 1.0
+
+    def validate(self) -> None:
+        """Ranges of the shared neural hyperparameters."""
+        from marketrl.agents.common import check_ranges, require
+
+        super().validate()
+        check_ranges(self, positive=("learning_rate",), non_negative=("weight_decay",))
+        check_ranges(self, at_least_one=("batch_size",), positive_or_null=("max_grad_norm",))
+        require(self.hidden_dim_base >= 4, "hidden_dim_base", "an integer >= 4", self.hidden_dim_base)
+        require(0 <= self.dropout < 1, "dropout", "a number in [0, 1)", self.dropout)
+
+
+def common_space(trial: Trial, max_window: int = 32) -> dict[str, Any]:
+    """The shared part of every search space: lookback window, threshold multiplier, hold band."""
+    return {
+        "window": trial.suggest_int("window", 1, max_window, log=True),
+        "threshold_multiplier": trial.suggest_float("threshold_multiplier", 0.25, 4.0, log=True),
+        "hold_band": trial.suggest_float("hold_band", 0.2, 1.0),
+    }
+
+
+def neural_space(trial: Trial, max_window: int = 64) -> dict[str, Any]:
+    """`common_space` plus the shared neural hyperparameters (width, optimizer, batch, regularization)."""
+    return {
+        **common_space(trial, max_window),
+        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", [16, 32, 64, 128]),
+        "learning_rate": trial.suggest_float("learning_rate", 1e-4, 3e-3, log=True),
+        "batch_size": trial.suggest_categorical("batch_size", [128, 256, 512, 1024]),
+        "weight_decay": trial.suggest_float("weight_decay", 1e-6, 1e-2, log=True),
+        "dropout": trial.suggest_float("dropout", 0.0, 0.3),
+    }
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Run settings (not tuned): what is predicted, the budget and the cadences.
+
+    costs: the run's `costs` config slice (plain data, recorded in the checkpoint); the trading rule's threshold
+      is its round-trip cost at the close price. Empty: the `MarketData`'s own per-row cost fractions.
+    fill: env.fill, recorded with the model (evaluation must use the same fill).
+    horizon: bars of the forward return the models predict, close_{t+h}/close_t - 1.
+    epochs / max_steps: passes over the training rows; max_steps (optimizer steps or boosting rounds) caps them.
+    check_every: optimizer steps between statistics reads (the loop's one host read, and the NaN guard).
+    eval_every: steps between validations (0: only at the end); patience: validations without improvement of
+      the validation loss before early stopping (0: never stop early).
+    """
+
+    costs: Mapping[str, Any] = field(default_factory=dict)
+    fill: FillMode = "close"
+    horizon: int = 1
+    epochs: int = 10
+    max_steps: int | None = None
+    check_every: int = 100
+    eval_every: int = 0
+    patience: int = 0
+
+    def __post_init__(self) -> None:
+        from marketrl.agents.common import AgentConfigError, check_run_setting
+
+        for key, minimum in (("horizon", 1), ("epochs", 1), ("check_every", 1), ("eval_every", 0)):
+            check_run_setting(key, getattr(self, key), minimum)
+        check_run_setting("patience", self.patience, 0)
+        if self.max_steps is not None:
+            check_run_setting("max_steps", self.max_steps, 1)
+        if self.fill not in ("close", "next_open"):
+            raise AgentConfigError(f"training.fill: expected 'close' or 'next_open', got {self.fill!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for checkpoints and logs."""
+        return {**dataclasses.asdict(self), "costs": dict(self.costs)}
+
+
+#: on_validation(step, model) -> score or None; may raise (optuna.TrialPruned) to stop training.
+ValidationCallback = Callable[[int, "TrainedModel"], float | None]
+
+
+@dataclass
+class TrainHooks:
+    """What the caller plugs into a training run.
+
+    log: receives each statistics record as it is read (progress logging); records also land in the result log.
+    on_validation: called at every periodic validation with the model as it stands; may raise to prune.
+    checkpoint: the resume file of this run (`marketrl.agents.resume.TrainingCheckpoint`, cadence in steps).
+    budget: the device's `gpu_utils.HardwareBudget` (detected when None).
+    """
+
+    log: Callable[[dict[str, Any]], None] | None = None
+    on_validation: ValidationCallback | None = None
+    checkpoint: TrainingCheckpoint | None = None
+    budget: Any = None
+
+
+#: windows [N, window, F] float32 -> predicted forward returns [N] float32 (same device)
+Predictor = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class TrainedModel:
+    """A trained model: its predictor, what its checkpoint holds and the run's log.
+
+    state: the model-specific part of the checkpoint (torch: ``state_dict``; LightGBM: ``booster`` model string;
+    ridge: ``weights``), plain data only.
+    """
+
+    name: str
+    hparams: dict[str, Any]
+    n_features: int
+    predictor: Predictor
+    state: dict[str, Any]
+    settings: dict[str, Any]
+    precision: dict[str, Any] = field(default_factory=dict)
+    log: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def window(self) -> int:
+        """The model's lookback window in rows."""
+        return int(self.hparams["window"])
+
+    def predict(self, data: MarketData) -> torch.Tensor:
+        """Predicted forward return per row [T] float32 on the data's device; 0 where the window is not full."""
+        from marketrl.models.supervised_data import predict_rows
+
+        if data.n_features != self.n_features:
+            raise ValueError(
+                f"features: {self.name} was trained on {self.n_features} features, the data has {data.n_features}"
+            )
+        return predict_rows(self.predictor, data, self.window)
+
+    def positions(self, data: MarketData) -> torch.Tensor:
+        """Target positions [T] in {-1, 0, 1} by the cost-aware trading rule of this model's hyperparameters."""
+        from marketrl.models.trading_rule import TradingRule, cost_model
+
+        rule = TradingRule(self.hparams["threshold_multiplier"], self.hparams["hold_band"])
+        costs = self.settings.get("costs")
+        return rule.positions(self.predict(data), data, cost_model(costs) if costs else None)
+
+    def evaluate(self, data: MarketData, env_config: EnvConfig | None = None) -> pl.DataFrame:
+        """The per-bar evaluation frame of `marketrl.env.evaluate_positions` (same fills and costs as the agents'
+        `evaluate`); the env's fill must be the one the model was trained for."""
+        from marketrl.env import evaluate_positions
+
+        config = env_config or EnvConfig(max_gap=data.max_gap, fill=self.settings.get("fill", "close"))
+        if config.fill != self.settings.get("fill", config.fill):
+            raise ValueError(
+                f"env.fill: {self.name} was trained for fill {self.settings['fill']!r}, evaluation uses {config.fill!r}"
+            )
+        return evaluate_positions(data, self.positions(data), config)
+
+    def checkpoint(self, **extra: Any) -> dict[str, Any]:
+        """The checkpoint dict (plain data: `torch.load(weights_only=True)` reads it back); ``extra`` is the
+        caller's plain data (fold, seed, normalizer state, feature names...)."""
+        from marketrl.agents.resume import to_cpu
+
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "model": self.name,
+            "hparams": dict(self.hparams),
+            "n_features": self.n_features,
+            "settings": dict(self.settings),
+            "precision": dict(self.precision),
+            "state": to_cpu(self.state),
+            "extra": dict(extra),
+        }
+
+
+TrainFn = Callable[..., TrainedModel]
+LoadFn = Callable[[Mapping[str, Any], torch.device | str], TrainedModel]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One zoo entry: name, hyperparameter dataclass, search space, train and load."""
+
+    name: str
+    hparams_class: type
+    search_space: Callable[[Trial], dict[str, Any]]
+    train: TrainFn
+    load: LoadFn
+    neural: bool

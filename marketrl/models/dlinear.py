@@ -1,0 +1,63 @@
+"""DLinear: each feature's window is split into a trend (centred moving average over the window, edges
+replicated) and a remainder; one linear map over time per part gives ``hidden_dim_base`` values per feature,
+and a linear head maps all features' values to the prediction. Linear end to end.
+
+The moving average runs over the window's own rows only (t-window+1..t), so it never reads a later bar.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from marketrl.agents.common import check_ranges
+from marketrl.models.base import NeuralHParams, Trial, neural_space
+from marketrl.models.supervised_trainer import torch_model_spec
+
+__all__ = ["SPEC", "DLinear", "DLinearHParams", "search_space"]
+
+
+@dataclass(frozen=True)
+class DLinearHParams(NeuralHParams):
+    """Shared neural hyperparameters plus the moving-average kernel (made odd and at most the window)."""
+
+    window: int = 16
+    kernel_size: int = 5
+
+    def validate(self) -> None:
+        """Ranges."""
+        super().validate()
+        check_ranges(self, at_least_one=("kernel_size",))
+
+
+def search_space(trial: Trial) -> dict[str, Any]:
+    """`neural_space` plus the kernel."""
+    return {**neural_space(trial), "kernel_size": trial.suggest_categorical("kernel_size", [3, 5, 9, 15])}
+
+
+class DLinear(nn.Module):
+    """windows [B, window, F] -> predicted forward return [B]."""
+
+    def __init__(self, hp: DLinearHParams, n_features: int) -> None:
+        super().__init__()
+        kernel = min(hp.kernel_size, hp.window)
+        self.kernel = kernel if kernel % 2 == 1 else kernel - 1
+        self.trend = nn.Linear(hp.window, hp.hidden_dim_base)
+        self.remainder = nn.Linear(hp.window, hp.hidden_dim_base)
+        self.drop = nn.Dropout(hp.dropout)
+        self.head = nn.Linear(n_features * hp.hidden_dim_base, 1)
+
+    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+        """Predictions [B]."""
+        series = windows.transpose(1, 2)  # [B, F, window]
+        half = (self.kernel - 1) // 2
+        padded = nn.functional.pad(series, (half, half), mode="replicate") if half else series
+        trend = nn.functional.avg_pool1d(padded, self.kernel, stride=1)
+        mixed = self.trend(trend) + self.remainder(series - trend)  # [B, F, hidden]
+        return self.head(self.drop(mixed.flatten(1))).squeeze(-1)
+
+
+SPEC = torch_model_spec("dlinear", DLinearHParams, search_space, DLinear)

@@ -1,0 +1,145 @@
+"""Ridge regression of the forward return on the flattened lookback window, solved in closed form (float64).
+
+The intercept is not penalized (features and target are centred first); ``alpha`` is the penalty per training
+row, so its meaning does not change with the size of the split. One solve, no iterations: ``settings`` budgets
+and cadences do not apply, the checkpoint hook is not used (nothing to resume), and ``on_validation`` is called
+once with the fitted model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from marketrl.agents.common import check_ranges, parse_hparams
+from marketrl.env import MarketData
+from marketrl.models.base import (
+    CommonHParams,
+    ModelSpec,
+    Predictor,
+    RunSettings,
+    TrainedModel,
+    TrainHooks,
+    Trial,
+    common_space,
+)
+from marketrl.models.supervised_data import SupervisedRows, training_rows
+
+__all__ = ["SPEC", "RidgeHParams", "fit_ridge", "search_space"]
+
+
+@dataclass(frozen=True)
+class RidgeHParams(CommonHParams):
+    """Ridge hyperparameters: the shared window and trading rule, and the L2 penalty per row."""
+
+    window: int = 4
+    alpha: float = 1.0
+
+    def validate(self) -> None:
+        """Ranges."""
+        super().validate()
+        check_ranges(self, non_negative=("alpha",))
+
+
+def search_space(trial: Trial) -> dict[str, Any]:
+    """Window, trading rule and the log-uniform penalty."""
+    return {**common_space(trial, 16), "alpha": trial.suggest_float("alpha", 1e-4, 1e2, log=True)}
+
+
+def fit_ridge(rows: SupervisedRows, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [window·F], intercept []) in float64 from sums accumulated chunk by chunk on the device."""
+    width = rows.window * rows.features.shape[1]
+    device = rows.features.device
+    sum_x = torch.zeros(width, dtype=torch.float64, device=device)
+    sum_xx = torch.zeros(width, width, dtype=torch.float64, device=device)
+    sum_y = torch.zeros((), dtype=torch.float64, device=device)
+    sum_xy = torch.zeros(width, dtype=torch.float64, device=device)
+    for part in rows.chunks():
+        windows, target = rows.batch(part)
+        x, y = windows.reshape(part.shape[0], width).double(), target.double()
+        sum_x += x.sum(dim=0)
+        sum_xx += x.T @ x
+        sum_y += y.sum()
+        sum_xy += x.T @ y
+    n = rows.n_rows
+    mean_x, mean_y = sum_x / n, sum_y / n
+    scatter = sum_xx - n * torch.outer(mean_x, mean_x)
+    cross = sum_xy - n * mean_x * mean_y
+    eye = torch.eye(width, dtype=torch.float64, device=device)
+    # A tiny floor keeps alpha = 0 solvable when two window columns are collinear.
+    weights = torch.linalg.solve(scatter + (alpha * n + 1e-9 * n) * eye, cross)
+    return weights, mean_y - mean_x @ weights
+
+
+def _predictor(weights: torch.Tensor, intercept: torch.Tensor) -> Predictor:
+    def predict(windows: torch.Tensor) -> torch.Tensor:
+        flat = windows.reshape(windows.shape[0], -1).double()
+        w, b = weights.to(windows.device), intercept.to(windows.device)
+        return (flat @ w + b).float()
+
+    return predict
+
+
+def _trained(
+    hp: RidgeHParams,
+    n_features: int,
+    weights: torch.Tensor,
+    intercept: torch.Tensor,
+    settings: dict[str, Any],
+    log: dict[str, Any],
+) -> TrainedModel:
+    return TrainedModel(
+        name="linear",
+        hparams=dataclasses.asdict(hp),
+        n_features=n_features,
+        predictor=_predictor(weights, intercept),
+        state={"weights": weights.cpu(), "intercept": intercept.cpu()},
+        settings=settings,
+        precision={"mode": "fp64"},
+        log=log,
+    )
+
+
+def train(
+    train_data: MarketData,
+    validation_data: MarketData | None,
+    settings: RunSettings,
+    hparams: Mapping[str, Any] | None,
+    precision: Any = "fp32",
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    hooks: TrainHooks | None = None,
+) -> TrainedModel:
+    """Fit the ridge regression (``precision`` and ``seed`` do not apply: it is a float64 closed form)."""
+    hooks = hooks or TrainHooks()
+    hp = parse_hparams(RidgeHParams, hparams, "linear")
+    rows = training_rows(train_data.to(device), hp.window, settings.horizon)
+    weights, intercept = fit_ridge(rows, hp.alpha)
+    model = _trained(hp, train_data.n_features, weights, intercept, settings.to_dict(), {})
+    record = {"step": 1, "train_rows": rows.n_rows}
+    if hooks.log is not None:
+        hooks.log(record)
+    score = hooks.on_validation(1, model) if hooks.on_validation is not None else None
+    model.log = {
+        "model": "linear",
+        "steps": 1,
+        "train_rows": rows.n_rows,
+        "evals": [[1, score]],
+        "history": [record],
+    }
+    return model
+
+
+def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> TrainedModel:
+    """Rebuild the fitted model from its checkpoint dict."""
+    hp = parse_hparams(RidgeHParams, checkpoint["hparams"], "linear")
+    state = checkpoint["state"]
+    weights, intercept = state["weights"].to(device), state["intercept"].to(device)
+    return _trained(hp, int(checkpoint["n_features"]), weights, intercept, dict(checkpoint["settings"]), {})
+
+
+SPEC = ModelSpec("linear", RidgeHParams, search_space, train, load, neural=False)

@@ -1,0 +1,51 @@
+"""MLP on the flattened lookback window: ``window·F -> b -> b/2 -> 1`` (ReLU, dropout), b = hidden_dim_base."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from marketrl.models.base import NeuralHParams, Trial, neural_space
+from marketrl.models.supervised_trainer import torch_model_spec
+
+__all__ = ["MLP", "SPEC", "MLPHParams", "search_space"]
+
+
+@dataclass(frozen=True)
+class MLPHParams(NeuralHParams):
+    """The shared neural hyperparameters; a short default window (the MLP sees it flattened)."""
+
+    window: int = 4
+
+
+def search_space(trial: Trial) -> dict[str, Any]:
+    """`neural_space` with windows up to 16 rows."""
+    return neural_space(trial, max_window=16)
+
+
+class MLP(nn.Module):
+    """windows [B, window, F] -> predicted forward return [B]."""
+
+    def __init__(self, hp: MLPHParams, n_features: int) -> None:
+        super().__init__()
+        width = hp.hidden_dim_base
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(hp.window * n_features, width),
+            nn.ReLU(),
+            nn.Dropout(hp.dropout),
+            nn.Linear(width, width // 2),
+            nn.ReLU(),
+            nn.Dropout(hp.dropout),
+            nn.Linear(width // 2, 1),
+        )
+
+    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+        """Predictions [B]."""
+        return self.net(windows).squeeze(-1)
+
+
+SPEC = torch_model_spec("mlp", MLPHParams, search_space, MLP)

@@ -1,0 +1,86 @@
+"""Temporal convolutional network: residual blocks of causal dilated 1-d convolutions (dilation 2^level) over
+the window; the channels at the window's last row feed a linear head.
+
+Causal: each convolution is padded on the left only, so the output at a row sees that row and earlier ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from marketrl.agents.common import check_ranges
+from marketrl.models.base import NeuralHParams, Trial, neural_space
+from marketrl.models.supervised_trainer import torch_model_spec
+
+__all__ = ["SPEC", "TCN", "TCNHParams", "search_space"]
+
+
+@dataclass(frozen=True)
+class TCNHParams(NeuralHParams):
+    """Shared neural hyperparameters (channels = hidden_dim_base) plus kernel size and number of levels."""
+
+    window: int = 16
+    kernel_size: int = 3
+    levels: int = 2
+
+    def validate(self) -> None:
+        """Ranges."""
+        super().validate()
+        check_ranges(self, at_least_one=("levels",))
+        check_ranges(self, at_least_one=("kernel_size",))
+
+
+def search_space(trial: Trial) -> dict[str, Any]:
+    """`neural_space` plus kernel size and depth."""
+    return {
+        **neural_space(trial),
+        "kernel_size": trial.suggest_int("kernel_size", 2, 5),
+        "levels": trial.suggest_int("levels", 1, 4),
+    }
+
+
+class CausalBlock(nn.Module):
+    """Two causal dilated convolutions with ReLU and dropout, plus a residual (1x1 when widths differ)."""
+
+    def __init__(
+        self, in_channels: int, channels: int, kernel_size: int, dilation: int, dropout: float
+    ) -> None:
+        super().__init__()
+        self.left_pad = (kernel_size - 1) * dilation
+        self.conv1 = nn.Conv1d(in_channels, channels, kernel_size, dilation=dilation)
+        self.conv2 = nn.Conv1d(channels, channels, kernel_size, dilation=dilation)
+        self.act = nn.ReLU()
+        self.drop = nn.Dropout(dropout)
+        self.skip = nn.Conv1d(in_channels, channels, 1) if in_channels != channels else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C_in, window] -> [B, C, window]."""
+        h = self.drop(self.act(self.conv1(nn.functional.pad(x, (self.left_pad, 0)))))
+        h = self.drop(self.act(self.conv2(nn.functional.pad(h, (self.left_pad, 0)))))
+        return self.act(h + self.skip(x))
+
+
+class TCN(nn.Module):
+    """windows [B, window, F] -> predicted forward return [B]."""
+
+    def __init__(self, hp: TCNHParams, n_features: int) -> None:
+        super().__init__()
+        width = hp.hidden_dim_base
+        self.blocks = nn.Sequential(
+            *(
+                CausalBlock(n_features if level == 0 else width, width, hp.kernel_size, 2**level, hp.dropout)
+                for level in range(hp.levels)
+            )
+        )
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+        """Predictions [B] from the channels at the last row."""
+        return self.head(self.blocks(windows.transpose(1, 2))[:, :, -1]).squeeze(-1)
+
+
+SPEC = torch_model_spec("tcn", TCNHParams, search_space, TCN)

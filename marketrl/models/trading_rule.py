@@ -1,0 +1,75 @@
+"""From a predicted forward return to a target position: a cost-aware threshold with an optional hold band.
+
+At the close of row t, with prediction p_t and round-trip cost c_t = 2 x (cost fraction of one side at close_t,
+the price known at t, from the run settings' cost model):
+  * |p_t| > multiplier x c_t                      -> enter (or stay) sign(p_t)
+  * hold band: band x threshold < |p_t| <= threshold and the position held into t is sign(p_t) -> keep it
+  * otherwise                                     -> flat
+hold_band = 1 switches the band off. Each segment starts flat (as in `position_results`), the last row of a
+segment (no decision) is flat. Vectorized: a band row keeps its position exactly when an unbroken run of
+same-sign band rows leads back to an entry row, found with one cumulative max, so no loop over time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from marketrl.costs import CostModel
+from marketrl.env import MarketData
+
+__all__ = ["TradingRule", "cost_model", "round_trip_cost"]
+
+
+def cost_model(costs: Mapping[str, Any]) -> CostModel:
+    """A CostModel from a `costs` config slice (`model: futures | bps`, as in config.yaml) or CostModel fields
+    (`kind: ...`)."""
+    if "kind" in costs:
+        return CostModel.from_config(costs)
+    from marketrl.datasets import cost_model_from_config  # polars is needed only there
+
+    return cost_model_from_config(costs)
+
+
+def round_trip_cost(data: MarketData, costs: CostModel | None = None) -> torch.Tensor:
+    """[T] round-trip cost as a return fraction at close_t (entering and leaving one contract): from ``costs`` at
+    the close prices, or, without it, the data's own per-row cost fractions (the run's cost model, per symbol)."""
+    if costs is None:
+        return 2.0 * data.cost_close
+    return (2.0 * costs.cost_fraction(data.close)).to(torch.float32)
+
+
+@dataclass(frozen=True)
+class TradingRule:
+    """threshold = multiplier x round-trip cost; keep a position while |prediction| > band x threshold."""
+
+    threshold_multiplier: float = 1.0
+    hold_band: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.threshold_multiplier >= 0:
+            raise ValueError(f"threshold_multiplier: expected >= 0, got {self.threshold_multiplier!r}")
+        if not 0 < self.hold_band <= 1:
+            raise ValueError(f"hold_band: expected a number in (0, 1], got {self.hold_band!r}")
+
+    def positions(
+        self, predictions: torch.Tensor, data: MarketData, costs: CostModel | None = None
+    ) -> torch.Tensor:
+        """Target positions [T] float32 in {-1, 0, 1} on the data's device (costs: see `round_trip_cost`)."""
+        threshold = self.threshold_multiplier * round_trip_cost(data, costs)
+        strength = predictions.abs()
+        direction = torch.sign(predictions)
+        entry = strength > threshold
+        band = ~entry & (strength > self.hold_band * threshold) & (direction != 0)
+        rows = torch.arange(data.n_rows, device=data.device)
+        starts_segment = rows == data.segment_start
+        previous_direction = torch.cat([direction.new_zeros(1), direction[:-1]])
+        # A band row continues the chain of the row before it when it has the same sign in the same segment.
+        continues = band & ~starts_segment & (direction == previous_direction)
+        chain_start = torch.cummax(torch.where(continues, torch.zeros_like(rows), rows), dim=0).values
+        held = entry | (band & entry.index_select(0, chain_start) & (chain_start != rows))
+        target = torch.where(held, direction, torch.zeros_like(direction))
+        return torch.where(data.is_decision, target, torch.zeros_like(target)).to(torch.float32)

@@ -1,0 +1,68 @@
+"""Transformer encoder over the window: linear embedding plus a learned position embedding, pre-norm encoder
+layers, and the last row's token (row t) through a layer norm and a linear head.
+
+Attention is over the window's own rows t-window+1..t only, so no mask is needed to keep later bars out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from marketrl.agents.common import check_ranges, require
+from marketrl.models.base import NeuralHParams, Trial, neural_space
+from marketrl.models.supervised_trainer import torch_model_spec
+
+__all__ = ["SPEC", "TransformerHParams", "TransformerRegressor", "search_space"]
+
+
+@dataclass(frozen=True)
+class TransformerHParams(NeuralHParams):
+    """Shared neural hyperparameters (model width = hidden_dim_base, feed-forward 2x) plus heads and layers."""
+
+    window: int = 16
+    n_heads: int = 2
+    n_layers: int = 1
+
+    def validate(self) -> None:
+        """Ranges; the width must split evenly over the heads."""
+        super().validate()
+        check_ranges(self, at_least_one=("n_heads", "n_layers"))
+        require(
+            self.hidden_dim_base % self.n_heads == 0, "n_heads", "a divisor of hidden_dim_base", self.n_heads
+        )
+
+
+def search_space(trial: Trial) -> dict[str, Any]:
+    """`neural_space` plus heads (1, 2, 4) and 1-3 layers."""
+    return {
+        **neural_space(trial),
+        "n_heads": trial.suggest_categorical("n_heads", [1, 2, 4]),
+        "n_layers": trial.suggest_int("n_layers", 1, 3),
+    }
+
+
+class TransformerRegressor(nn.Module):
+    """windows [B, window, F] -> predicted forward return [B]."""
+
+    def __init__(self, hp: TransformerHParams, n_features: int) -> None:
+        super().__init__()
+        width = hp.hidden_dim_base
+        self.embed = nn.Linear(n_features, width)
+        self.position = nn.Parameter(torch.randn(hp.window, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(
+            width, hp.n_heads, 2 * width, hp.dropout, batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, hp.n_layers, enable_nested_tensor=False)
+        self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 1))
+
+    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+        """Predictions [B]."""
+        tokens = self.encoder(self.embed(windows) + self.position)
+        return self.head(tokens[:, -1]).squeeze(-1)
+
+
+SPEC = torch_model_spec("transformer", TransformerHParams, search_space, TransformerRegressor)
