@@ -303,9 +303,10 @@ def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict
         files.append(
             {"path": str(path), "sha256": provenance.sha256_file(path), "bytes": path.stat().st_size}
         )
+    public = provenance.public_config(dict(config))  # hyperopt.storage without its password
     return {
-        "config_yaml": yaml.safe_dump(_plain(config), sort_keys=True, allow_unicode=True, width=100),
-        "config_hash": provenance.config_hash(dict(config)),
+        "config_yaml": yaml.safe_dump(_plain(public), sort_keys=True, allow_unicode=True, width=100),
+        "config_hash": provenance.config_hash(public),
         "git_commit": provenance.git_commit(),
         "upstream_commits": sorted(upstream_commits),
         "packages": provenance.package_versions(
