@@ -247,6 +247,7 @@ def _hyperopt_section(inputs: ReportInputs, algos: Sequence[str]) -> list[dict[s
                 "best_trial": data.get("best_trial"),
                 "best_params": tuning.best_params_rows(summary),
                 "sampler": data.get("sampler") or {},
+                "storage": provenance.redact_url(str(data.get("storage") or "")),  # never a password
                 "tuning_window": data.get("tuning_window") or {},
                 "n_dsr": len(summary.trial_sharpe_daily),
                 "history": figures.hyperopt_history_figure(summary, color) if summary.trials else None,
