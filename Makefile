@@ -44,7 +44,7 @@ bench: $(STAMP)
 # Root + apt-get: a throwaway single-node SLURM cluster runs the tiny pipeline through profiles/slurm (~5 min);
 # elsewhere the script prints SKIPPED with the reason and exits 0. See docs/SLURM.md.
 test-slurm: $(STAMP)
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[slurm]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[slurm,postgres]'
 	PYTHON=$(abspath $(BIN)/python) tests/slurm/run_slurm_test.sh
 # --- end SLURM -------------------------------------------------------------------------------------------
 
