@@ -372,32 +372,36 @@ class PostgresClaims(TrialClaims):
 
     def recover(self, study: optuna.Study) -> int:
         """Interrupt RUNNING trials without a heartbeat younger than the grace period (any host)."""
-        running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        # Heartbeat rows first, trials second: a trial still RUNNING at the second read had its row at the first
+        # (rows are written under this lock and dropped only after the trial is told), so a trial finishing
+        # between the two reads is never mistaken for a dead one.
         rows = self._execute(
             f"SELECT number, now() - beat_at <= make_interval(secs => :grace) AS fresh FROM {HEARTBEATS_TABLE} "
             "WHERE study_name = :study",
             grace=float(self.grace_seconds),
             study=study.study_name,
         ).all()
+        running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         fresh = {number for number, is_fresh in rows if is_fresh}
-        running_numbers = {t.number for t in running}
         recovered = 0
         for trial in running:
-            if trial.number not in fresh:
-                recovered += interrupt_trial(study, trial)
+            if trial.number not in fresh and interrupt_trial(study, trial):
+                recovered += 1
                 log.warning(
-                    "trial %d (slot %s, worker %s) has no heartbeat within %.0f s: re-run as interrupted",
+                    "trial %d (slot %s, worker %s) had no heartbeat for %.0f s: interrupted, its slot runs again",
                     trial.number,
                     trial.user_attrs.get(SLOT),
                     trial.user_attrs.get(OWNER, "?"),
                     self.grace_seconds,
                 )
-        stale_rows = [number for number, _ in rows if number not in running_numbers or number not in fresh]
-        if stale_rows:
+        running_numbers = {t.number for t in running}
+        dropped = [number for number, is_fresh in rows if not is_fresh and number not in running_numbers]
+        dropped += [t.number for t in running if t.number not in fresh]
+        if dropped:  # rows of recovered trials, and of workers that died between telling and dropping them
             self._execute(
                 f"DELETE FROM {HEARTBEATS_TABLE} WHERE study_name = :study AND number = ANY(:numbers)",
                 study=study.study_name,
-                numbers=stale_rows,
+                numbers=sorted(set(dropped)),
             )
         return recovered
 

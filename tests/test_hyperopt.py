@@ -214,11 +214,13 @@ def test_storage_url_from_the_environment_wins_and_outputs_never_carry_the_passw
     assert redact_url(storage_url(config)) == "postgresql://bob@other/optuna"
     record = json.dumps(collect(config))
     assert "s3cret" not in record and "postgresql://ana@db:5432/optuna?sslmode=require" in record
-    assert config["hyperopt"]["storage"].endswith("s3cret@db:5432/optuna?sslmode=require")  # caller's copy kept
+    assert config["hyperopt"]["storage"].endswith(
+        "s3cret@db:5432/optuna?sslmode=require"
+    )  # caller's copy kept
 
 
 def test_heartbeat_grace_must_exceed_the_heartbeat() -> None:
     from marketrl.config import ConfigError
 
-    with pytest.raises(ConfigError, match="hyperopt.grace_seconds"):
+    with pytest.raises(ConfigError, match=r"hyperopt\.grace_seconds"):
         validate_config({"hyperopt": {"heartbeat_seconds": 30, "grace_seconds": 30}})
