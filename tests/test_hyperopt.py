@@ -224,3 +224,14 @@ def test_heartbeat_grace_must_exceed_the_heartbeat() -> None:
 
     with pytest.raises(ConfigError, match=r"hyperopt\.grace_seconds"):
         validate_config({"hyperopt": {"heartbeat_seconds": 30, "grace_seconds": 30}})
+
+
+def test_postgres_url_without_the_driver_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg2", None)  # as if psycopg2-binary were not installed
+    config = make_config()
+    config["hyperopt"]["storage"] = "postgresql://ana:s3cret@db.invalid:5432/optuna"
+    with pytest.raises(HyperoptError) as excinfo:
+        load_study(config, "dqn")
+    message = str(excinfo.value)
+    assert message.startswith("config key 'hyperopt.storage': postgresql://ana@db.invalid:5432/optuna needs")
+    assert "'.[postgres]'" in message and "s3cret" not in message and "\n" not in message
