@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CORES ?= 4
 SNAKEMAKE := $(BIN)/snakemake
 
-.PHONY: run test setup lint dryrun bench clean-results test-slurm
+.PHONY: run test setup lint dryrun bench clean-results test-slurm test-postgres
 
 run: $(STAMP)
 	$(SNAKEMAKE) --cores $(CORES) results/eval_report.html
@@ -32,7 +32,7 @@ dryrun: $(STAMP)
 	$(SNAKEMAKE) -n results/eval_report.html --quiet rules
 
 test: $(STAMP) lint dryrun
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --ignore=tests/postgres
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,bench]'
@@ -44,9 +44,17 @@ bench: $(STAMP)
 # Root + apt-get: a throwaway single-node SLURM cluster runs the tiny pipeline through profiles/slurm (~5 min);
 # elsewhere the script prints SKIPPED with the reason and exits 0. See docs/SLURM.md.
 test-slurm: $(STAMP)
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[slurm]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[slurm,postgres]'
 	PYTHON=$(abspath $(BIN)/python) tests/slurm/run_slurm_test.sh
 # --- end SLURM -------------------------------------------------------------------------------------------
+
+# --- PostgreSQL (issue 16) ----------------------------------------------------------------------------------
+# Distributed hyperopt on a real PostgreSQL: a throwaway cluster (initdb + pg_ctl on a free loopback port) per
+# session; skipped with the reason where PostgreSQL is not installed. See docs/HYPEROPT.md.
+test-postgres: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[postgres]'
+	$(BIN)/python -m pytest tests/postgres
+# --- end PostgreSQL -------------------------------------------------------------------------------------------
 
 clean-results:
 	rm -rf results .snakemake

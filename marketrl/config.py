@@ -81,6 +81,11 @@ def check_semantics(config: dict[str, Any]) -> None:
             "config key 'hyperopt.workers': more workers than hyperopt.n_trials "
             f"({config['hyperopt']['workers']} > {config['hyperopt']['n_trials']})"
         )
+    if config["hyperopt"]["grace_seconds"] <= config["hyperopt"]["heartbeat_seconds"]:
+        raise ConfigError(
+            "config key 'hyperopt.grace_seconds': must exceed hyperopt.heartbeat_seconds "
+            f"({config['hyperopt']['grace_seconds']} <= {config['hyperopt']['heartbeat_seconds']})"
+        )
 
 
 def validate_config(config: dict[str, Any]) -> dict[str, Any]:

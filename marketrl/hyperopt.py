@@ -3,33 +3,45 @@
 - Data are loaded and moved to the device once per worker process; every trial reuses them.
 - The tuning window ends before the first test day of any fold (marketrl.folds); trials train on its inner train
   rows and are scored on its validation tail, net of costs. Costs are never tuned.
-- Storage is persistent and resumable: a JournalFileStorage under results/hyperopt/{algo}/ (or an RDB URL from
-  hyperopt.storage). Workers claim trials under a file lock so that together they run exactly hyperopt.n_trials;
-  trials left RUNNING by a killed worker are marked failed ("interrupted") and their parameters re-enqueued.
+- Storage, trial claims and dead-worker recovery live in marketrl.hyperopt_storage: a journal file under
+  results/hyperopt/{algo}/ or PostgreSQL (claims and heartbeats in the database); together the workers run exactly
+  hyperopt.n_trials, and a killed worker's trial is re-run in its slot with the same parameters and seeds.
 - NaN/inf or diverged trials are pruned, not crashed; the MedianPruner prunes on intermediate validation scores.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
-import socket
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
 
-from gpu_utils import HardwareBudget, NonFiniteError, PrecisionPlan, detect_precision, resolve_device
+from gpu_utils import HardwareBudget, PrecisionPlan, detect_precision, resolve_device
 from marketrl.agents.memory import batch_size_bounds
 from marketrl.config import derive_seed
 from marketrl.datasets import WindowData, env_config_from_config, load_features, tuning_window
 from marketrl.evaluation import validation_sharpe
 from marketrl.folds import FoldPlan
+from marketrl.hyperopt_storage import (  # claims, storage and recovery; the rest is re-exported for callers
+    INTERRUPTED,  # noqa: F401
+    OWNER,
+    SAMPLED,
+    SLOT,
+    HyperoptError,
+    JournalFlock,  # noqa: F401
+    claim_trial,  # noqa: F401
+    counted_trials,
+    open_storage,
+    recover_interrupted,  # noqa: F401
+    storage_label,
+    study_lock,  # noqa: F401
+    trial_claims,
+    work_on_study,
+)
 from marketrl.io import write_json_atomic
 from marketrl.metrics import to_json_safe
 from marketrl.provenance import collect, package_versions
@@ -44,15 +56,6 @@ OBJECTIVE = (
 HIDDEN_DIM_BASES = (64, 128, 256, 512)
 # Per-bar returns are ~1e-4: rewards are multiplied by this before the losses (the objective is unaffected).
 REWARD_SCALES = (1.0, 10.0, 100.0, 1000.0)
-INTERRUPTED = "interrupted"
-OWNER = "owner"
-SLOT = "slot"  # the trial's place 0..n_trials-1 in the study; its sampler and training seeds derive from it
-SAMPLED = "params_sampled"  # False from the claim until the objective has suggested every parameter
-
-
-class HyperoptError(ValueError):
-    """A study cannot run or be summarized (no completed trial, wrong trial count, bad storage)."""
-
 
 # ----------------------------------------------------------------------------------------------- search spaces
 
@@ -106,55 +109,6 @@ SEARCH_SPACES: dict[str, Callable[[optuna.Trial, tuple[int, int]], dict[str, Any
 # ------------------------------------------------------------------------------------------------------ storage
 
 
-def study_dir(algo: str, results_dir: str | Path = "results") -> Path:
-    """Where an algorithm's study keeps its journal and lock file."""
-    return Path(results_dir) / "hyperopt" / algo
-
-
-def open_storage(config: Mapping[str, Any], algo: str, results_dir: str | Path = "results") -> Any:
-    """The study storage: an RDB URL from hyperopt.storage, else a JournalFileStorage under results/hyperopt/."""
-    url = config["hyperopt"]["storage"].strip()
-    if url:
-        try:
-            return optuna.storages.RDBStorage(url)
-        except Exception as exc:  # SQLAlchemy raises many types; the user needs the key, not the class
-            raise HyperoptError(
-                f"config key 'hyperopt.storage': cannot open {url!r}: {exc}".splitlines()[0]
-            ) from exc
-    directory = study_dir(algo, results_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    backend = optuna.storages.journal.JournalFileBackend(
-        str(directory / "journal.log"), lock_obj=JournalFlock(directory / "journal.lock")
-    )
-    return optuna.storages.JournalStorage(backend)
-
-
-class JournalFlock:
-    """The journal's write lock as a kernel file lock (flock), which dies with the process holding it.
-
-    Optuna's default symlink lock outlives a worker killed mid-write: the next worker waits for a grace period,
-    and forever when the journal path is relative (the lock's symlink then dangles, so its age is never read).
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._handle: Any = None
-
-    def acquire(self) -> bool:
-        """Block until this process holds the lock."""
-        handle = open(self.path, "a+")  # stays open while the lock is held
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        self._handle = handle
-        return True
-
-    def release(self) -> None:
-        """Release the lock."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-            handle.close()
-
-
 def load_study(
     config: Mapping[str, Any], algo: str, worker: int = 0, results_dir: str | Path = "results"
 ) -> optuna.Study:
@@ -172,133 +126,6 @@ def load_study(
         direction="maximize",
         load_if_exists=True,
     )
-
-
-@contextmanager
-def study_lock(algo: str, results_dir: str | Path = "results") -> Iterator[None]:
-    """An exclusive lock shared by every worker of the study (a file lock on the shared filesystem)."""
-    path = study_dir(algo, results_dir) / "study.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _owner_is_dead(owner: str) -> bool:
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False  # another machine's worker: only its own restart can tell
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Trials that count towards n_trials: everything except interrupted ones (whose params were re-enqueued)."""
-    return [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(INTERRUPTED)]
-
-
-def slot_sampler_seed(seed: int, slot: int) -> int:
-    """The TPE sampler seed of one trial slot, from the study's sampler seed root."""
-    return derive_seed(seed, SLOT, slot)
-
-
-def _waiting(trials: Sequence[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
-
-
-def recover_interrupted(study: optuna.Study) -> int:
-    """Fail RUNNING trials whose worker on this host is gone, and re-enqueue their parameters; return the count."""
-    recovered = 0
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owner = trial.user_attrs.get(OWNER, "")
-        if owner and _owner_is_dead(owner):
-            study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-            # The rerun keeps the trial's slot, hence its seeds, and its parameters once they were all drawn (a
-            # partial set would shift the slot's sampler draws): the study ends as if it was never interrupted.
-            slot = {SLOT: trial.user_attrs[SLOT]} if SLOT in trial.user_attrs else None
-            params = trial.params if trial.user_attrs.get(SAMPLED, True) else {}
-            study.enqueue_trial(params, user_attrs=slot, skip_if_exists=False)
-            recovered += 1
-    return recovered
-
-
-def claim_trial(study: optuna.Study, n_trials: int, *, seed: int | None = None) -> optuna.Trial | None:
-    """Start the next trial (a re-enqueued one first) unless the study already holds n_trials; call under
-    `study_lock`.
-
-    Every trial gets a slot (0..n_trials-1, kept by a re-enqueued trial). With `seed`, the sampler is reseeded
-    per slot, so the parameters a slot draws do not depend on which worker process claims it or on restarts.
-    """
-    counted = counted_trials(study)
-    waiting = _waiting(counted)
-    if len(counted) - len(waiting) >= n_trials:
-        return None
-    free = sorted(set(range(n_trials)) - {t.user_attrs.get(SLOT) for t in counted})
-    slot = free[0] if free else len(counted)
-    if waiting:  # ask() pops the oldest waiting (re-enqueued) trial, which keeps its slot
-        slot = waiting[0].user_attrs.get(SLOT, slot)
-    if seed is not None:
-        study.sampler = optuna.samplers.TPESampler(seed=slot_sampler_seed(seed, slot))
-    trial = study.ask()
-    if SLOT not in trial.user_attrs:
-        trial.set_user_attr(SLOT, slot)
-    trial.set_user_attr(SAMPLED, False)
-    trial.set_user_attr(OWNER, _owner())
-    return trial
-
-
-def work_on_study(
-    study: optuna.Study,
-    algo: str,
-    n_trials: int,
-    objective: Callable[[optuna.Trial], float],
-    results_dir: str | Path = "results",
-    *,
-    seed: int | None = None,
-) -> list[int]:
-    """Claim and run trials until the study holds `n_trials` (shared with other workers); return this worker's.
-
-    `seed`: reseed the sampler per trial slot (see `claim_trial`).
-    """
-    with study_lock(algo, results_dir):
-        recovered = recover_interrupted(study)
-    if recovered:
-        log.warning("re-enqueued %d trial(s) interrupted by a killed worker", recovered)
-    ran: list[int] = []
-    while True:
-        with study_lock(algo, results_dir):
-            trial = claim_trial(study, n_trials, seed=seed)
-        if trial is None:
-            return ran
-        try:
-            value = objective(trial)
-        except optuna.TrialPruned as exc:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            log.info("trial %d pruned: %s", trial.number, exc)
-        except NonFiniteError as exc:
-            trial.set_user_attr("pruned_reason", str(exc).splitlines()[0])
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            log.warning("trial %d diverged and was pruned: %s", trial.number, exc)
-        except BaseException:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            raise
-        else:
-            study.tell(trial, value)
-            log.info("trial %d: validation Sharpe %.3f", trial.number, value)
-        ran.append(trial.number)
 
 
 # ---------------------------------------------------------------------------------------------------- objective
@@ -386,8 +213,9 @@ def run_worker(
         return run_trial(trial, algo, window, config, device, precision, batch_bounds)
 
     sampler_seed = derive_seed(config["seed"], "hyperopt", algo)
+    claims = trial_claims(config, algo, results_dir)
     ran = work_on_study(
-        study, algo, config["hyperopt"]["n_trials"], objective, results_dir, seed=sampler_seed
+        study, algo, config["hyperopt"]["n_trials"], objective, results_dir, seed=sampler_seed, claims=claims
     )
     summary = {
         "algo": algo,
@@ -397,6 +225,7 @@ def run_worker(
         "device": str(device),
         "precision": precision.to_dict(),
         "batch_bounds": list(batch_bounds),
+        "storage": storage_label(config, algo, results_dir),
     }
     write_json_atomic(out_path, to_json_safe(summary))
     return summary
@@ -471,6 +300,7 @@ def write_study_summary(
             "reseeded": "per trial slot k: slot_sampler_seed(seed, k)",
         },
         "tuning_window": tuning,
+        "storage": storage_label(config, algo, results_dir),
         "workers": workers,
         "precision": workers[0]["precision"] if workers else None,
         "packages": package_versions(),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import platform
 import subprocess
+import urllib.parse
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -68,8 +70,35 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def redact_url(url: str) -> str:
+    """A database URL without its password (in the user part or a `password=` query parameter)."""
+    parts = urllib.parse.urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    netloc = f"{userinfo.split(':', 1)[0]}@{host}" if at else host
+    query = [
+        (k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True) if k != "password"
+    ]
+    if parts.password is None and len(query) == len(
+        urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    ):
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=urllib.parse.urlencode(query)))
+
+
+def public_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as outputs and the report may show it: hyperopt.storage without a password."""
+    storage = (config.get("hyperopt") or {}).get("storage")
+    if not storage:
+        return config
+    public = copy.deepcopy(config)
+    public["hyperopt"]["storage"] = redact_url(storage)
+    return public
+
+
 def collect(config: dict[str, Any], inputs: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
-    """One provenance record: config and its hash, input file hashes, versions, platform, git, plus `extra`."""
+    """One provenance record: config (never a password) and its hash, input file hashes, versions, platform,
+    git, plus `extra`."""
+    config = public_config(config)
     return {
         "config": config,
         "config_hash": config_hash(config),

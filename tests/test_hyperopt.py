@@ -196,3 +196,42 @@ def test_bad_hyperparameter_files_name_the_file(tmp_path: Path, content: str, me
     with pytest.raises(HparamsError, match=message) as excinfo:
         load_hparams(path, "dqn")
     assert str(path) in str(excinfo.value)
+
+
+def test_storage_url_from_the_environment_wins_and_outputs_never_carry_the_password(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from marketrl.hyperopt_storage import STORAGE_ENV, storage_label, storage_url
+    from marketrl.provenance import collect, redact_url
+
+    config = make_config()
+    assert storage_url(config) == "" and storage_label(config, "dqn", tmp_path).endswith("dqn/journal.log")
+    config["hyperopt"]["storage"] = "postgresql://ana:s3cret@db:5432/optuna?sslmode=require"
+    assert storage_url(config) == config["hyperopt"]["storage"]
+    assert storage_label(config, "dqn") == "postgresql://ana@db:5432/optuna?sslmode=require"
+    monkeypatch.setenv(STORAGE_ENV, "postgresql://bob:pw2@other/optuna?password=pw3")
+    assert storage_url(config) == "postgresql://bob:pw2@other/optuna?password=pw3"
+    assert redact_url(storage_url(config)) == "postgresql://bob@other/optuna"
+    record = json.dumps(collect(config))
+    assert "s3cret" not in record and "postgresql://ana@db:5432/optuna?sslmode=require" in record
+    assert config["hyperopt"]["storage"].endswith(
+        "s3cret@db:5432/optuna?sslmode=require"
+    )  # caller's copy kept
+
+
+def test_heartbeat_grace_must_exceed_the_heartbeat() -> None:
+    from marketrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"hyperopt\.grace_seconds"):
+        validate_config({"hyperopt": {"heartbeat_seconds": 30, "grace_seconds": 30}})
+
+
+def test_postgres_url_without_the_driver_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg2", None)  # as if psycopg2-binary were not installed
+    config = make_config()
+    config["hyperopt"]["storage"] = "postgresql://ana:s3cret@db.invalid:5432/optuna"
+    with pytest.raises(HyperoptError) as excinfo:
+        load_study(config, "dqn")
+    message = str(excinfo.value)
+    assert message.startswith("config key 'hyperopt.storage': postgresql://ana@db.invalid:5432/optuna needs")
+    assert "'.[postgres]'" in message and "s3cret" not in message and "\n" not in message

@@ -339,6 +339,18 @@ def test_data_and_config_text_is_escaped(tmp_path: Path) -> None:
     assert "&lt;script&gt;alert(3)" in html and "&lt;script&gt;alert(4)" in html
 
 
+def test_hyperopt_storage_is_shown_without_its_password(tmp_path: Path) -> None:
+    outputs = write_pipeline_outputs(tmp_path / "run", n_folds=2)
+    hyperopt = Path(outputs.hyperopt_files[0])
+    summary = json.loads(hyperopt.read_text())
+    summary["storage"] = "postgresql://ana:hunter2@db.example:5432/optuna"  # an old or hand-made summary
+    hyperopt.write_text(json.dumps(summary))
+    outputs.config["hyperopt"]["storage"] = "postgresql://ana:hunter2@db.example:5432/optuna"
+    html = _build(outputs, tmp_path / "eval_report.html")
+    assert "hunter2" not in html
+    assert html.count("postgresql://ana@db.example:5432/optuna") == 2  # hyperopt section and the config
+
+
 # --------------------------------------------------------------------------------------- degraded inputs
 
 

@@ -247,6 +247,7 @@ def _hyperopt_section(inputs: ReportInputs, algos: Sequence[str]) -> list[dict[s
                 "best_trial": data.get("best_trial"),
                 "best_params": tuning.best_params_rows(summary),
                 "sampler": data.get("sampler") or {},
+                "storage": provenance.redact_url(str(data.get("storage") or "")),  # never a password
                 "tuning_window": data.get("tuning_window") or {},
                 "n_dsr": analysis.deflation_for(inputs, algo).n_trials,
                 "history": figures.hyperopt_history_figure(summary, color) if summary.trials else None,
@@ -303,9 +304,10 @@ def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict
         files.append(
             {"path": str(path), "sha256": provenance.sha256_file(path), "bytes": path.stat().st_size}
         )
+    public = provenance.public_config(dict(config))  # hyperopt.storage without its password
     return {
-        "config_yaml": yaml.safe_dump(to_json_safe(config), sort_keys=True, allow_unicode=True, width=100),
-        "config_hash": provenance.config_hash(dict(config)),
+        "config_yaml": yaml.safe_dump(to_json_safe(public), sort_keys=True, allow_unicode=True, width=100),
+        "config_hash": provenance.config_hash(public),
         "git_commit": provenance.git_commit(),
         "upstream_commits": sorted(upstream_commits),
         "packages": provenance.package_versions(

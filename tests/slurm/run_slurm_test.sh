@@ -7,6 +7,11 @@
 # the node) and checks it with tests/slurm/slurm_checks.py against a local run of the same config. The daemons it
 # started are stopped by PID on exit. Without root or apt-get it prints "SKIPPED: ..." and exits 0.
 #
+# Hyperopt storage: when PostgreSQL can be started here (tests/postgres/cluster.py; the '.[postgres]' extra), the
+# SLURM run's two workers share a study on a throwaway PostgreSQL server (MARKETRL_OPTUNA_STORAGE, inherited by
+# the jobs), and the local reference runs its own hyperopt on the journal file: the studies must be equal. Without
+# PostgreSQL it says so and uses the journal, with the local run reusing the SLURM run's hyperopt results.
+#
 # Environment: PYTHON (default .venv/bin/python; needs the '.[slurm]' extra), MARKETRL_SLURM_KEEP=1 keeps the
 # work directory (it is always kept on failure).
 set -euo pipefail
@@ -61,6 +66,7 @@ chmod 755 "$WORK"
 CL=$WORK/cluster
 PIDS_TO_STOP=() # daemons, newest first
 SAMPLER_PID=""
+PG_DIR=""
 RUN_SLURM_CREATED=0
 [ -d /run/slurm ] || RUN_SLURM_CREATED=1
 
@@ -83,6 +89,7 @@ cleanup() {
     squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null # jobs of this test cluster only
   fi
   for pid in "${PIDS_TO_STOP[@]}"; do stop_pid "$pid"; done
+  [ -n "$PG_DIR" ] && (cd "$REPO" && "$PYTHON" -m tests.postgres.cluster stop "$PG_DIR")
   if [ "$(readlink /run/slurm/conf 2>/dev/null)" = "$CL" ]; then
     rm -f /run/slurm/conf # our link for srun inside jobs
     [ "$RUN_SLURM_CREATED" = 1 ] && rmdir /run/slurm 2>/dev/null
@@ -196,6 +203,19 @@ done
 timeout 60 srun --gpus=1 true || fail "a one-GPU srun did not run (gres/gpu misconfigured?)"
 say "cluster up: node $HOST idle, $CPUS CPUs, ${MEM_MB} MB, gpu:1 ($(sinfo -h -o '%G'))"
 
+# ------------------------------------------------------------------------------------------- hyperopt storage
+STORAGE=journal
+pg_unavailable=$(cd "$REPO" && "$PYTHON" -c 'from tests.postgres.cluster import unavailable; print(unavailable())')
+if [ -z "$pg_unavailable" ]; then
+  PG_DIR=$WORK/postgres
+  PG_URL=$(cd "$REPO" && "$PYTHON" -m tests.postgres.cluster start "$PG_DIR") ||
+    fail "PostgreSQL did not start; see $PG_DIR/server.log"
+  STORAGE=postgres
+  say "hyperopt storage: PostgreSQL on ${PG_URL##*@} (a throwaway cluster in $PG_DIR)"
+else
+  say "hyperopt storage: journal file ($pg_unavailable)"
+fi
+
 # ------------------------------------------------------------------------------------------- the runs
 SLURM_RUN=$WORK/slurm_run
 LOCAL_RUN=$WORK/local_run
@@ -215,8 +235,12 @@ SAMPLER_PID=$!
 
 say "running the tiny pipeline through SLURM in $SLURM_RUN"
 started=$(date +%s)
-(cd "$SLURM_RUN" && timeout "$RUN_TIMEOUT_S" "$PYTHON" -m snakemake -s "$REPO/Snakefile" \
-  --workflow-profile "$WORK/profile" results/eval_report.html) >"$WORK/slurm_run.log" 2>&1 || {
+(
+  cd "$SLURM_RUN"
+  [ "$STORAGE" = postgres ] && export MARKETRL_OPTUNA_STORAGE=$PG_URL # the jobs inherit it through sbatch
+  timeout "$RUN_TIMEOUT_S" "$PYTHON" -m snakemake -s "$REPO/Snakefile" \
+    --workflow-profile "$WORK/profile" results/eval_report.html
+) >"$WORK/slurm_run.log" 2>&1 || {
   tail -n 60 "$WORK/slurm_run.log" >&2
   fail "the pipeline failed under SLURM; log: $WORK/slurm_run.log, job logs: $SLURM_RUN/results/logs"
 }
@@ -225,18 +249,21 @@ stop_pid "$SAMPLER_PID"
 SAMPLER_PID=""
 scontrol show job -o >"$WORK/scontrol.txt"
 
-# The local reference: the same config without SLURM. It is given the SLURM run's hyperopt results (and may not
-# run the hyperopt rules), because which worker claims which trial depends on timing and each worker samples with
-# its own seed; everything before and after hyperopt is computed afresh and must match. gpu=2: the local run need
-# not serialize its GPU-flagged jobs (they train on the CPU).
+# The local reference: the same config without SLURM, on the default journal storage. With PostgreSQL it runs its
+# own hyperopt: per-slot seeds make each trial independent of which worker claims it (and the tiny study is too
+# small for the pruner), so the studies must agree. With the journal it is given the SLURM run's hyperopt results
+# (and may not run the hyperopt rules), as before. gpu=2: the local run need not serialize its GPU-flagged jobs
+# (they train on the CPU).
 say "running the same config locally in $LOCAL_RUN"
 started=$(date +%s)
 mkdir -p "$LOCAL_RUN/results"
-cp -r "$SLURM_RUN/results/hyperopt" "$LOCAL_RUN/results/hyperopt"
+[ "$STORAGE" = journal ] && cp -r "$SLURM_RUN/results/hyperopt" "$LOCAL_RUN/results/hyperopt"
 (
   cd "$LOCAL_RUN"
-  mapfile -t rules < <("$PYTHON" -m snakemake -s "$REPO/Snakefile" --list-rules 2>/dev/null |
-    grep -vx -e all -e hyperopt_worker -e hyperopt_best)
+  unset MARKETRL_OPTUNA_STORAGE
+  excluded=(-e all)
+  [ "$STORAGE" = journal ] && excluded+=(-e hyperopt_worker -e hyperopt_best)
+  mapfile -t rules < <("$PYTHON" -m snakemake -s "$REPO/Snakefile" --list-rules 2>/dev/null | grep -vx "${excluded[@]}")
   timeout "$RUN_TIMEOUT_S" "$PYTHON" -m snakemake -s "$REPO/Snakefile" results/eval_report.html --cores 2 \
     --resources gpu=2 --allowed-rules "${rules[@]}"
 ) >"$WORK/local_run.log" 2>&1 || {
@@ -245,6 +272,8 @@ cp -r "$SLURM_RUN/results/hyperopt" "$LOCAL_RUN/results/hyperopt"
 }
 say "local run done in $(($(date +%s) - started)) s"
 
+pg_args=()
+[ "$STORAGE" = postgres ] && pg_args=(--postgres-password-file "$PG_DIR/pwfile")
 checks check --slurm-run "$SLURM_RUN" --local-run "$LOCAL_RUN" --scontrol "$WORK/scontrol.txt" \
-  --squeue "$WORK/squeue.log" || fail "checks failed (above); work directory $WORK"
+  --squeue "$WORK/squeue.log" "${pg_args[@]}" || fail "checks failed (above); work directory $WORK"
 say "PASSED"

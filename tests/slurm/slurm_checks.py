@@ -2,11 +2,14 @@
 
     python -m tests.slurm.slurm_checks config  TINY_CONFIG OUT_CONFIG
     python -m tests.slurm.slurm_checks profile SLURM_PROFILE OUT_DIR
-    python -m tests.slurm.slurm_checks check --slurm-run DIR --local-run DIR --scontrol FILE --squeue FILE
+    python -m tests.slurm.slurm_checks check --slurm-run DIR --local-run DIR --scontrol FILE --squeue FILE \
+        [--postgres-password-file FILE]
 
 `config` writes the test's pipeline config, `profile` fits profiles/slurm to the one small test node, `check`
 verifies a pipeline run through SLURM: every output, GPU requests and their serialization, the hyperopt workers,
-and equality with a local run of the same config. `check` prints its evidence and exits 1 on any failure.
+and equality with a local run of the same config. With --postgres-password-file the SLURM run's hyperopt used a
+PostgreSQL study and the local run its own journal study: the two studies must agree, and the password must appear
+in no output. `check` prints its evidence and exits 1 on any failure.
 """
 
 from __future__ import annotations
@@ -256,9 +259,16 @@ def _state_differences(a: Any, b: Any, where: str) -> list[str]:
 
 
 def check_run(
-    slurm_run: Path, local_run: Path, scontrol_text: str, squeue_text: str
+    slurm_run: Path,
+    local_run: Path,
+    scontrol_text: str,
+    squeue_text: str,
+    postgres_password: str | None = None,
 ) -> tuple[list[str], list[str]]:
-    """(evidence lines, failures) for a SLURM run of `slurm_run/config.yaml` against the local run of it."""
+    """(evidence lines, failures) for a SLURM run of `slurm_run/config.yaml` against the local run of it.
+
+    `postgres_password`: the SLURM run's hyperopt used PostgreSQL (with this password) and the local run ran its
+    own hyperopt on the journal; otherwise the local run reused the SLURM run's hyperopt results."""
     from marketrl.config import load_config
 
     config = load_config(slurm_run / "config.yaml")
@@ -281,12 +291,15 @@ def check_run(
         if diffs:
             differing += 1
             failures.append(f"local vs SLURM: {path} differs: {'; '.join(diffs[:5])}")
-    for path in [p for p in expected if p.startswith("results/hyperopt/")]:
-        if (local_run / path).is_file() and (local_run / path).read_bytes() != (
-            slurm_run / path
-        ).read_bytes():
-            failures.append(f"local run re-ran hyperopt instead of reusing {path}")
+    if postgres_password is None:
+        for path in [p for p in expected if p.startswith("results/hyperopt/")]:
+            if (local_run / path).is_file() and (local_run / path).read_bytes() != (
+                slurm_run / path
+            ).read_bytes():
+                failures.append(f"local run re-ran hyperopt instead of reusing {path}")
     evidence.append(f"local vs SLURM: {len(compared) - differing}/{len(compared)} outputs equal in content")
+    if postgres_password is not None:
+        failures += _postgres_failures(slurm_run, local_run, config, postgres_password, evidence)
 
     jobs = parse_scontrol_jobs(scontrol_text)
     failures += [
@@ -328,6 +341,55 @@ def check_run(
 
     failures += _hyperopt_failures(slurm_run, config, jobs, evidence)
     return evidence, failures
+
+
+# Which worker ran which trial, and where the study lives, legitimately differ between the two runs.
+STUDY_RUN_KEYS = ("workers", "storage")
+
+
+def _postgres_failures(
+    slurm_run: Path, local_run: Path, config: dict[str, Any], password: str, evidence: list[str]
+) -> list[str]:
+    failures = []
+    for algo in config["training"]["algos"]:
+        path = f"results/hyperopt/{algo}.json"
+        if not (slurm_run / path).is_file() or not (local_run / path).is_file():
+            failures.append(f"PostgreSQL vs journal: {path} missing in one run")
+            continue
+        pg_study, journal_study = (json.loads((run / path).read_text()) for run in (slurm_run, local_run))
+        if not str(pg_study.get("storage", "")).startswith("postgresql://"):
+            failures.append(f"{path}: SLURM run's storage is {pg_study.get('storage')!r}, not PostgreSQL")
+        if not str(journal_study.get("storage", "")).endswith("journal.log"):
+            failures.append(
+                f"{path}: local run's storage is {journal_study.get('storage')!r}, not the journal"
+            )
+        locks = [
+            f.name for f in (slurm_run / f"results/hyperopt/{algo}").glob("*") if not f.name.endswith(".json")
+        ]
+        if locks:
+            failures.append(f"SLURM run with PostgreSQL left files beside the worker summaries: {locks}")
+        diffs = json_differences(
+            {k: v for k, v in pg_study.items() if k not in STUDY_RUN_KEYS},
+            {k: v for k, v in journal_study.items() if k not in STUDY_RUN_KEYS},
+        )
+        if diffs:
+            failures.append(
+                f"PostgreSQL (2 SLURM workers) vs journal (local) study {algo}: {'; '.join(diffs[:5])}"
+            )
+        evidence.append(
+            f"hyperopt {algo}: PostgreSQL study of the SLURM workers equals the local journal study "
+            f"({len(pg_study.get('trials', []))} trials, best {pg_study.get('best_value')!r}): "
+            + ("yes" if not diffs else "NO")
+        )
+    leaked = [
+        str(f.relative_to(slurm_run))
+        for root in (slurm_run / "results", slurm_run / ".snakemake")
+        for f in root.rglob("*")
+        if f.is_file() and password.encode() in f.read_bytes()
+    ]
+    failures += [f"the PostgreSQL password appears in {name}" for name in leaked]
+    evidence.append(f"PostgreSQL password in outputs, logs or .snakemake/: {len(leaked)} files")
+    return failures
 
 
 def _hyperopt_failures(
@@ -388,6 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_cmd = commands.add_parser("check")
     for name in ("--slurm-run", "--local-run", "--scontrol", "--squeue"):
         check_cmd.add_argument(name, type=Path, required=True)
+    check_cmd.add_argument("--postgres-password-file", type=Path)
     args = parser.parse_args(argv)
 
     if args.command == "config":
@@ -400,8 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         fitted = fit_profile(yaml.safe_load(args.profile.read_text()))
         (args.out_dir / "config.yaml").write_text(yaml.safe_dump(fitted, sort_keys=False))
         return 0
+    password = args.postgres_password_file.read_text().strip() if args.postgres_password_file else None
     evidence, failures = check_run(
-        args.slurm_run, args.local_run, args.scontrol.read_text(), args.squeue.read_text()
+        args.slurm_run, args.local_run, args.scontrol.read_text(), args.squeue.read_text(), password
     )
     for line in evidence:
         print(f"test-slurm: {line}")

@@ -1,0 +1,149 @@
+"""Benchmark: hyperopt throughput of 1, 2 and 4 worker processes on one PostgreSQL study, with tiny trials.
+
+Each worker runs the real claim loop (`work_on_study` with `PostgresClaims`: advisory lock, heartbeat rows, per-slot
+reseeded TPE sampler) on an objective that only draws three parameters, so the numbers are the claim and storage
+overhead a real trial pays once. Workers load the study, meet at a barrier, then run until the study holds
+--trials trials. Prints trials per minute (wall time from the barrier to the last worker's end) and, per claim, the time the
+study's lock is held (recover + claim + first heartbeat + commit: the serialized part) and waited for, and per
+trial the rest of the loop (parameter sampling, tell, heartbeat clean-up), summed over workers.
+
+    .venv/bin/python bench/hyperopt_scale.py [--trials 60] [--workers 1 2 4] [--storage postgresql://...]
+
+Without --storage it starts a throwaway cluster (tests/postgres/cluster.py; needs PostgreSQL and psycopg2) and
+makes one database per worker count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import optuna
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from marketrl.config import derive_seed, validate_config
+from marketrl.hyperopt import load_study
+from marketrl.hyperopt_storage import SAMPLED, PostgresClaims, work_on_study
+from tests.postgres import cluster as pg
+
+
+class TimedClaims(PostgresClaims):
+    """PostgresClaims that records, per claim, the wait for the study's lock and how long it is held."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.wait_s: list[float] = []
+        self.hold_s: list[float] = []
+
+    @contextmanager
+    def lock(self, study: optuna.Study) -> Iterator[None]:
+        started = time.perf_counter()
+        with super().lock(study):
+            acquired = time.perf_counter()
+            yield
+        self.wait_s.append(acquired - started)
+        self.hold_s.append(time.perf_counter() - acquired)  # recover + claim + first heartbeat + commit
+
+
+def objective(trial: optuna.Trial) -> float:
+    x = trial.suggest_float("x", -2.0, 2.0)
+    y = trial.suggest_int("y", 0, 9)
+    z = trial.suggest_categorical("z", ("a", "b", "c"))
+    trial.set_user_attr(SAMPLED, True)
+    return -(x**2) - 0.1 * y + {"a": 0.0, "b": 0.5, "c": 1.0}[z]
+
+
+def worker(url: str, n_trials: int, workers: int, barrier, results) -> None:
+    config = validate_config(
+        {"seed": 5, "hyperopt": {"n_trials": n_trials, "workers": workers, "storage": url}}
+    )
+    study = load_study(config, "dqn", 0, "unused")
+    claims = TimedClaims(url, heartbeat_seconds=10.0, grace_seconds=120.0)
+    barrier.wait()
+    started = time.perf_counter()
+    ran = work_on_study(
+        study, "dqn", n_trials, objective, seed=derive_seed(config["seed"], "hyperopt", "dqn"), claims=claims
+    )
+    results.put((started, time.perf_counter(), len(ran), claims.wait_s, claims.hold_s))
+
+
+def measure(url: str, n_trials: int, workers: int) -> dict[str, float]:
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(workers)
+    results = context.Queue()
+    procs = [
+        context.Process(target=worker, args=(url, n_trials, workers, barrier, results))
+        for _ in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    rows = [results.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(60)
+        if proc.exitcode != 0:
+            raise SystemExit(f"a worker failed (exit code {proc.exitcode})")
+    wall = max(row[1] for row in rows) - min(row[0] for row in rows)
+    ran = sum(row[2] for row in rows)
+    if ran != n_trials:
+        raise SystemExit(f"{workers} workers ran {ran} trials, expected {n_trials}")
+    wait_s = [s for row in rows for s in row[3]]
+    hold_s = [s for row in rows for s in row[4]]
+    busy = sum(row[1] - row[0] for row in rows)
+    return {
+        "workers": workers,
+        "trials_per_min": 60.0 * n_trials / wall,
+        "hold_ms": 1000.0 * statistics.median(hold_s),
+        "wait_ms": 1000.0 * statistics.median(wait_s),
+        "rest_ms": 1000.0 * (busy - sum(hold_s) - sum(wait_s)) / n_trials,
+        "wall_s": wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trials", type=int, default=60)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--storage", default="", help="a PostgreSQL URL; one study per run is created there")
+    args = parser.parse_args()
+    directory = None
+    if args.storage:
+        urls = {w: args.storage for w in args.workers}
+        if len(args.workers) > 1:
+            raise SystemExit("--storage holds one study: give one --workers value per run")
+    else:
+        reason = pg.unavailable()
+        if reason:
+            raise SystemExit(f"cannot start PostgreSQL: {reason}")
+        directory = Path(tempfile.mkdtemp(prefix="marketrl-pg-bench-"))
+        cluster = pg.start(directory)
+        urls = {w: cluster.create_database(f"bench_{w}") for w in args.workers}
+    try:
+        print(f"{args.trials} tiny trials per study; PostgreSQL claims (advisory lock + heartbeat rows)")
+        print(
+            "workers | trials/min | lock held ms (median) | lock wait ms (median) | rest per trial ms | wall s"
+        )
+        for workers in args.workers:
+            row = measure(urls[workers], args.trials, workers)
+            print(
+                f"{row['workers']:7d} | {row['trials_per_min']:10.0f} | {row['hold_ms']:21.1f} | "
+                f"{row['wait_ms']:21.1f} | {row['rest_ms']:17.1f} | {row['wall_s']:6.1f}"
+            )
+    finally:
+        if directory is not None:
+            pg.stop(directory)
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
