@@ -26,6 +26,7 @@ from typing import Any
 import optuna
 
 from gpu_utils import HardwareBudget, NonFiniteError, PrecisionPlan, detect_precision, resolve_device
+from marketrl import paths
 from marketrl.config import derive_seed
 from marketrl.datasets import WindowData, env_config_from_config, load_features, tuning_window
 from marketrl.env import MarketData, evaluate
@@ -106,8 +107,8 @@ SEARCH_SPACES: dict[str, Callable[[optuna.Trial, tuple[int, int]], dict[str, Any
 
 
 def study_dir(algo: str, results_dir: str | Path = "results") -> Path:
-    """Where an algorithm's study keeps its journal and lock file."""
-    return Path(results_dir) / "hyperopt" / algo
+    """Where an algorithm's study keeps its journal and lock file (marketrl.paths.STUDY_DIR under `results_dir`)."""
+    return Path(results_dir) / paths.STUDY_SUBDIR.format(algo=algo)
 
 
 def open_storage(config: Mapping[str, Any], algo: str, results_dir: str | Path = "results") -> Any:
@@ -363,9 +364,12 @@ def run_worker(
     folds_path: str,
     config: Mapping[str, Any],
     out_path: str,
+    results_dir: str | Path,
 ) -> dict[str, Any]:
-    """One worker: load the tuning window once, then claim and run trials until the study holds n_trials."""
-    results_dir = Path(out_path).parents[2]  # results/hyperopt/{algo}/worker_{w}.json
+    """One worker: load the tuning window once, then claim and run trials until the study holds n_trials.
+
+    The study lives under `results_dir` (see `study_dir`); it is shared by the workers, so it is no job's output.
+    """
     started = time.perf_counter()
     device = resolve_device(config["training"]["device"])
     precision = detect_precision(device, config["training"]["precision"])
@@ -425,12 +429,15 @@ def write_study_summary(
     *,
     algo: str,
     worker_summaries: Sequence[str],
+    folds_path: str | Path,
     config: Mapping[str, Any],
     out_path: str,
+    results_dir: str | Path,
 ) -> dict[str, Any]:
-    """results/hyperopt/{algo}.json: best params (incl. hidden_dim_base), every trial, counts, provenance."""
-    results_dir = Path(out_path).parents[1]  # results/hyperopt/{algo}.json
-    folds_path = results_dir / "folds.json"
+    """results/hyperopt/{algo}.json: best params (incl. hidden_dim_base), every trial, counts, provenance.
+
+    Reads the study under `results_dir` (see `study_dir`) and the tuning window from `folds_path`.
+    """
     workers = [json.loads(Path(path).read_text()) for path in worker_summaries]
     study = load_study(config, algo, 0, results_dir)
     trials = sorted(counted_trials(study), key=lambda t: t.number)
@@ -446,15 +453,13 @@ def write_study_summary(
             f"study marketrl-{algo}: no trial completed (all pruned or failed); see the worker logs"
         )
     best = max(complete, key=lambda t: (t.value, -t.number))
-    tuning = None
-    if folds_path.exists():
-        window = FoldPlan.load(folds_path).tuning
-        tuning = {
-            "first_day": str(window.first_day),
-            "last_day": str(window.last_day),
-            "validation_first": str(window.validation_days[0]),
-            "validation_last": str(window.validation_days[-1]),
-        }
+    window = FoldPlan.load(folds_path).tuning
+    tuning = {
+        "first_day": str(window.first_day),
+        "last_day": str(window.last_day),
+        "validation_first": str(window.validation_days[0]),
+        "validation_last": str(window.validation_days[-1]),
+    }
     summary = {
         "algo": algo,
         "objective": OBJECTIVE,
