@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import copy
 import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -33,7 +35,7 @@ from marketrl.env import MarketData, evaluate
 from marketrl.folds import FoldPlan
 from marketrl.io import write_json_atomic
 from marketrl.metrics import performance_summary, to_json_safe
-from marketrl.provenance import collect, package_versions
+from marketrl.provenance import collect, package_versions, sha256_file
 from marketrl.training import run_training
 
 log = logging.getLogger(__name__)
@@ -155,17 +157,44 @@ class JournalFlock:
             handle.close()
 
 
+def study_name(algo: str, key: str = "") -> str:
+    """The Optuna study name of an algorithm; `key` (see `study_key`) tells apart studies of different inputs."""
+    return f"marketrl-{algo}-{key}" if key else f"marketrl-{algo}"
+
+
+def study_key(config: Mapping[str, Any], input_paths: Sequence[str | Path], code: str) -> str:
+    """What a trial's result depends on: the config slice, the input files' bytes and the stage's code hash.
+
+    A rerun of hyperopt after any of them changed starts a fresh study instead of finding the old one full;
+    an interrupted run with the same inputs resumes its own. hyperopt.n_trials is left out (a larger value
+    extends the study) and so is hyperopt.storage (where the study lives, not what it computes).
+    """
+    relevant = copy.deepcopy(dict(config))
+    relevant["hyperopt"] = {
+        k: v for k, v in relevant.get("hyperopt", {}).items() if k not in ("n_trials", "storage")
+    }
+    digest = hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode())
+    for path in input_paths:
+        digest.update(sha256_file(path).encode())
+    digest.update(code.encode())
+    return digest.hexdigest()[:12]
+
+
 def load_study(
-    config: Mapping[str, Any], algo: str, worker: int = 0, results_dir: str | Path = "results"
+    config: Mapping[str, Any],
+    algo: str,
+    worker: int = 0,
+    results_dir: str | Path = "results",
+    name: str | None = None,
 ) -> optuna.Study:
-    """Create or resume the algorithm's study; the TPE sampler is seeded per worker."""
+    """Create or resume the study `name` (default: `study_name(algo)`); the TPE sampler is seeded per worker."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=derive_seed(config["seed"], "hyperopt", algo, worker))
     pruner = optuna.pruners.MedianPruner(
         n_startup_trials=2, n_warmup_steps=config["hyperopt"]["pruner_warmup_evals"]
     )
     return optuna.create_study(
-        study_name=f"marketrl-{algo}",
+        study_name=name or study_name(algo),
         storage=open_storage(config, algo, results_dir),
         sampler=sampler,
         pruner=pruner,
@@ -365,10 +394,12 @@ def run_worker(
     config: Mapping[str, Any],
     out_path: str,
     results_dir: str | Path,
+    code: str = "",
 ) -> dict[str, Any]:
     """One worker: load the tuning window once, then claim and run trials until the study holds n_trials.
 
     The study lives under `results_dir` (see `study_dir`); it is shared by the workers, so it is no job's output.
+    Its name carries `study_key` of the config, the inputs and `code` (the stage's code hash).
     """
     started = time.perf_counter()
     device = resolve_device(config["training"]["device"])
@@ -389,7 +420,8 @@ def run_worker(
         precision.mode,
     )
 
-    study = load_study(config, algo, worker, results_dir)
+    name = study_name(algo, study_key(config, [manifest_path, folds_path], code))
+    study = load_study(config, algo, worker, results_dir, name)
 
     def objective(trial: optuna.Trial) -> float:
         return run_trial(trial, algo, window, config, device, precision, batch_bounds)
@@ -401,6 +433,7 @@ def run_worker(
     summary = {
         "algo": algo,
         "worker": worker,
+        "study": name,
         "trials_run": ran,
         "data_setup_s": data_setup_s,
         "device": str(device),
@@ -439,18 +472,21 @@ def write_study_summary(
     Reads the study under `results_dir` (see `study_dir`) and the tuning window from `folds_path`.
     """
     workers = [json.loads(Path(path).read_text()) for path in worker_summaries]
-    study = load_study(config, algo, 0, results_dir)
+    names = sorted({worker.get("study", study_name(algo)) for worker in workers}) or [study_name(algo)]
+    if len(names) > 1:
+        raise HyperoptError(f"{worker_summaries[0]}: workers of {algo} ran different studies {names}")
+    study = load_study(config, algo, 0, results_dir, names[0])
     trials = sorted(counted_trials(study), key=lambda t: t.number)
     states = [t.state for t in trials]
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     if len(trials) != config["hyperopt"]["n_trials"]:
         raise HyperoptError(
-            f"study marketrl-{algo} holds {len(trials)} trials, expected hyperopt.n_trials="
+            f"study {names[0]} holds {len(trials)} trials, expected hyperopt.n_trials="
             f"{config['hyperopt']['n_trials']} (is a worker still running?)"
         )
     if not complete:
         raise HyperoptError(
-            f"study marketrl-{algo}: no trial completed (all pruned or failed); see the worker logs"
+            f"study {names[0]}: no trial completed (all pruned or failed); see the worker logs"
         )
     best = max(complete, key=lambda t: (t.value, -t.number))
     window = FoldPlan.load(folds_path).tuning

@@ -45,8 +45,8 @@ _FOLDS = tuple(
 ALL_KEYS = "*"  # the report prints the whole config in its provenance section, so it reads every key
 
 # The config keys each stage's job reads, key by key (stage = rule name = workflow_scripts/{stage}.py). Keys that
-# only shape the DAG (data.source, training.algos, hyperopt.workers, ...) change which jobs exist, not what a job
-# computes, and are in no slice.
+# only shape the DAG (data.source, training.algos, hyperopt.workers, ...; see DAG_KEYS) change which jobs exist,
+# not what a job computes, and are in no slice but the report's.
 STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
     "demo_data": ("data.demo.days", "data.demo.seed", "data.demo.start"),
     "download_databento": (
@@ -94,6 +94,24 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.n_envs",
     ),
     "report": ALL_KEYS,
+}
+
+# Keys that decide which jobs (and files) exist, or how they are scheduled; rules/common.smk reads them, not jobs.
+DAG_KEYS: dict[str, str] = {
+    "data.source": "input files",
+    "data.files": "input files",
+    "data.demo.days": "input files",
+    "data.demo.start": "input files",
+    "data.databento.start": "input files",
+    "data.databento.end": "input files",
+    "data.databento.dataset": "input file names",
+    "data.databento.schema": "input file names",
+    "folds.n": "fold jobs",
+    "hyperopt.workers": "worker jobs",
+    "training.algos": "algorithm jobs",
+    "training.seeds": "seed jobs",
+    "training.gpu_jobs": "gpu resource only",
+    "training.device": "gpu resource",
 }
 
 # Which stages read each stage's outputs (mirrors the rules' inputs; tests check it against Snakemake's rulegraph).
@@ -172,12 +190,16 @@ def reruns(key: str) -> list[str]:
 
 
 def config_key_table(config: Mapping[str, Any]) -> str:
-    """Markdown table: every key of `config` -> the stages that read it and the stages its change reruns."""
-    lines = ["| config key | read by | a change reruns |", "|---|---|---|"]
+    """Markdown table: every key of `config` -> the stages that read it, the stages its change reruns after a
+    finished run, and which jobs it adds or removes (DAG_KEYS)."""
+    lines = [
+        "| config key | read by (besides the report) | a change reruns | also decides |",
+        "|---|---|---|---|",
+    ]
     for key in sorted(config_keys(config)):
         direct = [s for s in readers(key) if s != "report"]
-        read_by = ", ".join(direct) if direct else "report only"
-        lines.append(f"| `{key}` | {read_by} | {', '.join(reruns(key))} |")
+        read_by = ", ".join(direct) if direct else "-"
+        lines.append(f"| `{key}` | {read_by} | {', '.join(reruns(key))} | {DAG_KEYS.get(key, '')} |")
     return "\n".join(lines)
 
 

@@ -14,4 +14,5 @@ with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
         config=snakemake.params.config,
         out_path=snakemake.output[0],
         results_dir=snakemake.params.results_dir,
+        code=snakemake.params.code,
     )
