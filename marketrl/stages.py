@@ -146,7 +146,7 @@ def stage_config(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     """The part of a validated config that `stage` reads: nested like the config, keys in sorted order."""
     keys = _keys_of(stage)
     if keys == ALL_KEYS:
-        return copy.deepcopy(dict(config))
+        keys = tuple(config_keys(config))
     sliced: dict[str, Any] = {}
     for dotted in sorted(keys):
         *sections, leaf = dotted.split(".")
