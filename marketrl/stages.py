@@ -96,7 +96,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
     "report": ALL_KEYS,
 }
 
-# Keys that decide which jobs (and files) exist, or how they are scheduled; rules/common.smk reads them, not jobs.
+# Keys that decide which jobs (and files) exist, or how they are scheduled (rules/common.smk; a few a job reads too).
 DAG_KEYS: dict[str, str] = {
     "data.source": "input files",
     "data.files": "input files",
@@ -131,7 +131,7 @@ DOWNSTREAM: dict[str, tuple[str, ...]] = {
 STAGES = tuple(DOWNSTREAM)
 
 
-class StageError(KeyError):
+class StageError(ValueError):
     """An unknown stage name (a rule and this table disagree)."""
 
 
