@@ -1,13 +1,12 @@
 # marketrl: Databento DBN.zst -> features -> walk-forward folds -> hyperopt -> DQN/PPO per fold and seed -> report.
-from snakemake.utils import min_version, validate
+# The config is validated in rules/common.smk (one line naming the key on an error), against
+# schemas/config.schema.yaml; every results/ path comes from marketrl/paths.py.
+from snakemake.utils import min_version
 
 min_version("9.0")
 
 
 configfile: "config.yaml"
-
-
-validate(config, "schemas/config.schema.yaml")
 
 
 include: "rules/common.smk"
@@ -22,4 +21,4 @@ include: "rules/report.smk"
 
 rule all:
     input:
-        "results/eval_report.html",
+        paths.REPORT,

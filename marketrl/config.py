@@ -43,7 +43,8 @@ def schema_errors(config: dict[str, Any], schema: dict[str, Any] | None = None) 
     for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
         key = _key_path(error)
         if error.validator == "additionalProperties":
-            messages.append(f"config key '{key}': unknown key (misspelt? see schemas/config.schema.yaml)")
+            known = ", ".join(sorted(error.schema.get("properties", {})))
+            messages.append(f"config key '{key}': unknown key; expected one of: {known}")
         else:
             messages.append(f"config key '{key}': {error.message}")
     return messages

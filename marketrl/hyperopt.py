@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import logging
 import time
@@ -44,7 +46,7 @@ from marketrl.hyperopt_storage import (  # claims, storage and recovery; the res
 )
 from marketrl.io import write_json_atomic
 from marketrl.metrics import to_json_safe
-from marketrl.provenance import collect, package_versions
+from marketrl.provenance import collect, package_versions, sha256_file
 from marketrl.stats import ANNUALIZER
 from marketrl.training import run_training
 
@@ -109,17 +111,44 @@ SEARCH_SPACES: dict[str, Callable[[optuna.Trial, tuple[int, int]], dict[str, Any
 # ------------------------------------------------------------------------------------------------------ storage
 
 
+def study_name(algo: str, key: str = "") -> str:
+    """The Optuna study name of an algorithm; `key` (see `study_key`) tells apart studies of different inputs."""
+    return f"marketrl-{algo}-{key}" if key else f"marketrl-{algo}"
+
+
+def study_key(config: Mapping[str, Any], input_paths: Sequence[str | Path], code: str) -> str:
+    """What a trial's result depends on: the config slice, the input files' bytes and the stage's code hash.
+
+    A rerun of hyperopt after any of them changed starts a fresh study instead of finding the old one full;
+    an interrupted run with the same inputs resumes its own. hyperopt.n_trials is left out (a larger value
+    extends the study) and so is hyperopt.storage (where the study lives, not what it computes).
+    """
+    relevant = copy.deepcopy(dict(config))
+    relevant["hyperopt"] = {
+        k: v for k, v in relevant.get("hyperopt", {}).items() if k not in ("n_trials", "storage")
+    }
+    digest = hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode())
+    for path in input_paths:
+        digest.update(sha256_file(path).encode())
+    digest.update(code.encode())
+    return digest.hexdigest()[:12]
+
+
 def load_study(
-    config: Mapping[str, Any], algo: str, worker: int = 0, results_dir: str | Path = "results"
+    config: Mapping[str, Any],
+    algo: str,
+    worker: int = 0,
+    results_dir: str | Path = "results",
+    name: str | None = None,
 ) -> optuna.Study:
-    """Create or resume the algorithm's study; the TPE sampler is seeded per worker."""
+    """Create or resume the study `name` (default: `study_name(algo)`); the TPE sampler is seeded per worker."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=derive_seed(config["seed"], "hyperopt", algo, worker))
     pruner = optuna.pruners.MedianPruner(
         n_startup_trials=2, n_warmup_steps=config["hyperopt"]["pruner_warmup_evals"]
     )
     return optuna.create_study(
-        study_name=f"marketrl-{algo}",
+        study_name=name or study_name(algo),
         storage=open_storage(config, algo, results_dir),
         sampler=sampler,
         pruner=pruner,
@@ -185,9 +214,14 @@ def run_worker(
     folds_path: str,
     config: Mapping[str, Any],
     out_path: str,
+    results_dir: str | Path,
+    code: str = "",
 ) -> dict[str, Any]:
-    """One worker: load the tuning window once, then claim and run trials until the study holds n_trials."""
-    results_dir = Path(out_path).parents[2]  # results/hyperopt/{algo}/worker_{w}.json
+    """One worker: load the tuning window once, then claim and run trials until the study holds n_trials.
+
+    The study lives under `results_dir` (see `study_dir`); it is shared by the workers, so it is no job's output.
+    Its name carries `study_key` of the config, the inputs and `code` (the stage's code hash).
+    """
     started = time.perf_counter()
     device = resolve_device(config["training"]["device"])
     precision = detect_precision(device, config["training"]["precision"])
@@ -207,7 +241,8 @@ def run_worker(
         precision.mode,
     )
 
-    study = load_study(config, algo, worker, results_dir)
+    name = study_name(algo, study_key(config, [manifest_path, folds_path], code))
+    study = load_study(config, algo, worker, results_dir, name)
 
     def objective(trial: optuna.Trial) -> float:
         return run_trial(trial, algo, window, config, device, precision, batch_bounds)
@@ -220,6 +255,7 @@ def run_worker(
     summary = {
         "algo": algo,
         "worker": worker,
+        "study": name,
         "trials_run": ran,
         "data_setup_s": data_setup_s,
         "device": str(device),
@@ -249,36 +285,40 @@ def write_study_summary(
     *,
     algo: str,
     worker_summaries: Sequence[str],
+    folds_path: str | Path,
     config: Mapping[str, Any],
     out_path: str,
+    results_dir: str | Path,
 ) -> dict[str, Any]:
-    """results/hyperopt/{algo}.json: best params (incl. hidden_dim_base), every trial, counts, provenance."""
-    results_dir = Path(out_path).parents[1]  # results/hyperopt/{algo}.json
-    folds_path = results_dir / "folds.json"
+    """results/hyperopt/{algo}.json: best params (incl. hidden_dim_base), every trial, counts, provenance.
+
+    Reads the study under `results_dir` (see `study_dir`) and the tuning window from `folds_path`.
+    """
     workers = [json.loads(Path(path).read_text()) for path in worker_summaries]
-    study = load_study(config, algo, 0, results_dir)
+    names = sorted({worker.get("study", study_name(algo)) for worker in workers}) or [study_name(algo)]
+    if len(names) > 1:
+        raise HyperoptError(f"{worker_summaries[0]}: workers of {algo} ran different studies {names}")
+    study = load_study(config, algo, 0, results_dir, names[0])
     trials = sorted(counted_trials(study), key=lambda t: t.number)
     states = [t.state for t in trials]
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     if len(trials) != config["hyperopt"]["n_trials"]:
         raise HyperoptError(
-            f"study marketrl-{algo} holds {len(trials)} trials, expected hyperopt.n_trials="
+            f"study {names[0]} holds {len(trials)} trials, expected hyperopt.n_trials="
             f"{config['hyperopt']['n_trials']} (is a worker still running?)"
         )
     if not complete:
         raise HyperoptError(
-            f"study marketrl-{algo}: no trial completed (all pruned or failed); see the worker logs"
+            f"study {names[0]}: no trial completed (all pruned or failed); see the worker logs"
         )
     best = max(complete, key=lambda t: (t.value, -t.number))
-    tuning = None
-    if folds_path.exists():
-        window = FoldPlan.load(folds_path).tuning
-        tuning = {
-            "first_day": str(window.first_day),
-            "last_day": str(window.last_day),
-            "validation_first": str(window.validation_days[0]),
-            "validation_last": str(window.validation_days[-1]),
-        }
+    window = FoldPlan.load(folds_path).tuning
+    tuning = {
+        "first_day": str(window.first_day),
+        "last_day": str(window.last_day),
+        "validation_first": str(window.validation_days[0]),
+        "validation_last": str(window.validation_days[-1]),
+    }
     summary = {
         "algo": algo,
         "objective": OBJECTIVE,

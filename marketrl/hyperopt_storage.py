@@ -34,6 +34,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 
 from gpu_utils import NonFiniteError
+from marketrl import paths
 from marketrl.config import derive_seed
 from marketrl.provenance import redact_url
 
@@ -137,8 +138,8 @@ def _advisory_key(name: str) -> int:
 
 
 def study_dir(algo: str, results_dir: str | Path = "results") -> Path:
-    """Where an algorithm's study keeps its journal and lock file."""
-    return Path(results_dir) / "hyperopt" / algo
+    """Where an algorithm's study keeps its journal and lock file (marketrl.paths.STUDY_DIR under `results_dir`)."""
+    return Path(results_dir) / paths.STUDY_SUBDIR.format(algo=algo)
 
 
 def open_storage(config: Mapping[str, Any], algo: str, results_dir: str | Path = "results") -> Any:

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import datetime as dt
 import glob
-import hashlib
 from pathlib import Path
 from typing import Any
 
+from marketrl import paths
 from marketrl.config import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DBN_SUFFIX = ".dbn.zst"
-FEATURE_CODE = ("marketrl/features.py", "marketrl/data")
 
 
 def weekdays(start: dt.date, n_days: int | None = None, end: dt.date | None = None) -> list[dt.date]:
@@ -38,7 +36,7 @@ def demo_files(config: dict[str, Any]) -> list[str]:
     """Paths the demo_data rule writes."""
     demo = config["data"]["demo"]
     days = weekdays(dt.date.fromisoformat(demo["start"]), n_days=demo["days"])
-    return [f"results/data/demo/{demo_file_name(d)}" for d in days]
+    return [f"{paths.DEMO_DIR}/{demo_file_name(d)}" for d in days]
 
 
 def databento_files(config: dict[str, Any]) -> list[str]:
@@ -51,7 +49,7 @@ def databento_files(config: dict[str, Any]) -> list[str]:
         )
     dataset = spec["dataset"].lower().replace(".", "-")
     return [
-        f"results/data/databento/{dataset}-{d:%Y%m%d}.{spec['schema']}{DBN_SUFFIX}"
+        f"{paths.DATABENTO_DIR}/{dataset}-{d:%Y%m%d}.{spec['schema']}{DBN_SUFFIX}"
         for d in weekdays(start, end=end)
     ]
 
@@ -100,18 +98,7 @@ def previous_file(config: dict[str, Any], stem: str) -> str | None:
 
 def feature_files(config: dict[str, Any]) -> list[str]:
     """One Parquet feature table per input file."""
-    return [f"results/features/{stem}.parquet" for stem in raw_data_files(config)]
-
-
-def code_hash(paths: tuple[str, ...] = FEATURE_CODE) -> str:
-    """Hash of the source files of a stage; a rule param, so that Snakemake reruns the stage when its code changes."""
-    digest = hashlib.sha256()
-    for rel in paths:
-        root = REPO_ROOT / rel
-        for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
-            digest.update(path.relative_to(REPO_ROOT).as_posix().encode())
-            digest.update(path.read_bytes() if path.exists() else b"")
-    return digest.hexdigest()[:16]
+    return [paths.FEATURES.format(stem=stem) for stem in raw_data_files(config)]
 
 
 def fold_indices(config: dict[str, Any]) -> list[int]:
@@ -142,33 +129,42 @@ def gpu_units(config: dict[str, Any]) -> int:
     return 1 if Path("/proc/driver/nvidia/gpus").exists() else 0
 
 
+def _runs(config: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"algo": algo, "fold": fold, "seed": seed}
+        for algo in config["training"]["algos"]
+        for fold in fold_indices(config)
+        for seed in seed_indices(config)
+    ]
+
+
 def model_files(config: dict[str, Any]) -> list[str]:
     """Every trained model of the fan-out."""
-    return [
-        f"results/models/{algo}/fold_{fold}/seed_{seed}/model.pt"
-        for algo in config["training"]["algos"]
-        for fold in fold_indices(config)
-        for seed in seed_indices(config)
-    ]
-
-
-def eval_files(config: dict[str, Any]) -> list[str]:
-    """Every per-seed evaluation and every per-fold baseline evaluation the report reads."""
-    agents = [
-        f"results/eval/{algo}/fold_{fold}/seed_{seed}/metrics.json"
-        for algo in config["training"]["algos"]
-        for fold in fold_indices(config)
-        for seed in seed_indices(config)
-    ]
-    baselines = [f"results/eval/baselines/fold_{fold}/metrics.json" for fold in fold_indices(config)]
-    return agents + baselines
-
-
-def hyperopt_worker_files(config: dict[str, Any], algo: str) -> list[str]:
-    """Summaries of the workers of one algorithm's study."""
-    return [f"results/hyperopt/{algo}/worker_{w}.json" for w in range(config["hyperopt"]["workers"])]
+    return [paths.MODEL.format(**run) for run in _runs(config)]
 
 
 def train_log_files(config: dict[str, Any]) -> list[str]:
     """Training logs of every model (the report's training curves)."""
-    return [path.replace("model.pt", "train_log.json") for path in model_files(config)]
+    return [paths.TRAIN_LOG.format(**run) for run in _runs(config)]
+
+
+def eval_files(config: dict[str, Any]) -> list[str]:
+    """Every per-seed evaluation and every per-fold baseline evaluation the report reads."""
+    agents = [paths.EVAL_METRICS.format(**run) for run in _runs(config)]
+    return agents + [paths.BASELINE_METRICS.format(fold=fold) for fold in fold_indices(config)]
+
+
+def eval_bar_files(config: dict[str, Any]) -> list[str]:
+    """The per-bar table of every file of `eval_files`, in the same order."""
+    agents = [paths.EVAL_BARS.format(**run) for run in _runs(config)]
+    return agents + [paths.BASELINE_BARS.format(fold=fold) for fold in fold_indices(config)]
+
+
+def hyperopt_worker_files(config: dict[str, Any], algo: str) -> list[str]:
+    """Summaries of the workers of one algorithm's study."""
+    return [paths.HYPEROPT_WORKER.format(algo=algo, worker=w) for w in range(config["hyperopt"]["workers"])]
+
+
+def hyperopt_files(config: dict[str, Any]) -> list[str]:
+    """Every algorithm's best hyperparameters."""
+    return [paths.HYPEROPT_BEST.format(algo=algo) for algo in config["training"]["algos"]]

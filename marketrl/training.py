@@ -127,8 +127,13 @@ def train_job(
     config: Mapping[str, Any],
     model_path: str,
     log_path: str,
+    resume_path: str,
 ) -> dict[str, Any]:
-    """Train one algorithm on one fold with one seed; write model.pt and train_log.json atomically."""
+    """Train one algorithm on one fold with one seed; write model.pt and train_log.json atomically.
+
+    `resume_path` is the resumable checkpoint: an undeclared side file (marketrl.paths.RESUME), removed once
+    model.pt is written.
+    """
     hparams = load_hparams(hparams_path, algo)
     device = resolve_device(config["training"]["device"])
     precision = detect_precision(device, config["training"]["precision"])
@@ -139,9 +144,9 @@ def train_job(
     total_steps = config["training"]["total_steps"]
     env_config = env_config_from_config(config)
     progress = ProgressLog(window.splits["validation"], env_config, total_steps)
-    # Resumable state beside the model; only a state saved by this very run (same settings and inputs) is resumed.
+    # Only a state saved by this very run (same settings and inputs) is resumed.
     checkpoint = TrainingCheckpoint(
-        Path(model_path).with_name("resume.pt"),
+        Path(resume_path),
         config["training"]["checkpoint_every"],
         {
             "algo": algo,

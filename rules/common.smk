@@ -1,11 +1,18 @@
-# Validation beyond the schema, wildcard constraints and every input function (rules hold no lambdas).
-from marketrl import pipeline
-from marketrl.config import validate_config
+# Validation beyond the schema, wildcard constraints, every input and params function (rules hold no lambdas).
+import sys
 
-# Fill defaults and run the cross-key checks; errors name the config key in one line.
-config.update(validate_config(config))
+from marketrl import paths, pipeline, stages
+from marketrl.config import ConfigError, validate_config
 
-RAW_FILES = pipeline.raw_data_files(config)
+# Fill defaults and run the schema and cross-key checks. A bad config prints one line naming the key (and no
+# schema dump or traceback), then stops before any job runs.
+try:
+    config.update(validate_config(config))
+    RAW_FILES = pipeline.raw_data_files(config)
+except ConfigError as err:
+    print(f"marketrl config error: {err}", file=sys.stderr)
+    sys.exit(1)
+
 GPU_UNITS = pipeline.gpu_units(config)
 ENV_FILE = "../envs/pipeline.yaml"
 
@@ -16,6 +23,16 @@ wildcard_constraints:
     fold=r"\d+",
     seed=r"\d+",
     worker=r"\d+",
+
+
+def stage_config(stage):
+    """The config keys `stage` reads (in params, so that changing one of them reruns the stage)."""
+    return stages.stage_config(config, stage)
+
+
+def code_hash(stage):
+    """Hash of the library code `stage` imports (in params, so that changing that code reruns the stage)."""
+    return stages.code_hash(stage)
 
 
 def feature_inputs(wildcards):
@@ -34,9 +51,27 @@ def hyperopt_worker_summaries(wildcards):
 
 def hyperopt_params(wildcards):
     """Best hyperparameters of the algorithm being trained."""
-    return f"results/hyperopt/{wildcards.algo}.json"
+    return paths.HYPEROPT_BEST.format(algo=wildcards.algo)
+
+
+def study_results_dir(wildcards):
+    """The results directory whose hyperopt/{algo}/ holds the study journal and locks (marketrl.paths.STUDY_DIR).
+
+    The journal is shared by every worker of a study, so it is no single job's output; clusters without a shared
+    filesystem use an RDB URL in hyperopt.storage instead.
+    """
+    return paths.RESULTS
+
+
+def resume_file(wildcards):
+    """The training job's resumable checkpoint: an undeclared side file (see marketrl/paths.py)."""
+    return paths.RESUME.format(
+        algo=wildcards.algo, fold=wildcards.fold, seed=wildcards.seed
+    )
 
 
 def trained_model(wildcards):
     """The model an evaluation job scores."""
-    return f"results/models/{wildcards.algo}/fold_{wildcards.fold}/seed_{wildcards.seed}/model.pt"
+    return paths.MODEL.format(
+        algo=wildcards.algo, fold=wildcards.fold, seed=wildcards.seed
+    )

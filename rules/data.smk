@@ -2,16 +2,15 @@ rule demo_data:
     output:
         pipeline.demo_files(config),
     log:
-        "results/logs/demo_data.log",
+        paths.log("demo_data"),
     benchmark:
-        "results/benchmarks/demo_data.tsv"
+        paths.benchmark("demo_data")
     conda:
         ENV_FILE
     threads: 1
     params:
-        start=config["data"]["demo"]["start"],
-        days=config["data"]["demo"]["days"],
-        seed=config["data"]["demo"]["seed"],
+        config=stage_config("demo_data"),
+        code=code_hash("demo_data"),
     script:
         "../workflow_scripts/demo_data.py"
 
@@ -20,13 +19,14 @@ rule download_databento:
     output:
         pipeline.databento_files(config),
     log:
-        "results/logs/download_databento.log",
+        paths.log("download_databento"),
     benchmark:
-        "results/benchmarks/download_databento.tsv"
+        paths.benchmark("download_databento")
     conda:
         ENV_FILE
     threads: 1
     params:
-        request=config["data"]["databento"],
+        config=stage_config("download_databento"),
+        code=code_hash("download_databento"),
     script:
         "../workflow_scripts/download_databento.py"

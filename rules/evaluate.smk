@@ -1,41 +1,43 @@
 rule evaluate:
     input:
-        manifest="results/features/manifest.json",
-        folds="results/folds.json",
+        manifest=paths.FEATURE_MANIFEST,
+        folds=paths.FOLDS,
         model=trained_model,
     output:
-        metrics="results/eval/{algo}/fold_{fold}/seed_{seed}/metrics.json",
-        bars="results/eval/{algo}/fold_{fold}/seed_{seed}/bars.parquet",
+        metrics=paths.EVAL_METRICS,
+        bars=paths.EVAL_BARS,
     log:
-        "results/logs/evaluate/{algo}/fold_{fold}/seed_{seed}.log",
+        paths.log("evaluate/{algo}/fold_{fold}/seed_{seed}"),
     benchmark:
-        "results/benchmarks/evaluate/{algo}/fold_{fold}/seed_{seed}.tsv"
+        paths.benchmark("evaluate/{algo}/fold_{fold}/seed_{seed}")
     conda:
         ENV_FILE
     threads: 1
     resources:
         gpu=GPU_UNITS,
     params:
-        config=config,
+        config=stage_config("evaluate"),
+        code=code_hash("evaluate"),
     script:
         "../workflow_scripts/evaluate.py"
 
 
 rule baselines:
     input:
-        manifest="results/features/manifest.json",
-        folds="results/folds.json",
+        manifest=paths.FEATURE_MANIFEST,
+        folds=paths.FOLDS,
     output:
-        metrics="results/eval/baselines/fold_{fold}/metrics.json",
-        bars="results/eval/baselines/fold_{fold}/bars.parquet",
+        metrics=paths.BASELINE_METRICS,
+        bars=paths.BASELINE_BARS,
     log:
-        "results/logs/evaluate/baselines/fold_{fold}.log",
+        paths.log("evaluate/baselines/fold_{fold}"),
     benchmark:
-        "results/benchmarks/evaluate/baselines/fold_{fold}.tsv"
+        paths.benchmark("evaluate/baselines/fold_{fold}")
     conda:
         ENV_FILE
     threads: 1
     params:
-        config=config,
+        config=stage_config("baselines"),
+        code=code_hash("baselines"),
     script:
         "../workflow_scripts/baselines.py"

@@ -2,17 +2,17 @@ rule features:
     input:
         unpack(feature_inputs),
     output:
-        "results/features/{stem}.parquet",
+        paths.FEATURES,
     log:
-        "results/logs/features/{stem}.log",
+        paths.log("features/{stem}"),
     benchmark:
-        "results/benchmarks/features/{stem}.tsv"
+        paths.benchmark("features/{stem}")
     conda:
         ENV_FILE
     threads: 1
     params:
-        bar_size=config["data"]["bar_size"],
-        code=pipeline.code_hash(),
+        config=stage_config("features"),
+        code=code_hash("features"),
     script:
         "../workflow_scripts/features.py"
 
@@ -21,13 +21,16 @@ rule feature_manifest:
     input:
         pipeline.feature_files(config),
     output:
-        "results/features/manifest.json",
+        paths.FEATURE_MANIFEST,
     log:
-        "results/logs/feature_manifest.log",
+        paths.log("feature_manifest"),
     benchmark:
-        "results/benchmarks/feature_manifest.tsv"
+        paths.benchmark("feature_manifest")
     conda:
         ENV_FILE
     threads: 1
+    params:
+        config=stage_config("feature_manifest"),
+        code=code_hash("feature_manifest"),
     script:
         "../workflow_scripts/feature_manifest.py"

@@ -2,15 +2,16 @@ rule folds:
     input:
         pipeline.feature_files(config),
     output:
-        "results/folds.json",
+        paths.FOLDS,
     log:
-        "results/logs/folds.log",
+        paths.log("folds"),
     benchmark:
-        "results/benchmarks/folds.tsv"
+        paths.benchmark("folds")
     conda:
         ENV_FILE
     threads: 1
     params:
-        folds=config["folds"],
+        config=stage_config("folds"),
+        code=code_hash("folds"),
     script:
         "../workflow_scripts/folds.py"

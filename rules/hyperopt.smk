@@ -1,37 +1,42 @@
 rule hyperopt_worker:
     input:
-        manifest="results/features/manifest.json",
-        folds="results/folds.json",
+        manifest=paths.FEATURE_MANIFEST,
+        folds=paths.FOLDS,
     output:
-        "results/hyperopt/{algo}/worker_{worker}.json",
+        paths.HYPEROPT_WORKER,
     log:
-        "results/logs/hyperopt/{algo}/worker_{worker}.log",
+        paths.log("hyperopt/{algo}/worker_{worker}"),
     benchmark:
-        "results/benchmarks/hyperopt/{algo}/worker_{worker}.tsv"
+        paths.benchmark("hyperopt/{algo}/worker_{worker}")
     conda:
         ENV_FILE
     threads: 1
     resources:
         gpu=GPU_UNITS,
     params:
-        config=config,
+        config=stage_config("hyperopt_worker"),
+        code=code_hash("hyperopt_worker"),
+        results_dir=study_results_dir,
     script:
         "../workflow_scripts/hyperopt_worker.py"
 
 
 rule hyperopt_best:
     input:
-        hyperopt_worker_summaries,
+        workers=hyperopt_worker_summaries,
+        folds=paths.FOLDS,
     output:
-        "results/hyperopt/{algo}.json",
+        paths.HYPEROPT_BEST,
     log:
-        "results/logs/hyperopt/{algo}_best.log",
+        paths.log("hyperopt/{algo}_best"),
     benchmark:
-        "results/benchmarks/hyperopt/{algo}_best.tsv"
+        paths.benchmark("hyperopt/{algo}_best")
     conda:
         ENV_FILE
     threads: 1
     params:
-        config=config,
+        config=stage_config("hyperopt_best"),
+        code=code_hash("hyperopt_best"),
+        results_dir=study_results_dir,
     script:
         "../workflow_scripts/hyperopt_best.py"

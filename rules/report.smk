@@ -1,21 +1,21 @@
 rule report:
     input:
         evals=pipeline.eval_files(config),
-        hyperopt=expand(
-            "results/hyperopt/{algo}.json", algo=config["training"]["algos"]
-        ),
-        folds="results/folds.json",
+        bars=pipeline.eval_bar_files(config),
+        hyperopt=pipeline.hyperopt_files(config),
+        folds=paths.FOLDS,
         train_logs=pipeline.train_log_files(config),
     output:
-        "results/eval_report.html",
+        paths.REPORT,
     log:
-        "results/logs/report.log",
+        paths.log("report"),
     benchmark:
-        "results/benchmarks/report.tsv"
+        paths.benchmark("report")
     conda:
         ENV_FILE
     threads: 1
     params:
-        config=config,
+        config=stage_config("report"),
+        code=code_hash("report"),
     script:
         "../workflow_scripts/report.py"

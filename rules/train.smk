@@ -1,21 +1,23 @@
 rule train:
     input:
-        manifest="results/features/manifest.json",
-        folds="results/folds.json",
+        manifest=paths.FEATURE_MANIFEST,
+        folds=paths.FOLDS,
         hparams=hyperopt_params,
     output:
-        model="results/models/{algo}/fold_{fold}/seed_{seed}/model.pt",
-        log_json="results/models/{algo}/fold_{fold}/seed_{seed}/train_log.json",
+        model=paths.MODEL,
+        log_json=paths.TRAIN_LOG,
     log:
-        "results/logs/train/{algo}/fold_{fold}/seed_{seed}.log",
+        paths.log("train/{algo}/fold_{fold}/seed_{seed}"),
     benchmark:
-        "results/benchmarks/train/{algo}/fold_{fold}/seed_{seed}.tsv"
+        paths.benchmark("train/{algo}/fold_{fold}/seed_{seed}")
     conda:
         ENV_FILE
     threads: 1
     resources:
         gpu=GPU_UNITS,
     params:
-        config=config,
+        config=stage_config("train"),
+        code=code_hash("train"),
+        resume=resume_file,
     script:
         "../workflow_scripts/train.py"

@@ -41,9 +41,15 @@ class PipelineOutputs:
     config: dict[str, Any]
     plan: FoldPlan
 
+    @property
+    def bar_files(self) -> list[str]:
+        """The per-bar table of each evaluation (this fixture writes it beside the metrics)."""
+        return [str(Path(path).with_name("bars.parquet")) for path in self.eval_files]
+
     def report_kwargs(self, out_path: str | Path) -> dict[str, Any]:
         return {
             "eval_files": list(self.eval_files),
+            "bar_files": self.bar_files,
             "hyperopt_files": list(self.hyperopt_files),
             "folds_path": self.folds_path,
             "train_logs": list(self.train_logs),

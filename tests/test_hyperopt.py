@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import multiprocessing
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 from gpu_utils import NonFiniteError
 from marketrl.config import validate_config
+from marketrl.folds import FoldConfig, make_fold_plan
 from marketrl.hyperopt import (
     INTERRUPTED,
     OWNER,
@@ -30,6 +32,23 @@ from marketrl.training import HparamsError, load_hparams
 
 def make_config(n_trials: int = 6, workers: int = 1) -> dict:
     return validate_config({"hyperopt": {"n_trials": n_trials, "workers": workers}, "seed": 5})
+
+
+def write_fold_plan(path: Path) -> Path:
+    """A small fold plan: the study summary records its tuning window."""
+    cfg = FoldConfig(
+        n=1,
+        scheme="expanding",
+        train_days=4,
+        validation_days=1,
+        test_days=1,
+        tuning_days=4,
+        tuning_validation_days=1,
+        embargo_bars=30,
+    )
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(cfg.required_days)]
+    make_fold_plan(days, cfg).save(path)
+    return path
 
 
 def quadratic(trial: optuna.Trial) -> float:
@@ -160,9 +179,12 @@ def test_summary_json_carries_best_params_and_every_trial(tmp_path: Path) -> Non
     summary = write_study_summary(
         algo="dqn",
         worker_summaries=[str(worker)],
+        folds_path=write_fold_plan(tmp_path / "folds.json"),
         config=config,
         out_path=str(tmp_path / "results/hyperopt/dqn.json"),
+        results_dir=tmp_path / "results",
     )
+    assert summary["tuning_window"]["first_day"] == "2024-01-01"
     assert summary["n_trials"] == 5 == len(summary["trials"]) == len(summary["trial_sharpe_daily"])
     assert summary["best_value"] == max(t["value"] for t in summary["trials"])
     assert load_hparams(tmp_path / "results/hyperopt/dqn.json", "dqn") == summary["best_params"]
@@ -176,8 +198,10 @@ def test_summary_refuses_a_short_study(tmp_path: Path) -> None:
         write_study_summary(
             algo="dqn",
             worker_summaries=[],
+            folds_path=write_fold_plan(tmp_path / "folds.json"),
             config=config,
             out_path=str(tmp_path / "results/hyperopt/dqn.json"),
+            results_dir=tmp_path / "results",
         )
 
 

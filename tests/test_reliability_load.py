@@ -84,7 +84,8 @@ def test_every_output_complete_after_load() -> None:
 def test_two_workers_shared_the_study_exactly(algo: str) -> None:
     workdir, _ = load_run()
     config = validate_config(yaml.safe_load((workdir / "config.yaml").read_text()))
-    study = load_study(config, algo, 0, workdir / "results")
+    name = json.loads((workdir / f"results/hyperopt/{algo}/worker_0.json").read_text())["study"]
+    study = load_study(config, algo, 0, workdir / "results", name)
     trials = study.get_trials(deepcopy=False)
     assert len(trials) == 4  # no trial lost or run twice
     assert all(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in trials)

@@ -9,9 +9,8 @@ from marketrl.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
     out_dir = Path(snakemake.output[0]).parent
-    written = generate_demo_files(
-        out_dir, snakemake.params.start, snakemake.params.days, snakemake.params.seed
-    )
+    demo = snakemake.params.config["data"]["demo"]
+    written = generate_demo_files(out_dir, demo["start"], demo["days"], demo["seed"])
     expected = {Path(p).resolve() for p in snakemake.output}
     if {p.resolve() for p in written} != expected:
         raise RuntimeError("demo_data: generated files differ from the rule's declared outputs")

@@ -6,4 +6,4 @@ from marketrl.data.download import download_days
 from marketrl.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
-    download_days(snakemake.params.request, list(snakemake.output))
+    download_days(snakemake.params.config["data"]["databento"], list(snakemake.output))

@@ -13,7 +13,7 @@ with job_context(snakemake.log[0], snakemake.threads):
     summary = build_feature_file(
         Path(snakemake.input.src),
         Path(snakemake.output[0]),
-        bar_size=snakemake.params.bar_size,
+        bar_size=snakemake.params.config["data"]["bar_size"],
         prev_src=prev,
     )
     logging.getLogger("marketrl.features").info("wrote %s: %s", snakemake.output[0], summary)

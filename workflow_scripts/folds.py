@@ -6,4 +6,4 @@ from marketrl.folds import write_fold_plan
 from marketrl.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
-    write_fold_plan(list(snakemake.input), snakemake.params.folds, snakemake.output[0])
+    write_fold_plan(list(snakemake.input), snakemake.params.config["folds"], snakemake.output[0])

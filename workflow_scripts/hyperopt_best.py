@@ -8,7 +8,9 @@ from marketrl.jobs import job_context
 with job_context(snakemake.log[0], snakemake.threads):
     write_study_summary(
         algo=snakemake.wildcards.algo,
-        worker_summaries=list(snakemake.input),
+        worker_summaries=list(snakemake.input.workers),
+        folds_path=snakemake.input.folds,
         config=snakemake.params.config,
         out_path=snakemake.output[0],
+        results_dir=snakemake.params.results_dir,
     )

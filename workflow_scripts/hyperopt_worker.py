@@ -13,4 +13,6 @@ with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
         folds_path=snakemake.input.folds,
         config=snakemake.params.config,
         out_path=snakemake.output[0],
+        results_dir=snakemake.params.results_dir,
+        code=snakemake.params.code,
     )

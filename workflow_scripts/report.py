@@ -8,6 +8,7 @@ from marketrl.report import build_report
 with job_context(snakemake.log[0], snakemake.threads):
     build_report(
         eval_files=list(snakemake.input.evals),
+        bar_files=list(snakemake.input.bars),
         hyperopt_files=list(snakemake.input.hyperopt),
         folds_path=snakemake.input.folds,
         train_logs=list(snakemake.input.train_logs),

@@ -16,4 +16,5 @@ with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
         config=snakemake.params.config,
         model_path=snakemake.output.model,
         log_path=snakemake.output.log_json,
+        resume_path=snakemake.params.resume,
     )

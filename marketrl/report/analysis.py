@@ -763,8 +763,8 @@ def stored_metric_warnings(strategies: Sequence[Strategy]) -> list[str]:
                     float(value), float(recomputed), rel_tol=_STORED_RTOL, abs_tol=_STORED_ATOL
                 ):
                     warnings.append(
-                        f"{run.source.with_name('metrics.json')}: stored {key} = {value!r} differs from "
-                        f"{recomputed!r} recomputed from bars.parquet ({strategy.label})"
+                        f"{run.source}: the evaluation's stored {key} = {value!r} differs from "
+                        f"{recomputed!r} recomputed from these bars ({strategy.label})"
                     )
     return warnings
 

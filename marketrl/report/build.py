@@ -414,6 +414,7 @@ def render(context: Mapping[str, Any]) -> str:
 def build_report(
     *,
     eval_files: list[str],
+    bar_files: list[str],
     hyperopt_files: list[str],
     folds_path: str,
     train_logs: list[str],
@@ -421,8 +422,9 @@ def build_report(
     out_path: str,
 ) -> None:
     """Build the self-contained ``eval_report.html`` from the fan-out's outputs (docs/OUTPUTS.md) and write it
-    atomically to ``out_path``. Raises ReportInputError (a ValueError) naming a missing or malformed input."""
-    inputs = load_inputs(eval_files, hyperopt_files, folds_path, train_logs)
+    atomically to ``out_path``; ``bar_files[i]`` is the per-bar table of ``eval_files[i]``. Raises
+    ReportInputError (a ValueError) naming a missing or malformed input."""
+    inputs = load_inputs(eval_files, bar_files, hyperopt_files, folds_path, train_logs)
     html = render(build_context(inputs, config))
     with atomic_open(out_path, "w") as handle:
         handle.write(html)

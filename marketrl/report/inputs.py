@@ -124,12 +124,9 @@ def _require(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], p
     return value
 
 
-def _read_bars(metrics_path: Path, extra_columns: Sequence[str] = ()) -> tuple[Path, pl.DataFrame]:
-    bars_path = metrics_path.with_name("bars.parquet")
+def _read_bars(bars_path: Path, extra_columns: Sequence[str] = ()) -> tuple[Path, pl.DataFrame]:
     if not bars_path.is_file():
-        raise ReportInputError(
-            f"{bars_path}: per-bar evaluation table not found (expected beside {metrics_path})"
-        )
+        raise ReportInputError(f"{bars_path}: per-bar evaluation table not found")
     try:
         bars = pl.read_parquet(bars_path)
     except Exception as err:  # polars raises several unrelated types for a bad file
@@ -150,20 +147,20 @@ def _checked(run: Run) -> Run:
     return run
 
 
-def _agent_run(path: Path, data: Mapping[str, Any]) -> Run:
+def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
     what = "agent evaluation"
     algo = _require(data, "algo", str, path, what)
     fold = _require(data, "fold", int, path, what)
     seed_index = _require(data, "seed_index", int, path, what)
-    bars_path, bars = _read_bars(path)
+    bars_path, bars = _read_bars(bars_path)
     stored = data.get("metrics") if isinstance(data.get("metrics"), Mapping) else None
     return _checked(Run(algo, True, fold, seed_index, bars.select(REQUIRED_COLUMNS), bars_path, stored))
 
 
-def _baseline_runs(path: Path, data: Mapping[str, Any]) -> tuple[list[Run], list[Run]]:
+def _baseline_runs(path: Path, bars_path: Path, data: Mapping[str, Any]) -> tuple[list[Run], list[Run]]:
     fold = _require(data, "fold", int, path, "baseline evaluation")
     strategies = _require(data, "strategies", dict, path, "baseline evaluation")
-    bars_path, bars = _read_bars(path, extra_columns=("strategy",))
+    bars_path, bars = _read_bars(bars_path, extra_columns=("strategy",))
     names = sorted(bars["strategy"].unique().to_list())
     missing = [name for name in DETERMINISTIC_BASELINES if name not in names]
     random_names = [name for name in names if name.startswith(_RANDOM_PREFIX)]
@@ -274,11 +271,19 @@ def _check_layout(inputs: ReportInputs) -> None:
 
 def load_inputs(
     eval_files: Sequence[str | Path],
+    bar_files: Sequence[str | Path],
     hyperopt_files: Sequence[str | Path],
     folds_path: str | Path,
     train_logs: Sequence[str | Path],
 ) -> ReportInputs:
-    """Load and check every input file; raise ReportInputError naming the first bad one."""
+    """Load and check every input file; raise ReportInputError naming the first bad one.
+
+    `bar_files[i]` is the per-bar table of the evaluation `eval_files[i]`.
+    """
+    if len(bar_files) != len(eval_files):
+        raise ReportInputError(
+            f"bar_files: {len(bar_files)} per-bar tables for {len(eval_files)} evaluations (expected one each)"
+        )
     try:
         plan = FoldPlan.load(folds_path)
     except FoldError as err:
@@ -288,16 +293,16 @@ def load_inputs(
     random_runs: list[Run] = []
     records: list[Mapping[str, Any]] = []
     files: list[Path] = [Path(folds_path)]
-    for name in eval_files:
-        path = Path(name)
+    for name, bars_name in zip(eval_files, bar_files, strict=True):
+        path, bars_path = Path(name), Path(bars_name)
         data = read_json_object(path, "evaluation metrics")
         if "strategies" in data:
-            runs, seeds = _baseline_runs(path, data)
+            runs, seeds = _baseline_runs(path, bars_path, data)
             baseline_runs += runs
             random_runs += seeds
         else:
-            agent_runs.append(_agent_run(path, data))
-        files += [path, path.with_name("bars.parquet")]
+            agent_runs.append(_agent_run(path, bars_path, data))
+        files += [path, bars_path]
         records.append(data.get("provenance") or {})
     hyperopt: dict[str, HyperoptSummary] = {}
     for name in hyperopt_files:

@@ -1,0 +1,48 @@
+"""Every path under results/: one template per file kind, shared by rules/*.smk, workflow_scripts and the library.
+
+Templates use Snakemake's wildcard syntax ({algo}, {fold}, {seed}, {worker}, {stem}); `format` fills them the same
+way outside a rule. The library never derives one path from another: each job gets every path it reads or writes
+from its rule (declared input, output or, for the undeclared side files below, params).
+
+Undeclared side files (not rule outputs, on purpose):
+- RESUME, a training job's resumable checkpoint. Snakemake deletes a failed job's outputs, which would destroy the
+  very state a rerun resumes from; the train job removes it once model.pt is written.
+- STUDY_DIR, an Optuna study's journal and locks, shared by all hyperopt workers of one algorithm (no single job
+  owns it) and absent when hyperopt.storage is an RDB URL.
+"""
+
+from __future__ import annotations
+
+RESULTS = "results"
+
+DEMO_DIR = "results/data/demo"
+DATABENTO_DIR = "results/data/databento"
+FEATURES = "results/features/{stem}.parquet"
+FEATURE_MANIFEST = "results/features/manifest.json"
+FOLDS = "results/folds.json"
+
+HYPEROPT_WORKER = "results/hyperopt/{algo}/worker_{worker}.json"
+HYPEROPT_BEST = "results/hyperopt/{algo}.json"
+STUDY_SUBDIR = "hyperopt/{algo}"  # under a results directory; the library's tests use their own
+STUDY_DIR = f"{RESULTS}/{STUDY_SUBDIR}"
+
+_RUN = "{algo}/fold_{fold}/seed_{seed}"
+MODEL = f"results/models/{_RUN}/model.pt"
+TRAIN_LOG = f"results/models/{_RUN}/train_log.json"
+RESUME = f"results/models/{_RUN}/resume.pt"
+EVAL_METRICS = f"results/eval/{_RUN}/metrics.json"
+EVAL_BARS = f"results/eval/{_RUN}/bars.parquet"
+BASELINE_METRICS = "results/eval/baselines/fold_{fold}/metrics.json"
+BASELINE_BARS = "results/eval/baselines/fold_{fold}/bars.parquet"
+
+REPORT = "results/eval_report.html"
+
+
+def log(name: str) -> str:
+    """A rule's log file; `name` may hold wildcards, e.g. log("train/{algo}/fold_{fold}/seed_{seed}")."""
+    return f"results/logs/{name}.log"
+
+
+def benchmark(name: str) -> str:
+    """A rule's benchmark table, named like its log."""
+    return f"results/benchmarks/{name}.tsv"

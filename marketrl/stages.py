@@ -1,0 +1,290 @@
+"""What each pipeline stage depends on besides its input files: its config slice and the hash of its code.
+
+Both go into the stage's rule `params`, so Snakemake's params trigger reruns a stage exactly when a config key it
+reads, or a source file it imports, changed. The job gets only its slice, so a key missing from the slice fails
+the job with a KeyError instead of being read unnoticed (tests/test_dag_cache.py runs every stage on its slice).
+
+Kept free of heavy imports: rules/common.smk calls it at every DAG parse.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import functools
+import hashlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS_DIR = REPO_ROOT / "workflow_scripts"
+CODE_PACKAGES = (
+    "marketrl",
+    "gpu_utils",
+)  # what a stage's code hash covers; tests and third-party code do not
+
+_COSTS = tuple(
+    f"costs.{k}"
+    for k in ("bps", "commission_per_contract", "half_spread_ticks", "model", "tick_size", "tick_value")
+)
+_ENV = tuple(f"env.{k}" for k in ("contracts", "episode_length", "fill", "max_gap", "window"))
+_FOLDS = tuple(
+    f"folds.{k}"
+    for k in (
+        "embargo_bars",
+        "n",
+        "scheme",
+        "test_days",
+        "train_days",
+        "tuning_days",
+        "tuning_validation_days",
+        "validation_days",
+    )
+)
+ALL_KEYS = "*"  # the report prints the whole config in its provenance section, so it reads every key
+
+# The config keys each stage's job reads, key by key (stage = rule name = workflow_scripts/{stage}.py). Keys that
+# only shape the DAG (data.source, training.algos, hyperopt.workers, ...; see DAG_KEYS) change which jobs exist,
+# not what a job computes, and are in no slice but the report's.
+STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
+    "demo_data": ("data.demo.days", "data.demo.seed", "data.demo.start"),
+    "download_databento": (
+        "data.databento.dataset",
+        "data.databento.max_cost_usd",
+        "data.databento.schema",
+        "data.databento.stype_in",
+        "data.databento.symbols",
+    ),
+    "features": ("data.bar_size",),
+    "feature_manifest": (),
+    "folds": _FOLDS,
+    "hyperopt_worker": (
+        "seed",
+        *_COSTS,
+        *_ENV,
+        "hyperopt.n_trials",
+        "hyperopt.pruner_warmup_evals",
+        "hyperopt.storage",
+        "hyperopt.trial_steps",
+        "training.check_every",
+        "training.device",
+        "training.n_envs",
+        "training.precision",
+    ),
+    "hyperopt_best": ("seed", "hyperopt.n_trials", "hyperopt.pruner_warmup_evals", "hyperopt.storage"),
+    "train": (
+        "seed",
+        *_COSTS,
+        *_ENV,
+        "training.check_every",
+        "training.checkpoint_every",
+        "training.device",
+        "training.n_envs",
+        "training.precision",
+        "training.total_steps",
+    ),
+    "evaluate": ("seed", *_COSTS, *_ENV, "training.device", "training.n_envs"),
+    "baselines": (
+        "seed",
+        *_COSTS,
+        *_ENV,
+        "evaluation.momentum_lookback",
+        "evaluation.random_baseline_seeds",
+        "training.n_envs",
+    ),
+    "report": ALL_KEYS,
+}
+
+# Keys that decide which jobs (and files) exist, or how they are scheduled (rules/common.smk; a few a job reads too).
+DAG_KEYS: dict[str, str] = {
+    "data.source": "input files",
+    "data.files": "input files",
+    "data.demo.days": "input files",
+    "data.demo.start": "input files",
+    "data.databento.start": "input files",
+    "data.databento.end": "input files",
+    "data.databento.dataset": "input file names",
+    "data.databento.schema": "input file names",
+    "folds.n": "fold jobs",
+    "hyperopt.workers": "worker jobs",
+    "training.algos": "algorithm jobs",
+    "training.seeds": "seed jobs",
+    "training.gpu_jobs": "gpu resource only",
+    "training.device": "gpu resource",
+}
+
+# Which stages read each stage's outputs (mirrors the rules' inputs; tests check it against Snakemake's rulegraph).
+DOWNSTREAM: dict[str, tuple[str, ...]] = {
+    "demo_data": ("features",),
+    "download_databento": ("features",),
+    "features": ("feature_manifest", "folds"),
+    "feature_manifest": ("hyperopt_worker", "train", "evaluate", "baselines"),
+    "folds": ("hyperopt_worker", "hyperopt_best", "train", "evaluate", "baselines", "report"),
+    "hyperopt_worker": ("hyperopt_best",),
+    "hyperopt_best": ("train", "report"),
+    "train": ("evaluate", "report"),
+    "evaluate": ("report",),
+    "baselines": ("report",),
+    "report": (),
+}
+STAGES = tuple(DOWNSTREAM)
+
+
+class StageError(ValueError):
+    """An unknown stage name (a rule and this table disagree)."""
+
+
+def _keys_of(stage: str) -> tuple[str, ...] | str:
+    try:
+        return STAGE_KEYS[stage]
+    except KeyError:
+        raise StageError(f"unknown stage {stage!r} (expected one of {', '.join(STAGES)})") from None
+
+
+def stage_config(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
+    """The part of a validated config that `stage` reads: nested like the config, keys in sorted order."""
+    keys = _keys_of(stage)
+    if keys == ALL_KEYS:
+        keys = tuple(config_keys(config))
+    sliced: dict[str, Any] = {}
+    for dotted in sorted(keys):
+        *sections, leaf = dotted.split(".")
+        source, target = config, sliced
+        for section in sections:
+            source = source[section]
+            target = target.setdefault(section, {})
+        target[leaf] = copy.deepcopy(source[leaf])
+    return sliced
+
+
+def config_keys(config: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    """Every leaf key of a (nested) config as a dotted path."""
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            yield from config_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def readers(key: str) -> list[str]:
+    """The stages whose slice holds `key` (a dotted config key)."""
+    return [stage for stage in STAGES if STAGE_KEYS[stage] == ALL_KEYS or key in STAGE_KEYS[stage]]
+
+
+def downstream_closure(stages: list[str]) -> list[str]:
+    """`stages` and every stage that reads their outputs, directly or not, in pipeline order."""
+    reached = set(stages)
+    frontier = list(stages)
+    while frontier:
+        for child in DOWNSTREAM[frontier.pop()]:
+            if child not in reached:
+                reached.add(child)
+                frontier.append(child)
+    return [stage for stage in STAGES if stage in reached]
+
+
+def reruns(key: str) -> list[str]:
+    """Stages a change of `key` reruns after a finished run: its readers and everything downstream of them."""
+    return downstream_closure(readers(key))
+
+
+def config_key_table(config: Mapping[str, Any]) -> str:
+    """Markdown table: every key of `config` -> the stages that read it, the stages its change reruns after a
+    finished run, and which jobs it adds or removes (DAG_KEYS)."""
+    lines = [
+        "| config key | read by (besides the report) | a change reruns | also decides |",
+        "|---|---|---|---|",
+    ]
+    for key in sorted(config_keys(config)):
+        direct = [s for s in readers(key) if s != "report"]
+        read_by = ", ".join(direct) if direct else "-"
+        lines.append(f"| `{key}` | {read_by} | {', '.join(reruns(key))} | {DAG_KEYS.get(key, '')} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- code hashes
+
+
+def _module_file(module: str) -> Path | None:
+    """The source file of a module of CODE_PACKAGES in this checkout (None for anything else)."""
+    parts = module.split(".")
+    if parts[0] not in CODE_PACKAGES:
+        return None
+    base = REPO_ROOT.joinpath(*parts)
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    return None
+
+
+@functools.cache
+def _imported_modules(path: Path, module: str) -> frozenset[str]:
+    """Names a file imports anywhere (module level or inside functions), relative imports resolved."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+    return frozenset(names)
+
+
+def _with_parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _package_data(init: Path) -> list[Path]:
+    """Non-Python files a package ships (e.g. report templates), outside its subpackages."""
+    files = []
+    for path in init.parent.rglob("*"):
+        inner = path.relative_to(init.parent).parts
+        in_subpackage = any(
+            (init.parent.joinpath(*inner[: i + 1]) / "__init__.py").is_file() for i in range(len(inner) - 1)
+        )
+        if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in inner:
+            if not in_subpackage:
+                files.append(path)
+    return files
+
+
+@functools.cache
+def stage_sources(stage: str) -> tuple[Path, ...]:
+    """The workflow script of `stage` and every file of CODE_PACKAGES it imports, recursively (a static walk)."""
+    script = SCRIPTS_DIR / f"{stage}.py"
+    if not script.is_file():
+        raise StageError(f"stage {stage!r} has no script {script.relative_to(REPO_ROOT)}")
+    seen: dict[str, Path] = {}
+    pending = [(script, "")]
+    files = {script}
+    while pending:
+        path, module = pending.pop()
+        for name in _imported_modules(path, module):
+            for candidate in _with_parents(name):
+                found = _module_file(candidate)
+                if found is not None and candidate not in seen:
+                    seen[candidate] = found
+                    files.add(found)
+                    pending.append((found, candidate))
+                    if found.name == "__init__.py":
+                        files.update(_package_data(found))
+    return tuple(sorted(files))
+
+
+@functools.cache
+def code_hash(stage: str) -> str:
+    """Hash of every source file `stage` runs; a rule param, so that Snakemake reruns the stage when it changes."""
+    digest = hashlib.sha256()
+    for path in stage_sources(stage):
+        digest.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
