@@ -63,6 +63,8 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "seed",
         *_COSTS,
         *_ENV,
+        "hyperopt.grace_seconds",
+        "hyperopt.heartbeat_seconds",
         "hyperopt.n_trials",
         "hyperopt.pruner_warmup_evals",
         "hyperopt.storage",
