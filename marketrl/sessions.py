@@ -67,7 +67,9 @@ def _parse_time(value: Any, key: str) -> dt.time:
         hours, minutes = (int(part) for part in str(value).split(":"))
         return dt.time(hours, minutes)
     except (TypeError, ValueError):
-        raise SessionConfigError(f"data.session.{key}: expected a local time 'HH:MM', got {value!r}") from None
+        raise SessionConfigError(
+            f"data.session.{key}: expected a local time 'HH:MM', got {value!r}"
+        ) from None
 
 
 def _ns_of_day(value: dt.time) -> int:
@@ -93,7 +95,9 @@ class SessionCalendar:
         if (self.halt_start is None) != (self.halt_end is None):
             raise SessionConfigError("data.session: halt_start and halt_end must be given together")
         if self.halt_start is not None and self.halt_start == self.halt_end:
-            raise SessionConfigError("data.session: halt_start equals halt_end (an empty halt: leave both out)")
+            raise SessionConfigError(
+                "data.session: halt_start equals halt_end (an empty halt: leave both out)"
+            )
 
     @classmethod
     def from_config(cls, session: Mapping[str, Any]) -> SessionCalendar:

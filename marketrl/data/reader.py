@@ -503,17 +503,14 @@ def _attach_symbols(bars: pl.DataFrame, metadata: databento_dbn.Metadata) -> pl.
     utc_day = (pl.col("ts_event").cast(pl.Int64) // NS_PER_DAY).cast(pl.Int32).cast(pl.Date)
     new_run = bars.select(
         (
-            (pl.col("instrument_id") != pl.col("instrument_id").shift(1))
-            | (utc_day != utc_day.shift(1))
+            (pl.col("instrument_id") != pl.col("instrument_id").shift(1)) | (utc_day != utc_day.shift(1))
         ).fill_null(True)
     ).to_series()
     runs = bars.select("instrument_id", utc_day.alias("utc_day")).filter(new_run)
     mapping = _symbol_map(metadata)
     resolved = (
         runs.join(mapping, on="instrument_id", how="left")
-        .filter(
-            pl.col("symbol").is_null() | pl.col("utc_day").is_between("start_date", "end_date", "left")
-        )
+        .filter(pl.col("symbol").is_null() | pl.col("utc_day").is_between("start_date", "end_date", "left"))
         .sort("instrument_id", "utc_day", "symbol", nulls_last=True)
         .unique(["instrument_id", "utc_day"], keep="first")
         .select("instrument_id", "utc_day", "symbol")
