@@ -15,7 +15,7 @@ from typing import Any, Literal
 import polars as pl
 import torch
 
-from marketrl.costs import CostModel
+from marketrl.costs import Costs, costs_from_config
 from marketrl.env import EnvConfig, MarketData, parse_duration
 from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns
 from marketrl.folds import FoldPlan, select_rows, select_tuning_rows
@@ -122,12 +122,9 @@ def feature_names_of(table: pl.DataFrame) -> list[str]:
     return names
 
 
-def cost_model_from_config(costs: Mapping[str, Any]) -> CostModel:
-    """The `costs` section of config.yaml (model: futures | bps) as a CostModel."""
-    if costs["model"] == "bps":
-        return CostModel.from_config({"kind": "bps", "bps": costs["bps"]})
-    keys = ("commission_per_contract", "half_spread_ticks", "tick_size", "tick_value")
-    return CostModel.from_config({"kind": "futures", **{key: costs[key] for key in keys}})
+def cost_model_from_config(costs: Mapping[str, Any]) -> Costs:
+    """The `costs` section of config.yaml: one CostModel, or one per symbol root (`costs.instruments`)."""
+    return costs_from_config(costs)
 
 
 def env_config_from_config(config: Mapping[str, Any]) -> EnvConfig:

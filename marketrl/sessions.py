@@ -167,7 +167,7 @@ def calendar_for(dataset: str, session: Mapping[str, Any] | SessionCalendar | No
     """The calendar of ``dataset``: ``session`` (``data.session``) when given, else the dataset's default."""
     if isinstance(session, SessionCalendar):
         return session
-    if session:
+    if session and any(value not in (None, "") for value in session.values()):  # the schema fills in ""
         return SessionCalendar.from_config(session)
     if dataset not in DEFAULT_CALENDARS:
         raise SessionConfigError(
