@@ -242,7 +242,7 @@ def _open_dbn(path: Path) -> _OpenedFile:
     except BentoWarning as exc:
         raise DataFileError(path, f"truncated DBN data ({exc})") from exc
     except Exception as exc:  # databento/zstd raise many types for garbage input; one message for all
-        raise DataFileError(path, f"not a valid DBN stream ({_first_line(exc)})") from exc
+        raise DataFileError(path, _decode_fault(exc)) from exc
     if schema is None:
         raise DataFileError(path, "mixed-schema file (metadata schema is None, e.g. a live stream)")
     if str(schema) not in SUPPORTED_SCHEMAS:
@@ -254,6 +254,16 @@ def _open_dbn(path: Path) -> _OpenedFile:
 
 def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _decode_fault(exc: Exception) -> str:
+    """What a decoding failure means: zstd's own corruption and checksum errors are named as such."""
+    reason = _first_line(exc)
+    if "checksum" in reason.lower():
+        return f"corrupt zstd data: frame content checksum mismatch ({reason})"
+    if "zstd" in reason.lower() or "corruption" in reason.lower():
+        return f"corrupt zstd data ({reason})"
+    return f"not a valid DBN stream ({reason})"
 
 
 def _record_chunks(opened: _OpenedFile) -> Iterator[np.ndarray]:
@@ -272,7 +282,7 @@ def _record_chunks(opened: _OpenedFile) -> Iterator[np.ndarray]:
         except BentoWarning as exc:
             raise DataFileError(path, f"truncated DBN data ({exc})") from exc
         except Exception as exc:  # databento/zstd raise many types for garbage input; one message for all
-            raise DataFileError(path, f"not a valid DBN stream ({_first_line(exc)})") from exc
+            raise DataFileError(path, _decode_fault(exc)) from exc
         _check_record_types(chunk, opened.schema, path)
         yield chunk
 
@@ -368,6 +378,7 @@ class _ByInstrument:
     def __init__(self) -> None:
         self._pieces: dict[int, list[pl.DataFrame]] = {}
         self._empty: pl.DataFrame | None = None
+        self.resorted: list[tuple[int, Any]] = []  # (instrument_id, first ts out of order) of resorted ones
 
     def add(self, frame: pl.DataFrame) -> None:
         if self._empty is None:
@@ -387,6 +398,8 @@ class _ByInstrument:
         for instrument_id in sorted(self._pieces):
             rows = pl.concat(self._pieces.pop(instrument_id), how="vertical", rechunk=False)
             if not rows["ts_event"].is_sorted():
+                backwards = rows["ts_event"] < rows["ts_event"].shift(1)
+                self.resorted.append((instrument_id, rows["ts_event"].filter(backwards)[0]))
                 rows = rows.sort("ts_event", maintain_order=True)
             instruments.append(rows)
         if not instruments:
@@ -592,15 +605,12 @@ def check_price_jumps(bars: pl.DataFrame, path: Path, max_jump: float) -> None:
     )
 
 
-def _check_instrument_order(frame: pl.DataFrame, path: Path) -> None:
-    """OHLCV records of one instrument must come in strictly increasing bar time."""
-    same = pl.col("instrument_id") == pl.col("instrument_id").shift(1)
-    backwards = (same & (pl.col("ts_event") < pl.col("ts_event").shift(1))).fill_null(False)
-    if frame.select(backwards.any()).item():
-        row = frame.filter(backwards).row(0, named=True)
-        raise DataFileError(
-            path, f"bars of instrument {row['instrument_id']} out of time order at {row['ts_event']}"
-        )
+def _check_instrument_order(main: _ByInstrument, path: Path) -> None:
+    """OHLCV records of one instrument must come in time order (tick records are ordered by ts_recv, so their
+    ts_event may step back a little: those are sorted, not rejected). Call after ``main.take()``."""
+    if main.resorted:
+        instrument_id, ts = main.resorted[0]
+        raise DataFileError(path, f"bars of instrument {instrument_id} out of time order at {ts}")
 
 
 def read_bars(
@@ -644,7 +654,7 @@ def read_bars(
     _check_timestamps(rows, opened)
     del opened  # nothing of the file is needed any more
     if is_ohlcv:  # after decoding, so that a broken file is reported as such whatever the bar size
-        _check_instrument_order(rows, path)
+        _check_instrument_order(main, path)
         _check_ohlcv_bar_size(schema, bar_ns, path)
         bars = _bars_from_ohlcv(rows, schema, bar_ns)
     else:
