@@ -403,8 +403,9 @@ CATALOG: tuple[FeatureSpec, ...] = _features(
     ("rv_5", lambda r: r.col("_rv5")),
     ("rv_15", lambda r: r.col("_rv15")),
     ("rv_60", lambda r: r.col("_rv60")),
-    ("parkinson_15", lambda r: (r.col("_lhl2_mean15") / (4 * _LN2)).sqrt()),
-    ("parkinson_60", lambda r: (r.col("_lhl2_mean60") / (4 * _LN2)).sqrt()),
+    # polars' sliding sums can leave a tiny negative residue on a window of zeros: clamp before the sqrt.
+    ("parkinson_15", lambda r: (r.col("_lhl2_mean15").clip(lower_bound=0.0) / (4 * _LN2)).sqrt()),
+    ("parkinson_60", lambda r: (r.col("_lhl2_mean60").clip(lower_bound=0.0) / (4 * _LN2)).sqrt()),
     ("garman_klass_15", lambda r: r.col("_gk_mean15").clip(lower_bound=0.0).sqrt()),
     ("rogers_satchell_15", lambda r: r.col("_rs_mean15").clip(lower_bound=0.0).sqrt()),
     ("rv_ratio_5_60", lambda r: _safe_div(r.col("_rv5"), r.col("_rv60"), 1.0, eps=1e-9)),
