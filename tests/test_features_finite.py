@@ -77,7 +77,7 @@ def test_every_feature_is_finite_on_valid_windows(
 
 def test_flat_window_after_volatility_gives_zero_parkinson() -> None:
     """The case that produced NaN before the clamp: a sliding sum of zeros can come out slightly negative."""
-    for seed in range(40):  # without the clamp, 7 of these 40 seeds gave NaN
+    for seed in range(40):  # without the clamp, some of these seeds give NaN
         bars = _bars("constant_then_flat", 2 * MAX_LOOKBACK + 80, 4000.0, 1e3, seed)
         table = pl.concat(list(feature_chunks(bars, MINUTE_NS, path=Path("generated"))))
         assert non_finite_columns(table) == []
