@@ -39,7 +39,14 @@ from typing import Any, Literal
 import polars as pl
 import pyarrow.parquet as pq
 
-from marketrl.data.reader import DEFAULT_MAX_PRICE_JUMP, NS_PER_DAY, DataFileError, chunked_like, read_bars
+from marketrl.data.reader import (
+    DEFAULT_MAX_PRICE_JUMP,
+    NS_PER_DAY,
+    DataConfigError,
+    DataFileError,
+    chunked_like,
+    read_bars,
+)
 from marketrl.io import atomic_write
 from marketrl.sessions import SessionCalendar
 
@@ -959,7 +966,7 @@ def build_feature_file(
     try:
         return _build_feature_file(src, dst, bar_size, prev_src, drop_short, options, on_bad_file)
     except DataFileError as exc:
-        if on_bad_file == "error" or exc.path != src:
+        if on_bad_file == "error" or exc.path != src or isinstance(exc, DataConfigError):
             raise
         return _write_skipped(src, dst, bar_size, exc)
 
@@ -1011,7 +1018,7 @@ def _build_feature_file(
         try:
             prev = read_bars(Path(prev_src), bar_size, **options)
         except DataFileError as exc:
-            if on_bad_file == "error":
+            if on_bad_file == "error" or isinstance(exc, DataConfigError):
                 raise
             logging.getLogger(__name__).warning("%s: previous file unusable, no context: %s", src, exc)
     if prev is not None:

@@ -12,7 +12,8 @@ import polars as pl
 import pytest
 
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
-from marketrl.data.reader import DataFileError, read_bars
+from marketrl.data.reader import DataConfigError, read_bars
+from marketrl.features import build_feature_file
 from marketrl.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
 from tests.support.synthetic import ohlcv_messages
 
@@ -120,8 +121,13 @@ def test_us_equities_regular_hours_and_a_session_override(tmp_path: Path) -> Non
 
 def test_unknown_dataset_and_bad_session_config_are_one_line_errors(tmp_path: Path) -> None:
     (path,) = _utc_day_files(tmp_path, dt.date(2024, 7, 2), 1, step_minutes=60, dataset="XEUR.EOBI")
-    with pytest.raises(DataFileError, match=r"data\.session: no default session calendar for dataset 'XEUR"):
+    with pytest.raises(
+        DataConfigError, match=r"data\.session: no default session calendar for dataset 'XEUR"
+    ):
         read_bars(path, "1m")
+    with pytest.raises(DataConfigError):  # a configuration fault, never skipped
+        build_feature_file(path, tmp_path / "x.parquet", on_bad_file="skip")
+    assert not (tmp_path / "x.parquet").exists()
     assert read_bars(path, "1m", session={"timezone": "Europe/Berlin", "open": "08:00"}).bars.height
     for session, key in (
         ({"timezone": "Mars/Olympus", "open": "08:00"}, "timezone"),

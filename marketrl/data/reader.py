@@ -50,6 +50,7 @@ __all__ = [
     "SUPPORTED_SCHEMAS",
     "TRADE_SCHEMAS",
     "BarFile",
+    "DataConfigError",
     "DataFileError",
     "check_price_jumps",
     "chunked_like",
@@ -98,6 +99,10 @@ class DataFileError(ValueError):
         super().__init__(f"{path}: {fault}")
         self.path = Path(path)
         self.fault = fault
+
+
+class DataConfigError(DataFileError):
+    """A file that the configuration cannot read (e.g. no session calendar for its dataset): never skipped."""
 
 
 @dataclass(frozen=True)
@@ -649,7 +654,7 @@ def read_bars(
     try:
         calendar = calendar_for(str(metadata.dataset), session)
     except SessionConfigError as exc:
-        raise DataFileError(path, str(exc)) from exc
+        raise DataConfigError(path, str(exc)) from exc
     rows = main.take()
     _check_timestamps(rows, opened)
     del opened  # nothing of the file is needed any more
