@@ -13,7 +13,7 @@ import zstandard
 from polars.testing import assert_frame_equal
 
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
-from marketrl.data.reader import DataFileError, read_bars
+from marketrl.data.reader import DataFileError, dbn_stem, read_bars, time_ordered
 from marketrl.features import (
     FEATURE_NAMES,
     MAX_LOOKBACK,
@@ -194,3 +194,15 @@ def test_daily_bars_from_an_ohlcv_1d_file(tmp_path: Path) -> None:
         read_bars(path, "1h")
     summary = build_feature_file(path, tmp_path / "es.parquet", bar_size="1d")
     assert summary["rows"] == bars.height - MAX_LOOKBACK
+
+
+def test_files_are_ordered_by_their_header_start_and_both_suffixes_have_stems(tmp_path: Path) -> None:
+    # Names that sort the wrong way: the order must come from the headers.
+    late = _ohlcv_file(tmp_path / "a-late.dbn", _day(TUESDAY, seed=12), compress=False)
+    early = _ohlcv_file(tmp_path / "b-early.dbn.zst", _day(MONDAY, seed=13))
+    assert time_ordered([late, early]) == [early, late]
+    assert [dbn_stem(p) for p in (late, early)] == ["a-late", "b-early"]
+    with pytest.raises(ValueError, match=r"\.dbn\.zst or \.dbn"):
+        dbn_stem("prices.csv")
+    with pytest.raises(DataFileError, match=r"junk\.dbn"):
+        time_ordered([write_dbn(tmp_path / "junk.dbn", b"DBN junk")])
