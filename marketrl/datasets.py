@@ -17,7 +17,7 @@ import torch
 
 from marketrl.costs import Costs, costs_from_config
 from marketrl.env import EnvConfig, MarketData, parse_duration
-from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns
+from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns, skipped_reason
 from marketrl.folds import FoldPlan, select_rows, select_tuning_rows
 from marketrl.io import write_json_atomic
 from marketrl.normalize import FeatureNormalizer
@@ -85,6 +85,7 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
                 "rows": days.len(),
                 "first_day": str(days.min()) if days.len() else None,
                 "last_day": str(days.max()) if days.len() else None,
+                "skipped": skipped_reason(path),  # data.on_bad_file: skip; None for a featurized file
             }
         )
     manifest = {"files": entries}

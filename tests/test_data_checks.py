@@ -13,6 +13,7 @@ import zstandard
 from polars.testing import assert_frame_equal
 
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
+from marketrl.datasets import write_feature_manifest
 from marketrl.data.reader import DataFileError, dbn_stem, read_bars, time_ordered
 from marketrl.features import (
     FEATURE_NAMES,
@@ -125,6 +126,8 @@ def test_a_price_scale_change_between_files_is_an_error_or_a_skip(tmp_path: Path
     table = pl.read_parquet(dst)
     assert table.height == 0 and table.columns[-len(FEATURE_NAMES) :] == list(FEATURE_NAMES)
     assert skipped_reason(dst) == summary["skipped"]
+    manifest = write_feature_manifest([dst], tmp_path / "manifest.json")
+    assert manifest["files"][0]["skipped"] == summary["skipped"] and manifest["files"][0]["rows"] == 0
     # The same day at the right scale has no reason to be skipped.
     same_scale = _ohlcv_file(tmp_path / "tue1.dbn.zst", _day(TUESDAY, seed=7))
     assert build_feature_file(same_scale, tmp_path / "ok.parquet", prev_src=monday)["skipped"] is None
