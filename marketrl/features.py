@@ -909,7 +909,8 @@ def _empty_feature_table(with_book: bool) -> pl.DataFrame:
 
 def skipped_reason(feature_file: str | Path) -> str | None:
     """Why ``build_feature_file`` skipped the source of ``feature_file`` (``on_bad_file="skip"``), else None."""
-    return pq.read_schema(feature_file).metadata.get(b"marketrl.skipped", b"").decode() or None
+    metadata = pq.read_schema(feature_file).metadata or {}  # tables written elsewhere may carry none
+    return metadata.get(b"marketrl.skipped", b"").decode() or None
 
 
 def _check_scale_continuity(

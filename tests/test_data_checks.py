@@ -13,8 +13,8 @@ import zstandard
 from polars.testing import assert_frame_equal
 
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
-from marketrl.datasets import write_feature_manifest
 from marketrl.data.reader import DataFileError, dbn_stem, read_bars, time_ordered
+from marketrl.datasets import write_feature_manifest
 from marketrl.features import (
     FEATURE_NAMES,
     MAX_LOOKBACK,
