@@ -110,6 +110,12 @@ def test_a_price_jump_inside_a_file_is_an_error_unless_disabled(tmp_path: Path) 
         read_bars(path)
     assert read_bars(path, max_price_jump=0).bars.height == 300
     assert read_bars(path, max_price_jump=1000).bars.height == 300
+    # A bad print inside the very first bar (high 50x its low) is caught too.
+    first_wide = bars.with_columns(
+        pl.when(pl.int_range(pl.len()) == 0).then(pl.col("low") / 50).otherwise(pl.col("low"))
+    )
+    with pytest.raises(DataFileError, match=r"jumps more than 10x .*\(high .* vs low"):
+        read_bars(_ohlcv_file(tmp_path / "wide.dbn.zst", first_wide))
 
 
 def test_a_price_scale_change_between_files_is_an_error_or_a_skip(tmp_path: Path) -> None:

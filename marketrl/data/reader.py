@@ -625,7 +625,10 @@ def check_price_jumps(bars: pl.DataFrame, path: Path, max_jump: float) -> None:
     step = (pl.col("open") / pl.col("close").shift(1)).log().abs()
     within = (pl.col("high") / pl.col("low")).log().abs()
     limit = math.log(max_jump)
-    bad = (same & (step > limit)).fill_null(False) | (within > limit)
+    # Non-positive prices are reported as such by the features stage, not as a jump.
+    positive = pl.min_horizontal("open", "high", "low", "close") > 0
+    jumped = (same & (pl.col("close").shift(1) > 0) & (step > limit)).fill_null(False)
+    bad = (jumped | (within > limit)) & positive
     if not bars.select(bad.any()).item():
         return
     row = bars.with_columns(pl.col("close").shift(1).alias("_prev_close")).filter(bad).row(0, named=True)
