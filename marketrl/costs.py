@@ -1,12 +1,18 @@
-"""Transaction-cost model: commission and half-spread slippage (futures) or basis points, per side.
+"""Transaction-cost model: commission and half-spread slippage (futures) or basis points, per side, per instrument.
 
 Costs are expressed as a fraction of one contract's notional at the fill price, so that they subtract directly from
 the per-bar simple returns the environment pays as rewards.
+
+Contract specs are per instrument, keyed by symbol root (``symbol_root``: ESH4 -> ES, NQZ24 -> NQ, ES.c.0 -> ES):
+``costs.instruments: {ES: {tick_size: 0.25, tick_value: 12.5}, ...}`` (``InstrumentCosts``). Without
+``costs.instruments`` the flat ``costs.*`` keys are the one spec of every instrument (``CostModel``), as before.
+With it, an instrument without an entry is an error unless the user wrote a ``default`` entry (docs/ENV.md).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -17,7 +23,24 @@ import torch
 CostKind = Literal["futures", "bps"]
 
 _FUTURES_KEYS = ("commission_per_contract", "half_spread_ticks", "tick_size", "tick_value")
-_ALLOWED_KEYS = {"kind", "bps", *_FUTURES_KEYS}
+_ALLOWED_KEYS = {"kind", "bps", "currency", *_FUTURES_KEYS}
+# Keys of one costs.instruments entry; commission, half spread and bps default to the flat costs.* keys.
+_INSTRUMENT_KEYS = (
+    "tick_size",
+    "tick_value",
+    "multiplier",
+    "commission_per_contract",
+    "half_spread_ticks",
+    "bps",
+)
+_INSTRUMENT_ALLOWED = {*_INSTRUMENT_KEYS, "currency"}
+DEFAULT_SPEC = "default"
+
+# CME-style outright: root, one month code, a 1- or 2-digit year (ESH4, NQZ24, 6EM5); continuous ES.c.0,
+# ES.v.1, ES.n.0; parent ES.FUT / ES.OPT.
+_OUTRIGHT = re.compile(r"^(?P<root>[A-Z0-9]+?)[FGHJKMNQUVXZ][0-9]{1,2}$")
+_CONTINUOUS = re.compile(r"^(?P<root>[A-Za-z0-9]+)\.[cnv]\.[0-9]+$")
+_PARENT = re.compile(r"^(?P<root>[A-Za-z0-9]+)\.(?:FUT|OPT)$")
 
 
 class CostConfigError(ValueError):
@@ -39,6 +62,7 @@ class CostModel:
     tick_size: float = 0.0
     tick_value: float = 0.0
     bps: float = 0.0
+    currency: str | None = None  # of commission and tick_value; recorded only (a cost fraction has no unit)
 
     def __post_init__(self) -> None:
         if self.kind not in ("futures", "bps"):
@@ -82,13 +106,15 @@ class CostModel:
             raise CostConfigError(f"costs.kind: expected 'futures' or 'bps', got {kind!r}")
         for key, value in values.items():
             _check_number(key, value, positive=key in ("tick_size", "tick_value"))
-        return cls(kind=kind, **{key: float(value) for key, value in values.items()})
+        currency = config.get("currency")
+        return cls(kind=kind, currency=currency, **{key: float(value) for key, value in values.items()})
 
     def to_config(self) -> dict[str, Any]:
-        """Inverse of `from_config` (only the keys relevant to `kind`)."""
+        """Inverse of `from_config` (only the keys relevant to `kind`; the currency where set)."""
+        currency = {} if self.currency is None else {"currency": self.currency}
         if self.kind == "bps":
-            return {"kind": "bps", "bps": self.bps}
-        return {"kind": "futures", **{key: getattr(self, key) for key in _FUTURES_KEYS}}
+            return {"kind": "bps", "bps": self.bps, **currency}
+        return {"kind": "futures", **{key: getattr(self, key) for key in _FUTURES_KEYS}, **currency}
 
     def scaled(self, multiplier: float) -> CostModel:
         """The same model with every cost component multiplied (cost-sensitivity analysis: 0.5×, 1×, 2×)."""
@@ -121,3 +147,128 @@ def _check_number(key: str, value: Any, *, positive: bool, prefix: str = "costs.
         raise CostConfigError(f"{prefix}{key}: expected a number > 0, got {value!r}")
     if not positive and value < 0:
         raise CostConfigError(f"{prefix}{key}: expected a number >= 0, got {value!r}")
+
+
+def symbol_root(symbol: str) -> str:
+    """The contract root of a symbol: ESH4 -> ES, NQZ24 -> NQ, 6EM5 -> 6E, ES.c.0 -> ES, ES.FUT -> ES; any other
+    symbol (an equity ticker, an instrument_id) is its own root."""
+    for pattern in (_CONTINUOUS, _PARENT, _OUTRIGHT):
+        match = pattern.match(symbol)
+        if match:
+            return match.group("root")
+    return symbol
+
+
+@dataclass(frozen=True)
+class InstrumentCosts:
+    """One ``CostModel`` per symbol root (``costs.instruments``), with ``default`` only where the user wrote one."""
+
+    specs: Mapping[str, CostModel]
+
+    def __post_init__(self) -> None:
+        if not self.specs:
+            raise CostConfigError("costs.instruments: expected at least one instrument entry")
+        if len({model.kind for model in self.specs.values()}) > 1:
+            raise CostConfigError("costs.instruments: every entry must use the same costs.model")
+
+    @property
+    def kind(self) -> CostKind:
+        """The cost kind shared by every entry."""
+        return next(iter(self.specs.values())).kind
+
+    def for_symbol(self, symbol: str) -> CostModel:
+        """The spec of ``symbol``'s root (or the ``default`` entry); a one-line error naming it if there is none."""
+        root = symbol_root(str(symbol))
+        model = self.specs.get(root) or self.specs.get(DEFAULT_SPEC)
+        if model is None:
+            raise CostConfigError(
+                f"costs.instruments: no contract spec for instrument {symbol!r} (root {root!r}); "
+                f"add costs.instruments.{root} (tick_size, tick_value) or a costs.instruments.{DEFAULT_SPEC} entry"
+            )
+        return model
+
+    def scaled(self, multiplier: float) -> InstrumentCosts:
+        """Every entry's costs multiplied (see ``CostModel.scaled``)."""
+        return InstrumentCosts({root: model.scaled(multiplier) for root, model in self.specs.items()})
+
+    def to_config(self) -> dict[str, Any]:
+        """``{"kind": ..., "instruments": {root: CostModel.to_config()}}``; ``costs_from_record`` inverts it."""
+        return {
+            "kind": self.kind,
+            "instruments": {root: model.to_config() for root, model in sorted(self.specs.items())},
+        }
+
+
+Costs = CostModel | InstrumentCosts
+
+
+def costs_from_config(costs: Mapping[str, Any]) -> Costs:
+    """The ``costs`` section of config.yaml: ``model`` (futures | bps), the flat keys, optional ``instruments``.
+
+    Without ``instruments`` (or with an empty one) the flat keys are the spec of every instrument. With it, each
+    entry needs ``tick_size`` and ``tick_value`` (or ``multiplier``, = tick_value / tick_size) for futures; its
+    ``commission_per_contract``, ``half_spread_ticks`` and ``bps`` default to the flat keys.
+    """
+    if not isinstance(costs, Mapping):
+        raise CostConfigError(f"costs: expected a mapping, got {type(costs).__name__}")
+    kind = costs.get("model", "futures")
+    instruments = costs.get("instruments") or {}
+    if not isinstance(instruments, Mapping):
+        raise CostConfigError(f"costs.instruments: expected a mapping root -> spec, got {instruments!r}")
+    if not instruments:
+        if kind == "bps":
+            return CostModel.from_config({"kind": "bps", "bps": costs.get("bps", 0.0)})
+        return CostModel.from_config(
+            {"kind": kind, **{key: costs[key] for key in _FUTURES_KEYS if key in costs}}
+        )
+    return InstrumentCosts(
+        {str(root): _instrument_spec(str(root), spec, costs, kind) for root, spec in instruments.items()}
+    )
+
+
+def _instrument_spec(root: str, spec: Any, flat: Mapping[str, Any], kind: Any) -> CostModel:
+    prefix = f"costs.instruments.{root}."
+    if not isinstance(spec, Mapping):
+        raise CostConfigError(f"{prefix[:-1]}: expected a mapping of contract specs, got {spec!r}")
+    unknown = sorted(set(spec) - _INSTRUMENT_ALLOWED)
+    if unknown:
+        raise CostConfigError(
+            f"{prefix}{unknown[0]}: unknown key (allowed: {', '.join(sorted(_INSTRUMENT_ALLOWED))})"
+        )
+    for key in _INSTRUMENT_KEYS:
+        if key in spec:
+            _check_number(
+                key, spec[key], positive=key in ("tick_size", "tick_value", "multiplier"), prefix=prefix
+            )
+    currency = spec.get("currency")
+    if currency is not None and not (isinstance(currency, str) and currency):
+        raise CostConfigError(f"{prefix}currency: expected a currency code such as 'USD', got {currency!r}")
+    if kind == "bps":
+        return CostModel(kind="bps", bps=float(spec.get("bps", flat.get("bps", 0.0))), currency=currency)
+    if kind != "futures":
+        raise CostConfigError(f"costs.model: expected 'futures' or 'bps', got {kind!r}")
+    if "tick_size" not in spec:
+        raise CostConfigError(f"{prefix}tick_size: required for a futures contract spec")
+    if ("tick_value" in spec) == ("multiplier" in spec):
+        raise CostConfigError(f"{prefix}tick_value: give exactly one of tick_value and multiplier")
+    tick_size = float(spec["tick_size"])
+    tick_value = float(spec["tick_value"]) if "tick_value" in spec else float(spec["multiplier"]) * tick_size
+    return CostModel(
+        kind="futures",
+        commission_per_contract=float(
+            spec.get("commission_per_contract", flat.get("commission_per_contract", 0.0))
+        ),
+        half_spread_ticks=float(spec.get("half_spread_ticks", flat.get("half_spread_ticks", 0.0))),
+        tick_size=tick_size,
+        tick_value=tick_value,
+        currency=currency,
+    )
+
+
+def costs_from_record(record: Mapping[str, Any]) -> Costs:
+    """Inverse of ``to_config`` of either cost type (the form checkpoints record)."""
+    if "instruments" in record:
+        return InstrumentCosts(
+            {root: CostModel.from_config(spec) for root, spec in dict(record["instruments"]).items()}
+        )
+    return CostModel.from_config(record)

@@ -15,9 +15,9 @@ from typing import Any, Literal
 import polars as pl
 import torch
 
-from marketrl.costs import CostModel
+from marketrl.costs import Costs, costs_from_config
 from marketrl.env import EnvConfig, MarketData, parse_duration
-from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns
+from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns, skipped_reason
 from marketrl.folds import FoldPlan, select_rows, select_tuning_rows
 from marketrl.io import write_json_atomic
 from marketrl.normalize import FeatureNormalizer
@@ -85,6 +85,7 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
                 "rows": days.len(),
                 "first_day": str(days.min()) if days.len() else None,
                 "last_day": str(days.max()) if days.len() else None,
+                "skipped": skipped_reason(path),  # data.on_bad_file: skip; None for a featurized file
             }
         )
     manifest = {"files": entries}
@@ -122,12 +123,9 @@ def feature_names_of(table: pl.DataFrame) -> list[str]:
     return names
 
 
-def cost_model_from_config(costs: Mapping[str, Any]) -> CostModel:
-    """The `costs` section of config.yaml (model: futures | bps) as a CostModel."""
-    if costs["model"] == "bps":
-        return CostModel.from_config({"kind": "bps", "bps": costs["bps"]})
-    keys = ("commission_per_contract", "half_spread_ticks", "tick_size", "tick_value")
-    return CostModel.from_config({"kind": "futures", **{key: costs[key] for key in keys}})
+def cost_model_from_config(costs: Mapping[str, Any]) -> Costs:
+    """The `costs` section of config.yaml: one CostModel, or one per symbol root (`costs.instruments`)."""
+    return costs_from_config(costs)
 
 
 def env_config_from_config(config: Mapping[str, Any]) -> EnvConfig:

@@ -21,7 +21,7 @@ import torch
 from gpu_utils import resolve_device
 from marketrl.agents.checkpoint import load_policy
 from marketrl.config import derive_seed
-from marketrl.costs import CostModel
+from marketrl.costs import Costs, costs_from_record
 from marketrl.datasets import (
     cost_model_from_config,
     env_config_from_config,
@@ -63,7 +63,7 @@ def validation_sharpe(policy: Policy, data: MarketData, env_config: EnvConfig) -
 
 def trained_settings(
     meta: Mapping[str, Any], config: Mapping[str, Any], model_path: str | Path
-) -> tuple[EnvConfig, CostModel]:
+) -> tuple[EnvConfig, Costs]:
     """The env settings and cost model the model was trained with, read from its checkpoint metadata.
 
     The config must agree on each of them (POLICY_ENV_KEYS and every cost field): agents and baselines are
@@ -94,15 +94,15 @@ def trained_settings(
                 f"config key 'env.{key}': the model at {model_path} was trained with {key}={ours}, "
                 f"the config says {theirs}"
             )
-    trained_costs = CostModel.from_config(costs)
+    trained_costs = costs_from_record(costs)
     config_costs = cost_model_from_config(config["costs"]).to_config()
     # "kind" comes first: the other fields exist only for the same kind
     for key, value in trained_costs.to_config().items():
-        if config_costs[key] != value:
+        if config_costs.get(key) != value:
             name = "model" if key == "kind" else key
             raise TrainedSettingsError(
                 f"config key 'costs.{name}': the model at {model_path} was trained with {name}={value}, "
-                f"the config says {config_costs[key]}"
+                f"the config says {config_costs.get(key)}"
             )
     return trained, trained_costs
 

@@ -27,18 +27,28 @@ with its formula and lookback (tested against the catalog). Design points:
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 import pyarrow.parquet as pq
 
-from marketrl.data.reader import NS_PER_DAY, DataFileError, chunked_like, read_bars
+from marketrl.data.reader import (
+    DEFAULT_MAX_PRICE_JUMP,
+    NS_PER_DAY,
+    DataConfigError,
+    DataFileError,
+    chunked_like,
+    read_bars,
+)
 from marketrl.io import atomic_write
+from marketrl.sessions import SessionCalendar
 
 __all__ = [
     "BOOK_CATALOG",
@@ -55,7 +65,9 @@ __all__ = [
     "FeatureSpec",
     "build_feature_file",
     "feature_chunks",
+    "feature_options",
     "non_finite_columns",
+    "skipped_reason",
 ]
 
 FEATURE_SET_VERSION = "1.0.0"
@@ -398,8 +410,9 @@ CATALOG: tuple[FeatureSpec, ...] = _features(
     ("rv_5", lambda r: r.col("_rv5")),
     ("rv_15", lambda r: r.col("_rv15")),
     ("rv_60", lambda r: r.col("_rv60")),
-    ("parkinson_15", lambda r: (r.col("_lhl2_mean15") / (4 * _LN2)).sqrt()),
-    ("parkinson_60", lambda r: (r.col("_lhl2_mean60") / (4 * _LN2)).sqrt()),
+    # polars' sliding sums can leave a tiny negative residue on a window of zeros: clamp before the sqrt.
+    ("parkinson_15", lambda r: (r.col("_lhl2_mean15").clip(lower_bound=0.0) / (4 * _LN2)).sqrt()),
+    ("parkinson_60", lambda r: (r.col("_lhl2_mean60").clip(lower_bound=0.0) / (4 * _LN2)).sqrt()),
     ("garman_klass_15", lambda r: r.col("_gk_mean15").clip(lower_bound=0.0).sqrt()),
     ("rogers_satchell_15", lambda r: r.col("_rs_mean15").clip(lower_bound=0.0).sqrt()),
     ("rv_ratio_5_60", lambda r: _safe_div(r.col("_rv5"), r.col("_rv60"), 1.0, eps=1e-9)),
@@ -859,6 +872,69 @@ def _write_chunks(chunks: Iterator[pl.DataFrame], tmp: Path, metadata: dict[str,
     return rows
 
 
+OnBadFile = Literal["error", "skip"]
+ON_BAD_FILE_KEY = "data.on_bad_file"
+
+
+def feature_options(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``build_feature_file`` keyword arguments that the ``data`` config section sets (bar_size, session,
+    max_price_jump, on_bad_file); absent keys keep the defaults."""
+    options: dict[str, Any] = {}
+    if "bar_size" in data:
+        options["bar_size"] = data["bar_size"]
+    if data.get("session"):
+        options["session"] = dict(data["session"])
+    if "max_price_jump" in data:
+        options["max_price_jump"] = float(data["max_price_jump"])
+    if "on_bad_file" in data:
+        if data["on_bad_file"] not in ("error", "skip"):
+            raise ValueError(f"{ON_BAD_FILE_KEY}: expected 'error' or 'skip', got {data['on_bad_file']!r}")
+        options["on_bad_file"] = data["on_bad_file"]
+    return options
+
+
+def _empty_feature_table(with_book: bool) -> pl.DataFrame:
+    """A feature table with no rows: the columns and types ``build_feature_file`` writes."""
+    columns: dict[str, Any] = {
+        "ts_event": pl.Datetime("ns", "UTC"),
+        "trading_day": pl.Date,
+        "instrument_id": pl.UInt32,
+        "symbol": pl.String,
+        **dict.fromkeys(("open", "high", "low", "close", "volume"), pl.Float64),
+        "bar_return": pl.Float32,
+        **dict.fromkeys(FEATURE_NAMES + (BOOK_FEATURE_NAMES if with_book else ()), pl.Float32),
+    }
+    return pl.DataFrame(schema=columns)
+
+
+def skipped_reason(feature_file: str | Path) -> str | None:
+    """Why ``build_feature_file`` skipped the source of ``feature_file`` (``on_bad_file="skip"``), else None."""
+    metadata = pq.read_schema(feature_file).metadata or {}  # tables written elsewhere may carry none
+    return metadata.get(b"marketrl.skipped", b"").decode() or None
+
+
+def _check_scale_continuity(
+    prev: pl.DataFrame, current: pl.DataFrame, src: Path, prev_path: Path, max_jump: float
+) -> None:
+    """The first bar of each instrument against its last bar in the previous file: a jump beyond ``max_jump``
+    is a change of price scale (e.g. a file in cents after one in dollars), not a market move."""
+    if max_jump <= 0 or prev.height == 0 or current.height == 0:
+        return
+    last = prev.group_by("instrument_id").agg(pl.col("close").last().alias("prev_close"))
+    first = current.group_by("instrument_id").agg(pl.col("open").first(), pl.col("symbol").first())
+    joined = first.join(last, on="instrument_id", how="inner")
+    ratio = (_c("open") / _c("prev_close")).log().abs()
+    bad = joined.filter(ratio > math.log(max_jump))
+    if bad.height:
+        row = bad.sort("instrument_id").row(0, named=True)
+        raise DataFileError(
+            src,
+            f"price of {row['symbol']} ({row['instrument_id']}) jumps more than {max_jump:g}x from the previous "
+            f"file {prev_path.name} ({row['prev_close']} -> {row['open']}): a price-scale change between files "
+            "(limit: data.max_price_jump)",
+        )
+
+
 def build_feature_file(
     src: Path,
     dst: Path,
@@ -866,37 +942,100 @@ def build_feature_file(
     bar_size: str = "1m",
     prev_src: Path | None = None,
     drop_short: bool = False,
+    session: SessionCalendar | Mapping[str, Any] | None = None,
+    max_price_jump: float = DEFAULT_MAX_PRICE_JUMP,
+    on_bad_file: OnBadFile = "error",
 ) -> dict[str, Any]:
     """Decode ``src`` once, featurize it and atomically write ``dst`` (zstd Parquet with provenance metadata).
 
     ``prev_src`` is the previous file of the same dataset/schema (e.g. the previous day): it is decoded as
-    context so lookbacks run across the file boundary; only ``src``'s bars are written. Returns a summary
-    (rows, instruments, schema, dbn_version, sha256, ...). Raises ``DataFileError`` on bad input; nothing is
-    written then. Features are computed and written in chunks of ``CHUNK_BARS`` bars, so memory beyond the
-    bars stays bounded however long the file is.
+    context so lookbacks run across the file boundary; only ``src``'s bars are written. ``session`` (the
+    ``data.session`` config; None: the dataset's calendar) sets ``trading_day``; ``max_price_jump`` bounds
+    price moves within a file and across the boundary with ``prev_src``. Returns a summary (rows,
+    instruments, schema, dbn_version, sha256, skipped, ...).
+
+    A bad or untradable ``src`` raises ``DataFileError`` (nothing is written) with ``on_bad_file="error"``;
+    with ``"skip"`` it yields an empty feature table whose metadata (``marketrl.skipped``, see
+    ``skipped_reason``) and summary (``skipped``) say why, and an unreadable ``prev_src`` only loses the context.
+    Features are computed and written in chunks of ``CHUNK_BARS`` bars, so memory beyond the bars stays
+    bounded however long the file is.
     """
     src, dst = Path(src), Path(dst)
-    current = read_bars(src, bar_size)
+    if on_bad_file not in ("error", "skip"):
+        raise ValueError(f"{ON_BAD_FILE_KEY}: expected 'error' or 'skip', got {on_bad_file!r}")
+    options = {"session": session, "max_price_jump": max_price_jump}
+    try:
+        return _build_feature_file(src, dst, bar_size, prev_src, drop_short, options, on_bad_file)
+    except DataFileError as exc:
+        if on_bad_file == "error" or exc.path != src or isinstance(exc, DataConfigError):
+            raise
+        return _write_skipped(src, dst, bar_size, exc)
+
+
+def _write_skipped(src: Path, dst: Path, bar_size: str, exc: DataFileError) -> dict[str, Any]:
+    """The empty feature table of a skipped file, with the reason in its metadata."""
+    reason = exc.fault.removesuffix(_SKIP_HINT)
+    metadata = {
+        "marketrl.feature_set_version": FEATURE_SET_VERSION,
+        "marketrl.source_file": src.name,
+        "marketrl.bar_size": bar_size,
+        "marketrl.rows": "0",
+        "marketrl.skipped": reason,
+    }
+    table = _empty_feature_table(with_book=False).to_arrow()
+    with atomic_write(dst) as tmp:
+        pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="zstd")
+    logging.getLogger(__name__).warning("%s: skipped (%s: skip): %s", src, ON_BAD_FILE_KEY, reason)
+    return {
+        "rows": 0,
+        "instruments": 0,
+        "features": len(FEATURE_NAMES),
+        "bar_size": bar_size,
+        "skipped": reason,
+    }
+
+
+_SKIP_HINT = f"; set {ON_BAD_FILE_KEY}: skip to skip such files"
+
+
+def _build_feature_file(
+    src: Path,
+    dst: Path,
+    bar_size: str,
+    prev_src: Path | None,
+    drop_short: bool,
+    options: dict[str, Any],
+    on_bad_file: OnBadFile,
+) -> dict[str, Any]:
+    current = read_bars(src, bar_size, **options)
     bars, keep_from, prev = current.bars, None, None
+    if current.bars.height == 0:
+        raise DataFileError(
+            src,
+            f"no tradable bars in this {current.schema} file (a holiday, or snapshots only?)"
+            + (_SKIP_HINT if on_bad_file == "error" else ""),
+        )
     if prev_src is not None:
-        prev = read_bars(Path(prev_src), bar_size)
+        try:
+            prev = read_bars(Path(prev_src), bar_size, **options)
+        except DataFileError as exc:
+            if on_bad_file == "error" or isinstance(exc, DataConfigError):
+                raise
+            logging.getLogger(__name__).warning("%s: previous file unusable, no context: %s", src, exc)
+    if prev is not None:
         if (prev.schema, prev.dataset) != (current.schema, current.dataset):
             raise DataFileError(
                 src,
                 f"prev_src {prev.path} is {prev.dataset}/{prev.schema}, expected {current.dataset}/{current.schema}",
             )
-        if bars.height:
-            keep_from = bars["ts_event"].min()
-            # Only the part of the previous file strictly before this one is context (files may overlap).
-            context = prev.bars.filter(_c("ts_event") < keep_from)
-            bars = pl.concat([context, bars], how="vertical").sort(
-                "instrument_id", "ts_event", maintain_order=True
-            )
-            del context
-    if current.bars.height == 0:
-        raise DataFileError(
-            src, f"too few bars for the lookbacks: no bars with trades in this {current.schema} file"
+        keep_from = bars["ts_event"].min()
+        # Only the part of the previous file strictly before this one is context (files may overlap).
+        context = prev.bars.filter(_c("ts_event") < keep_from)
+        _check_scale_continuity(context, bars, src, prev.path, options["max_price_jump"])
+        bars = pl.concat([context, bars], how="vertical").sort(
+            "instrument_id", "ts_event", maintain_order=True
         )
+        del context
     selection = feature_chunks(
         bars, current.bar_ns, path=src, with_book=current.has_book, keep_from=keep_from, drop_short=drop_short
     )
@@ -913,6 +1052,8 @@ def build_feature_file(
         "marketrl.rows": str(selection.rows),
         "marketrl.max_lookback": str(MAX_LOOKBACK),
         "marketrl.feature_names": ",".join(feature_names),
+        "marketrl.session": json.dumps(current.calendar.to_config() if current.calendar else None),
+        "marketrl.dropped_outside_session": str(current.dropped_outside_session),
     }
     if prev is not None:
         metadata["marketrl.prev_source_file"] = prev.path.name
@@ -933,5 +1074,7 @@ def build_feature_file(
         "features": len(feature_names),
         "records": current.records,
         "dropped_undef_ts": current.dropped_undef_ts,
+        "dropped_outside_session": current.dropped_outside_session,
         "dropped_short_instruments": selection.dropped,
+        "skipped": None,
     }

@@ -39,6 +39,15 @@ def test_every_schema_key_has_description_and_default() -> None:
     schema = yaml.safe_load((REPO_ROOT / "schemas" / "config.schema.yaml").read_text())
 
     def walk(node: dict, path: str) -> None:
+        if "propertyNames" in node:  # a map keyed by user names (costs.instruments): its values are checked
+            entry = node["additionalProperties"]
+            assert entry.get("additionalProperties") is False, (
+                f"{path}.<name>: additionalProperties must be false"
+            )
+            assert all(sub.get("description") for sub in entry["properties"].values()), (
+                f"{path}: no description"
+            )
+            return
         assert node.get("additionalProperties") is False, (
             f"{path or '<root>'}: additionalProperties must be false"
         )

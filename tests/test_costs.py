@@ -1,4 +1,4 @@
-"""CostModel: the cost fraction formulas, scaling and config errors."""
+"""CostModel and per-instrument specs: the cost fraction formulas, scaling, symbol roots and config errors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from marketrl.costs import CostConfigError, CostModel
+from marketrl.costs import (
+    CostConfigError,
+    CostModel,
+    InstrumentCosts,
+    costs_from_config,
+    costs_from_record,
+    symbol_root,
+)
+from marketrl.env import MarketData
+from marketrl.env.config import EnvDataError
 
 ES = {
     "kind": "futures",
@@ -70,3 +79,159 @@ def test_bad_config_names_the_key(config: dict, key: str) -> None:
         CostModel.from_config(config)
     assert isinstance(error.value, ValueError)
     assert "\n" not in str(error.value)
+
+
+# ------------------------------------------------------------------------------- per-instrument contract specs
+
+FLAT = {
+    "model": "futures",
+    "commission_per_contract": 1.0,
+    "half_spread_ticks": 0.5,
+    "tick_size": 0.25,
+    "tick_value": 12.5,
+    "bps": 1.0,
+}
+ES_NQ = {
+    **FLAT,
+    "instruments": {
+        "ES": {"tick_size": 0.25, "tick_value": 12.5},
+        "NQ": {"tick_size": 0.25, "tick_value": 5.0},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("symbol", "root"),
+    [
+        ("ESH4", "ES"),
+        ("NQZ24", "NQ"),
+        ("MNQZ4", "MNQ"),
+        ("6EM5", "6E"),
+        ("ZNH4", "ZN"),
+        ("ES.c.0", "ES"),
+        ("NQ.v.1", "NQ"),
+        ("ES.FUT", "ES"),
+        ("AAPL", "AAPL"),
+        ("17", "17"),
+    ],
+)
+def test_symbol_root(symbol: str, root: str) -> None:
+    assert symbol_root(symbol) == root
+
+
+def test_es_and_nq_costs_by_hand() -> None:
+    costs = costs_from_config(ES_NQ)
+    assert isinstance(costs, InstrumentCosts)
+    # One side: commission + half_spread_ticks * tick_value; as a fraction of price * (tick_value / tick_size).
+    es_side, nq_side = 1.0 + 0.5 * 12.5, 1.0 + 0.5 * 5.0
+    assert costs.for_symbol("ESH4").cost_fraction(5000.0) == pytest.approx(
+        es_side / (5000.0 * 50.0), rel=1e-12
+    )
+    assert costs.for_symbol("NQ.c.0").cost_fraction(18000.0) == pytest.approx(
+        nq_side / (18000.0 * 20.0), rel=1e-12
+    )
+    # The env prices every row with its own contract's spec.
+    data = MarketData.from_arrays(
+        np.zeros((4, 1), dtype=np.float32),
+        opens=np.array([5000.0, 5000.0, 18000.0, 18000.0]),
+        closes=np.array([5000.0, 5004.0, 18000.0, 18010.0]),
+        instrument_id=np.array([1, 1, 2, 2]),
+        ts_event_ns=np.array([0, 60, 0, 60]) * 10**9,
+        symbols=np.array(["ESH4", "ESH4", "NQH4", "NQH4"]),
+        cost_model=costs,
+    )
+    expected = [es_side / (5000 * 50), es_side / (5004 * 50), nq_side / (18000 * 20), nq_side / (18010 * 20)]
+    np.testing.assert_allclose(data.cost_close.numpy(), expected, rtol=1e-6)
+
+
+def test_multiplier_is_tick_value_over_tick_size_and_flat_keys_are_the_defaults() -> None:
+    by_multiplier = costs_from_config(
+        {**FLAT, "half_spread_ticks": 1.0, "instruments": {"ES": {"tick_size": 0.25, "multiplier": 50}}}
+    )
+    es = by_multiplier.for_symbol("ESZ4")
+    assert (es.tick_value, es.half_spread_ticks, es.commission_per_contract) == (12.5, 1.0, 1.0)
+    own = costs_from_config(
+        {**FLAT, "instruments": {"ES": {"tick_size": 0.25, "tick_value": 12.5, "half_spread_ticks": 2}}}
+    )
+    assert own.for_symbol("ES.c.0").half_spread_ticks == 2.0
+
+
+def test_without_instruments_the_flat_keys_apply_to_every_instrument() -> None:
+    """Configs written before costs.instruments keep their meaning: one spec for every symbol."""
+    flat = costs_from_config({**FLAT, "instruments": {}})
+    assert flat == CostModel.from_config({"kind": "futures", **{k: FLAT[k] for k in ES if k != "kind"}})
+    prices = np.array([5000.0, 100.0])
+    np.testing.assert_allclose(
+        MarketData.from_arrays(
+            np.zeros((2, 1), dtype=np.float32),
+            opens=prices,
+            closes=prices,
+            instrument_id=np.array([1, 2]),
+            ts_event_ns=np.array([0, 0]),
+            cost_model=flat,
+        ).cost_close.numpy(),
+        7.25 / (prices * 50.0),
+        rtol=1e-6,
+    )
+
+
+def test_an_instrument_without_a_spec_is_a_one_line_error_unless_there_is_a_default() -> None:
+    costs = costs_from_config(ES_NQ)
+    with pytest.raises(
+        CostConfigError, match=r"no contract spec for instrument 'CLZ4' \(root 'CL'\).*costs\.instruments\.CL"
+    ):
+        costs.for_symbol("CLZ4")
+    kwargs = {
+        "opens": np.array([70.0, 70.5]),
+        "closes": np.array([70.0, 70.5]),
+        "instrument_id": np.array([3, 3]),
+        "ts_event_ns": np.array([0, 60]) * 10**9,
+        "symbols": np.array(["CLZ4", "CLZ4"]),
+    }
+    with pytest.raises(EnvDataError, match="CLZ4"):
+        MarketData.from_arrays(np.zeros((2, 1), dtype=np.float32), cost_model=costs, **kwargs)
+    with_default = costs_from_config(
+        {**ES_NQ, "instruments": {**ES_NQ["instruments"], "default": {"tick_size": 0.01, "tick_value": 10.0}}}
+    )
+    assert with_default.for_symbol("CLZ4").tick_value == 10.0
+    data = MarketData.from_arrays(np.zeros((2, 1), dtype=np.float32), cost_model=with_default, **kwargs)
+    assert data.cost_close[0].item() == pytest.approx((1.0 + 0.5 * 10.0) / (70.0 * 1000.0), rel=1e-6)
+
+
+def test_instrument_specs_round_trip_and_scale() -> None:
+    costs = costs_from_config(
+        {
+            **ES_NQ,
+            "instruments": {
+                **ES_NQ["instruments"],
+                "ES": {"tick_size": 0.25, "tick_value": 12.5, "currency": "USD"},
+            },
+        }
+    )
+    assert costs_from_record(costs.to_config()) == costs
+    assert costs.for_symbol("ESH4").currency == "USD"
+    doubled = costs.scaled(2.0)
+    assert doubled.for_symbol("NQH4").cost_fraction(1.0) == pytest.approx(
+        2 * costs.for_symbol("NQH4").cost_fraction(1.0)
+    )
+    bps = costs_from_config({**ES_NQ, "model": "bps", "instruments": {"ES": {"bps": 0.5}, "NQ": {}}})
+    assert bps.for_symbol("ESH4").cost_fraction(1.0) == pytest.approx(0.5e-4)
+    assert bps.for_symbol("NQH4").cost_fraction(1.0) == pytest.approx(1.0e-4)  # the flat costs.bps
+
+
+@pytest.mark.parametrize(
+    ("spec", "key"),
+    [
+        ({"tick_value": 12.5}, "costs.instruments.ES.tick_size"),
+        ({"tick_size": 0.25}, "costs.instruments.ES.tick_value"),
+        ({"tick_size": 0.25, "tick_value": 12.5, "multiplier": 50}, "costs.instruments.ES.tick_value"),
+        ({"tick_size": 0.0, "tick_value": 12.5}, "costs.instruments.ES.tick_size"),
+        ({"tick_size": 0.25, "tick_value": 12.5, "tick": 1}, "costs.instruments.ES.tick"),
+        ({"tick_size": 0.25, "tick_value": 12.5, "currency": 3}, "costs.instruments.ES.currency"),
+        ("0.25", "costs.instruments.ES"),
+    ],
+)
+def test_bad_instrument_spec_names_the_key(spec: object, key: str) -> None:
+    with pytest.raises(CostConfigError, match=key.replace(".", r"\.")) as info:
+        costs_from_config({**FLAT, "instruments": {"ES": spec}})
+    assert "\n" not in str(info.value)

@@ -55,7 +55,7 @@ def _prepared(bars: pl.DataFrame) -> pl.DataFrame:
 
 def _span(bars: pl.DataFrame) -> dict[str, int]:
     ts = bars["ts_event"].cast(pl.Int64)
-    return {"start_ns": int(ts.min()), "end_ns": int(ts.max())}
+    return {"start_ns": int(ts.min()), "end_ns": int(ts.max()) + 1}
 
 
 def _features(bars: pl.DataFrame, **kwargs: object) -> pl.DataFrame:
@@ -102,7 +102,7 @@ def test_feature_set_constants_and_docs() -> None:
 
 def test_build_writes_the_documented_table(tmp_path: Path) -> None:
     bars = random_walk_bars(400, {7: 4000.0, 9: 15000.0}, seed=1)
-    start, end = int(bars["ts_event"].min()), int(bars["ts_event"].max())
+    start, end = int(bars["ts_event"].min()), int(bars["ts_event"].max()) + 1
     src = write_dbn(
         tmp_path / "es-nq.dbn.zst",
         encode_dbn(
@@ -298,18 +298,23 @@ def test_prev_src_context_equals_one_long_file(tmp_path: Path) -> None:
     )
     build_feature_file(whole, tmp_path / "whole.parquet")
     reference = pl.read_parquet(tmp_path / "whole.parquet")
+    sessions_per_file = []
     for i, path in enumerate(day_paths):
         prev = day_paths[i - 1] if i else None
         summary = build_feature_file(path, tmp_path / f"{i}.parquet", prev_src=prev)
         table = pl.read_parquet(tmp_path / f"{i}.parquet")
-        day = read_bars(path).bars["trading_day"][0]
-        assert table["trading_day"].unique().to_list() == [day]  # only the current file's rows
-        assert_frame_equal(table, reference.filter(pl.col("trading_day") == day), **TOL)
+        # A UTC-day file holds the end of one CME session and the start of the next: its own rows are its bars'
+        # timestamps, and they (day-cumulative VWAP included) equal the long file's rows at those times.
+        own = read_bars(path).bars["ts_event"]
+        assert table["ts_event"].is_in(own.implode()).all()
+        sessions_per_file.append(table["trading_day"].n_unique())
+        assert_frame_equal(table, reference.filter(pl.col("ts_event").is_in(own.implode())), **TOL)
         if prev is not None:
             meta = pl.read_parquet_metadata(tmp_path / f"{i}.parquet")
             assert meta["marketrl.prev_source_sha256"] == summary["prev_sha256"] == read_bars(prev).sha256
             # All of this day's bars are kept: the lookback did not restart at the file boundary.
             assert table.height == read_bars(path).bars.height
+    assert sessions_per_file[1:] == [2, 2]  # 17:00 CT opens the next trading day inside each UTC day
     build_feature_file(day_paths[2], tmp_path / "alone.parquet")
     no_context = pl.read_parquet(tmp_path / "alone.parquet")
     assert no_context.height == read_bars(day_paths[2]).bars.height - 2 * MAX_LOOKBACK
@@ -370,7 +375,11 @@ def test_quote_schema_adds_book_features(tmp_path: Path) -> None:
     src = write_dbn(
         tmp_path / "q.dbn.zst",
         encode_dbn(
-            trade_messages(trades, "mbp-1"), schema="mbp-1", start_ns=base, end_ns=base + 1, symbols={"Q": 5}
+            trade_messages(trades, "mbp-1"),
+            schema="mbp-1",
+            start_ns=base,
+            end_ns=int(ts.max()) + 1,
+            symbols={"Q": 5},
         ),
     )
     summary = build_feature_file(src, tmp_path / "q.parquet")
@@ -426,14 +435,17 @@ def test_real_mbo_featurizes_with_1s_bars(tmp_path: Path, dbn_samples: Path) -> 
             "1s",
         ),
         (ESH4_MBO_1225, "1m"),  # 60 one-minute bars
-        (ESH4_MBO_1224, "1s"),  # no trades at all
+        (ESH4_MBO_1224, "1s"),  # no trades at all (a holiday): its own message, naming data.on_bad_file
     ],
 )
 def test_real_short_files_fail_with_too_few_bars(
     tmp_path: Path, dbn_samples: Path, name: str, bar_size: str
 ) -> None:
     dst = tmp_path / "short.parquet"
-    with pytest.raises(DataFileError, match="too few bars for the lookbacks") as info:
+    fault = (
+        "no tradable bars.*data.on_bad_file" if name == ESH4_MBO_1224 else "too few bars for the lookbacks"
+    )
+    with pytest.raises(DataFileError, match=fault) as info:
         build_feature_file(dbn_samples / name, dst, bar_size=bar_size)
     assert "\n" not in str(info.value) and Path(name).name in str(info.value)
     assert not dst.exists()

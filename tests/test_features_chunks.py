@@ -148,7 +148,7 @@ def test_streamed_parquet_holds_the_table(tmp_path: Path, monkeypatch: pytest.Mo
     """Row groups per chunk, float columns byte-stream-split + zstd, statistics on the key columns only."""
     monkeypatch.setattr(features, "CHUNK_BARS", 128)
     raw = random_walk_bars(500, {7: 4000.0, 9: 15000.0}, seed=75)
-    start, end = int(raw["ts_event"].min()), int(raw["ts_event"].max())
+    start, end = int(raw["ts_event"].min()), int(raw["ts_event"].max()) + 1
     src = write_dbn(
         tmp_path / "x.dbn.zst",
         encode_dbn(

@@ -22,6 +22,7 @@ from marketrl.data.reader import (
     parse_bar_size,
     read_bars,
 )
+from marketrl.sessions import DEFAULT_CALENDARS
 from tests.support.synthetic import ohlcv_messages, random_walk_bars, trade_messages
 
 MINUTE_NS = 60_000_000_000
@@ -45,8 +46,13 @@ def _header_schema(path: Path) -> str | None:
 def test_every_real_sample_decodes_or_is_cleanly_rejected(dbn_samples: Path, name: str) -> None:
     path = dbn_samples / name
     schema = _header_schema(path)
+    dataset = str(databento.DBNStore.from_file(path).metadata.dataset)
+    # Datasets without a default calendar need data.session; UTC days exercise their decoding all the same.
+    session = None if dataset in DEFAULT_CALENDARS else {"timezone": "UTC", "open": "00:00"}
     try:
-        bar_file = read_bars(path, "1s" if schema in (None, "ohlcv-1s") or "ohlcv" not in schema else "1d")
+        bar_file = read_bars(
+            path, "1s" if schema in (None, "ohlcv-1s") or "ohlcv" not in schema else "1d", session=session
+        )
     except DataFileError as exc:
         message = str(exc)
         assert "\n" not in message and path.name in message
@@ -130,7 +136,7 @@ def _ohlcv_file(tmp_path: Path, bars: pl.DataFrame, name: str = "bars.dbn.zst", 
     kwargs.setdefault("symbols", {f"S{iid}": iid for iid in bars["instrument_id"].unique()})
     return write_dbn(
         tmp_path / name,
-        encode_dbn(ohlcv_messages(bars), schema="ohlcv-1m", start_ns=start, end_ns=end, **kwargs),
+        encode_dbn(ohlcv_messages(bars), schema="ohlcv-1m", start_ns=start, end_ns=end + MINUTE_NS, **kwargs),
     )
 
 
@@ -197,14 +203,13 @@ def test_quote_schema_bars_carry_book_at_bar_close(tmp_path: Path) -> None:
 def test_decoding_in_small_chunks_gives_the_same_bars(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Chunks of 5 records split instruments and days across chunks; out-of-order records are sorted."""
+    """Chunks of 5 records split instruments and days across chunks."""
     bars = random_walk_bars(60, {3: 100.0, 8: 50.0, 5: 20.0}, seed=9)
     msgs = ohlcv_messages(bars)
-    msgs[10], msgs[40] = msgs[40], msgs[10]  # one pair out of time order, as a non-Databento writer might
-    start = int(bars["ts_event"].min())
+    start, end = int(bars["ts_event"].min()), int(bars["ts_event"].max()) + MINUTE_NS
     path = write_dbn(
         tmp_path / "c.dbn.zst",
-        encode_dbn(msgs, schema="ohlcv-1m", start_ns=start, end_ns=start + 1, symbols={"A": 3, "B": 8}),
+        encode_dbn(msgs, schema="ohlcv-1m", start_ns=start, end_ns=end, symbols={"A": 3, "B": 8}),
     )
     whole = read_bars(path, "1m").bars
     monkeypatch.setattr(reader, "DECODE_CHUNK_RECORDS", 5)
@@ -237,7 +242,7 @@ def test_quote_book_decoded_in_small_chunks(tmp_path: Path, monkeypatch: pytest.
     )
     path = write_dbn(
         tmp_path / "q.dbn.zst",
-        encode_dbn(trade_messages(rows, "mbp-1"), schema="mbp-1", start_ns=base, end_ns=base + 1),
+        encode_dbn(trade_messages(rows, "mbp-1"), schema="mbp-1", start_ns=base, end_ns=base + 5 * MINUTE_NS),
     )
     whole = read_bars(path, "1m").bars
     monkeypatch.setattr(reader, "DECODE_CHUNK_RECORDS", 7)
@@ -271,17 +276,19 @@ def test_undef_price_and_undef_timestamp(tmp_path: Path, caplog: pytest.LogCaptu
 
 
 def test_symbol_follows_mapping_intervals(tmp_path: Path) -> None:
-    """An instrument_id re-used for another symbol on a later day (e.g. a roll) maps per UTC date."""
-    day1 = dt.datetime(2024, 3, 1, 23, 0, tzinfo=dt.UTC)
+    """An instrument_id re-used for another symbol on a later day (e.g. a roll) maps per UTC date, as
+    Databento's mappings do, whatever the trading day (here one CME session spans both UTC dates)."""
+    day1 = dt.datetime(2024, 3, 5, 23, 0, tzinfo=dt.UTC)  # 17:00 CST, the session open of Wednesday
     bars = random_walk_bars(120, {9: 50.0}, start=day1, seed=3, gap_probability=0.0)  # 23:00 → 00:59
     mappings = [
-        SymbolMapping("OLD", [MappingInterval(dt.date(2024, 3, 1), dt.date(2024, 3, 2), "9")]),
-        SymbolMapping("NEW", [MappingInterval(dt.date(2024, 3, 2), dt.date(2024, 3, 3), "9")]),
+        SymbolMapping("OLD", [MappingInterval(dt.date(2024, 3, 5), dt.date(2024, 3, 6), "9")]),
+        SymbolMapping("NEW", [MappingInterval(dt.date(2024, 3, 6), dt.date(2024, 3, 7), "9")]),
     ]
     path = _ohlcv_file(tmp_path, bars, mappings=mappings)
     out = read_bars(path, "1m").bars
-    by_day = out.group_by("trading_day").agg(pl.col("symbol").unique()).sort("trading_day")
+    by_day = out.group_by(pl.col("ts_event").dt.date()).agg(pl.col("symbol").unique()).sort("ts_event")
     assert by_day["symbol"].to_list() == [["OLD"], ["NEW"]]
+    assert out["trading_day"].unique().to_list() == [dt.date(2024, 3, 6)]
 
 
 def test_coarser_bars_from_ohlcv_and_bar_size_errors(tmp_path: Path) -> None:

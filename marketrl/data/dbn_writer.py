@@ -77,7 +77,8 @@ def encode_dbn(
         mappings=list(mappings),
     )
     payload = bytes(metadata) + b"".join(bytes(m) for m in messages)
-    return zstandard.ZstdCompressor(level=3).compress(payload) if compress else payload
+    # With a content checksum, as Databento writes its files: zstd then rejects corrupted bytes while decoding.
+    return zstandard.ZstdCompressor(level=3, write_checksum=True).compress(payload) if compress else payload
 
 
 def write_dbn(path: str | Path, data: bytes) -> Path:

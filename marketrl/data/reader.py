@@ -24,13 +24,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import overload
+from typing import Any, overload
 
 import databento
 import databento_dbn
@@ -38,17 +40,25 @@ import numpy as np
 import polars as pl
 from databento.common.error import BentoWarning
 
+from marketrl.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
+
 __all__ = [
     "BOOK_COLUMNS",
+    "DBN_SUFFIXES",
+    "DEFAULT_MAX_PRICE_JUMP",
     "OHLCV_SCHEMAS",
     "QUOTE_SCHEMAS",
     "SUPPORTED_SCHEMAS",
     "TRADE_SCHEMAS",
     "BarFile",
+    "DataConfigError",
     "DataFileError",
+    "check_price_jumps",
     "chunked_like",
+    "dbn_stem",
     "parse_bar_size",
     "read_bars",
+    "time_ordered",
 ]
 
 log = logging.getLogger(__name__)
@@ -94,6 +104,10 @@ class DataFileError(ValueError):
         self.fault = fault
 
 
+class DataConfigError(DataFileError):
+    """A file that the configuration cannot read (e.g. no session calendar for its dataset): never skipped."""
+
+
 @dataclass(frozen=True)
 class BarFile:
     """Time bars decoded from one file, sorted by (instrument_id, ts_event)."""
@@ -107,6 +121,8 @@ class BarFile:
     bar_ns: int
     records: int
     dropped_undef_ts: int
+    dropped_outside_session: int = 0  # bars in the daily halt or on a weekend trading day (marketrl.sessions)
+    calendar: SessionCalendar | None = None
 
     @property
     def has_book(self) -> bool:
@@ -234,7 +250,7 @@ def _open_dbn(path: Path) -> _OpenedFile:
     except BentoWarning as exc:
         raise DataFileError(path, f"truncated DBN data ({exc})") from exc
     except Exception as exc:  # databento/zstd raise many types for garbage input; one message for all
-        raise DataFileError(path, f"not a valid DBN stream ({_first_line(exc)})") from exc
+        raise DataFileError(path, _decode_fault(exc)) from exc
     if schema is None:
         raise DataFileError(path, "mixed-schema file (metadata schema is None, e.g. a live stream)")
     if str(schema) not in SUPPORTED_SCHEMAS:
@@ -246,6 +262,16 @@ def _open_dbn(path: Path) -> _OpenedFile:
 
 def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _decode_fault(exc: Exception) -> str:
+    """What a decoding failure means: zstd's own corruption and checksum errors are named as such."""
+    reason = _first_line(exc)
+    if "checksum" in reason.lower():
+        return f"corrupt zstd data: frame content checksum mismatch ({reason})"
+    if "zstd" in reason.lower() or "corruption" in reason.lower():
+        return f"corrupt zstd data ({reason})"
+    return f"not a valid DBN stream ({reason})"
 
 
 def _record_chunks(opened: _OpenedFile) -> Iterator[np.ndarray]:
@@ -264,7 +290,7 @@ def _record_chunks(opened: _OpenedFile) -> Iterator[np.ndarray]:
         except BentoWarning as exc:
             raise DataFileError(path, f"truncated DBN data ({exc})") from exc
         except Exception as exc:  # databento/zstd raise many types for garbage input; one message for all
-            raise DataFileError(path, f"not a valid DBN stream ({_first_line(exc)})") from exc
+            raise DataFileError(path, _decode_fault(exc)) from exc
         _check_record_types(chunk, opened.schema, path)
         yield chunk
 
@@ -360,6 +386,7 @@ class _ByInstrument:
     def __init__(self) -> None:
         self._pieces: dict[int, list[pl.DataFrame]] = {}
         self._empty: pl.DataFrame | None = None
+        self.resorted: list[tuple[int, Any]] = []  # (instrument_id, first ts out of order) of resorted ones
 
     def add(self, frame: pl.DataFrame) -> None:
         if self._empty is None:
@@ -379,6 +406,8 @@ class _ByInstrument:
         for instrument_id in sorted(self._pieces):
             rows = pl.concat(self._pieces.pop(instrument_id), how="vertical", rechunk=False)
             if not rows["ts_event"].is_sorted():
+                backwards = rows["ts_event"] < rows["ts_event"].shift(1)
+                self.resorted.append((instrument_id, rows["ts_event"].filter(backwards)[0]))
                 rows = rows.sort("ts_event", maintain_order=True)
             instruments.append(rows)
         if not instruments:
@@ -485,33 +514,30 @@ def chunked_like(series: pl.Series, like: pl.Series) -> pl.Series:
 
 
 def _attach_symbols(bars: pl.DataFrame, metadata: databento_dbn.Metadata) -> pl.DataFrame:
-    """Add ``trading_day`` and ``symbol`` by (instrument_id, UTC date) interval lookup; unmapped → str(id).
+    """Add ``symbol`` by (instrument_id, UTC date) interval lookup (Databento's mappings are by UTC date);
+    unmapped → str(id).
 
-    ``bars`` are sorted by (instrument_id, ts_event), so each (instrument, day) is one run of rows: the lookup
-    runs once per run and its result is spread over the run's rows.
+    ``bars`` are sorted by (instrument_id, ts_event), so each (instrument, UTC day) is one run of rows: the
+    lookup runs once per run and its result is spread over the run's rows.
     """
     # Date is days since the epoch: integer division of the UTC nanoseconds is that, without calendar work.
-    day = (pl.col("ts_event").cast(pl.Int64) // NS_PER_DAY).cast(pl.Int32).cast(pl.Date)
-    bars = bars.with_columns(day.alias("trading_day"))
+    utc_day = (pl.col("ts_event").cast(pl.Int64) // NS_PER_DAY).cast(pl.Int32).cast(pl.Date)
     new_run = bars.select(
         (
-            (pl.col("instrument_id") != pl.col("instrument_id").shift(1))
-            | (pl.col("trading_day") != pl.col("trading_day").shift(1))
+            (pl.col("instrument_id") != pl.col("instrument_id").shift(1)) | (utc_day != utc_day.shift(1))
         ).fill_null(True)
     ).to_series()
-    runs = bars.select("instrument_id", "trading_day").filter(new_run)
+    runs = bars.select("instrument_id", utc_day.alias("utc_day")).filter(new_run)
     mapping = _symbol_map(metadata)
     resolved = (
         runs.join(mapping, on="instrument_id", how="left")
-        .filter(
-            pl.col("symbol").is_null() | pl.col("trading_day").is_between("start_date", "end_date", "left")
-        )
-        .sort("instrument_id", "trading_day", "symbol", nulls_last=True)
-        .unique(["instrument_id", "trading_day"], keep="first")
-        .select("instrument_id", "trading_day", "symbol")
+        .filter(pl.col("symbol").is_null() | pl.col("utc_day").is_between("start_date", "end_date", "left"))
+        .sort("instrument_id", "utc_day", "symbol", nulls_last=True)
+        .unique(["instrument_id", "utc_day"], keep="first")
+        .select("instrument_id", "utc_day", "symbol")
     )
     run_symbols = (
-        runs.join(resolved, on=["instrument_id", "trading_day"], how="left", maintain_order="left")
+        runs.join(resolved, on=["instrument_id", "utc_day"], how="left", maintain_order="left")
         .select(pl.col("symbol").fill_null(pl.col("instrument_id").cast(pl.String)))
         .to_series()
     )
@@ -535,13 +561,112 @@ def _collect_rows(opened: _OpenedFile) -> tuple[_ByInstrument, _ByInstrument, in
     return main, book, records, dropped
 
 
-def read_bars(path: str | Path, bar_size: str = "1m") -> BarFile:
-    """Decode one DBN file into time bars of ``bar_size``.
+DBN_SUFFIXES = (".dbn.zst", ".dbn")
 
-    Columns: ``ts_event`` (Datetime ns UTC, bar open), ``trading_day`` (UTC date), ``instrument_id`` (UInt32),
-    ``symbol``, ``open``/``high``/``low``/``close``/``volume`` (Float64), plus ``bid_px``/``ask_px``/``bid_sz``/
-    ``ask_sz`` (last top of book in the bar, may be null) for quote schemas. Sorted by (instrument_id, ts_event).
+
+def dbn_stem(path: str | Path) -> str:
+    """A DBN file's name without ``.dbn.zst`` or ``.dbn`` (ValueError for any other name)."""
+    name = Path(path).name
+    for suffix in DBN_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    raise ValueError(f"{path}: expected a Databento file ending in {' or '.join(DBN_SUFFIXES)}")
+
+
+def time_ordered(paths: list[str | Path]) -> list[Path]:
+    """``paths`` sorted by their header's start time (then name): the order in which each file's predecessor
+    is its features' context (``prev_src``), whatever the file names. Reads only the headers."""
+
+    def start(path: Path) -> int:
+        try:
+            return int(databento.DBNStore.from_file(path).metadata.start)
+        except Exception as exc:  # one line for every unreadable header
+            raise DataFileError(path, _decode_fault(exc)) from exc
+
+    return sorted((Path(p) for p in paths), key=lambda p: (start(p), p.name))
+
+
+# Consecutive prices of one instrument more than this factor apart are a scale error (or a corrupt record), not
+# a market move: ``data.max_price_jump``.
+DEFAULT_MAX_PRICE_JUMP = 10.0
+
+
+def _check_timestamps(frame: pl.DataFrame, opened: _OpenedFile) -> None:
+    """Every record's ts_event lies inside the header's [start, end) (OHLCV bars may open up to one bar before
+    start). A corrupt frame or a wrong clock shows up here as records far outside the requested range."""
+    metadata, path = opened.metadata, opened.path
+    if frame.height == 0:
+        return
+    slack = OHLCV_SCHEMAS.get(opened.schema, 0)
+    start, end = int(metadata.start), metadata.end
+    ts = frame["ts_event"].cast(pl.Int64)
+    first, last = int(ts.min()), int(ts.max())  # type: ignore[arg-type]
+    undefined_end = end is None or int(end) == databento_dbn.UNDEF_TIMESTAMP
+    if first < start - slack or (not undefined_end and last >= int(end)):
+        bad = first if first < start - slack else last
+        raise DataFileError(
+            path,
+            f"record timestamp {_iso(bad)} outside the header's range [{_iso(start)}, "
+            f"{'open' if undefined_end else _iso(int(end))}) (corrupt data or a wrong clock)",
+        )
+
+
+def _iso(ts_ns: int) -> str:
+    seconds, ns = divmod(ts_ns, NS_PER_SECOND)
+    return f"{datetime.fromtimestamp(seconds, tz=UTC).strftime('%Y-%m-%dT%H:%M:%S')}.{ns:09d}Z"
+
+
+def check_price_jumps(bars: pl.DataFrame, path: Path, max_jump: float) -> None:
+    """Fail when one instrument's price moves by more than a factor ``max_jump`` from one bar to the next
+    (open against the previous close) or within one bar (high against low). ``bars`` sorted by instrument."""
+    if bars.height == 0 or max_jump <= 0:
+        return
+    same = pl.col("instrument_id") == pl.col("instrument_id").shift(1)
+    step = (pl.col("open") / pl.col("close").shift(1)).log().abs()
+    within = (pl.col("high") / pl.col("low")).log().abs()
+    limit = math.log(max_jump)
+    # Non-positive prices are reported as such by the features stage, not as a jump.
+    positive = pl.min_horizontal("open", "high", "low", "close") > 0
+    jumped = (same & (pl.col("close").shift(1) > 0) & (step > limit)).fill_null(False)
+    bad = (jumped | (within > limit)) & positive
+    if not bars.select(bad.any()).item():
+        return
+    row = bars.with_columns(pl.col("close").shift(1).alias("_prev_close")).filter(bad).row(0, named=True)
+    same_bar = row["high"] / row["low"] > max_jump
+    seen = f"high {row['high']} vs low {row['low']}" if same_bar else f"{row['_prev_close']} -> {row['open']}"
+    raise DataFileError(
+        path,
+        f"price of {row['symbol']} ({row['instrument_id']}) jumps more than {max_jump:g}x at {row['ts_event']} "
+        f"({seen}): a price-scale error or corrupt record (limit: data.max_price_jump)",
+    )
+
+
+def _check_instrument_order(main: _ByInstrument, path: Path) -> None:
+    """OHLCV records of one instrument must come in time order (tick records are ordered by ts_recv, so their
+    ts_event may step back a little: those are sorted, not rejected). Call after ``main.take()``."""
+    if main.resorted:
+        instrument_id, ts = main.resorted[0]
+        raise DataFileError(path, f"bars of instrument {instrument_id} out of time order at {ts}")
+
+
+def read_bars(
+    path: str | Path,
+    bar_size: str = "1m",
+    *,
+    session: SessionCalendar | Mapping[str, Any] | None = None,
+    max_price_jump: float = DEFAULT_MAX_PRICE_JUMP,
+) -> BarFile:
+    """Decode one DBN file (``.dbn.zst`` or uncompressed ``.dbn``) into time bars of ``bar_size``.
+
+    Columns: ``ts_event`` (Datetime ns UTC, bar open), ``trading_day`` (the exchange session date, from
+    ``session`` or the dataset's default calendar, marketrl.sessions), ``instrument_id`` (UInt32), ``symbol``,
+    ``open``/``high``/``low``/``close``/``volume`` (Float64), plus ``bid_px``/``ask_px``/``bid_sz``/``ask_sz``
+    (last top of book in the bar, may be null) for quote schemas. Sorted by (instrument_id, ts_event). Bars
+    outside every session (the daily halt, weekend days) are dropped and counted (``dropped_outside_session``).
     The records are decoded in chunks, each reduced to the columns the bars need before the next is decoded.
+
+    Sanity checks, each a ``DataFileError``: timestamps inside the header's range, OHLCV bars in time order per
+    instrument, no price jump larger than ``max_price_jump`` (0 disables it) between consecutive bars.
     """
     try:
         bar_ns = parse_bar_size(bar_size)
@@ -551,19 +676,31 @@ def read_bars(path: str | Path, bar_size: str = "1m") -> BarFile:
     schema, is_ohlcv, has_book = opened.schema, opened.schema in OHLCV_SCHEMAS, opened.schema in QUOTE_SCHEMAS
     path, metadata, sha256 = opened.path, opened.metadata, opened.sha256
     main, book, records, dropped = _collect_rows(opened)
-    del opened  # nothing of the file is needed any more
     if records == 0:
         raise DataFileError(path, f"no records (header-only {schema} file)")
     if dropped:
         log.warning("%s: dropped %d record(s) with undefined ts_event", path, dropped)
     if records == dropped:
         raise DataFileError(path, f"no records with a defined ts_event ({dropped} undefined)")
+    try:
+        calendar = calendar_for(str(metadata.dataset), session)
+    except SessionConfigError as exc:
+        raise DataConfigError(path, str(exc)) from exc
+    rows = main.take()
+    _check_timestamps(rows, opened)
+    del opened  # nothing of the file is needed any more
     if is_ohlcv:  # after decoding, so that a broken file is reported as such whatever the bar size
+        _check_instrument_order(main, path)
         _check_ohlcv_bar_size(schema, bar_ns, path)
-        bars = _bars_from_ohlcv(main.take(), schema, bar_ns)
+        bars = _bars_from_ohlcv(rows, schema, bar_ns)
     else:
-        bars = _bars_from_trades(main.take(), book.take() if has_book else None, bar_ns)
+        bars = _bars_from_trades(rows, book.take() if has_book else None, bar_ns)
+    del rows
     bars = _attach_symbols(bars, metadata)
+    check_price_jumps(bars, path, max_price_jump)
+    bars, outside = session_frame(bars, calendar, daily_bars=bar_ns == NS_PER_DAY)
+    if outside:
+        log.info("%s: dropped %d bar(s) outside the %s session", path, outside, calendar.timezone)
     columns = ["ts_event", "trading_day", "instrument_id", "symbol", "open", "high", "low", "close", "volume"]
     if has_book:
         columns += list(BOOK_COLUMNS)
@@ -578,4 +715,6 @@ def read_bars(path: str | Path, bar_size: str = "1m") -> BarFile:
         bar_ns=bar_ns,
         records=records,
         dropped_undef_ts=dropped,
+        dropped_outside_session=outside,
+        calendar=calendar,
     )

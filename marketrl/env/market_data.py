@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from marketrl.costs import CostModel
+from marketrl.costs import CostConfigError, CostModel, InstrumentCosts
 from marketrl.env.config import DEFAULT_MAX_GAP, EnvDataError, FillMode
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class MarketData:
         df: pl.DataFrame,
         feature_names: Sequence[str],
         normalizer: FeatureNormalizer,
-        cost_model: CostModel | Mapping[str, CostModel],
+        cost_model: CostModel | InstrumentCosts | Mapping[str, CostModel],
         device: torch.device | str = "cpu",
         *,
         max_gap: timedelta | None = DEFAULT_MAX_GAP,
@@ -88,7 +88,7 @@ class MarketData:
         """Validate a polars feature table and build every tensor the environment needs, once, on `device`.
 
         `normalizer` must be fitted on the training split (pass the same one for validation/test splits);
-        `cost_model` is one model or one per symbol.
+        `cost_model` is one model, one per symbol root (`InstrumentCosts`) or one per symbol.
         """
         from marketrl.env import frames  # polars is needed only here, for reading a frame
 
@@ -118,7 +118,7 @@ class MarketData:
         closes: np.ndarray,
         instrument_id: np.ndarray,
         ts_event_ns: np.ndarray,
-        cost_model: CostModel | Mapping[str, CostModel],
+        cost_model: CostModel | InstrumentCosts | Mapping[str, CostModel],
         device: torch.device | str = "cpu",
         symbols: np.ndarray | None = None,
         feature_names: Sequence[str] | None = None,
@@ -312,18 +312,28 @@ def _weekday_time_ns(epoch_ns: np.ndarray) -> np.ndarray:
 
 
 def cost_fractions(
-    cost_model: CostModel | Mapping[str, CostModel], prices: np.ndarray, symbols: np.ndarray | None
+    cost_model: CostModel | InstrumentCosts | Mapping[str, CostModel],
+    prices: np.ndarray,
+    symbols: np.ndarray | None,
 ) -> np.ndarray:
-    """Cost per unit of |Δposition| as a fraction of notional at `prices`, from one model or one per symbol."""
+    """Cost per unit of |Δposition| as a fraction of notional at `prices`, from one model, one per symbol root
+    (`InstrumentCosts`: each row priced with its own contract's spec) or one per symbol."""
     if isinstance(cost_model, CostModel):
         return np.asarray(cost_model.cost_fraction(prices), dtype=np.float64)
     if symbols is None:
-        raise EnvDataError("costs: a cost model per symbol needs the symbol of every row")
+        raise EnvDataError("costs: a cost model per instrument needs the symbol of every row")
     symbols = np.asarray(symbols)
     out = np.empty(len(prices), dtype=np.float64)
     for symbol in np.unique(symbols):
-        if symbol not in cost_model:
+        if isinstance(cost_model, InstrumentCosts):
+            try:
+                model = cost_model.for_symbol(str(symbol))
+            except CostConfigError as exc:
+                raise EnvDataError(str(exc)) from None
+        elif symbol in cost_model:
+            model = cost_model[symbol]
+        else:
             raise EnvDataError(f"costs: no cost model for symbol {symbol!r}")
         mask = symbols == symbol
-        out[mask] = cost_model[symbol].cost_fraction(prices[mask])
+        out[mask] = model.cost_fraction(prices[mask])
     return out

@@ -1,0 +1,217 @@
+"""Sanity checks on decoded data (corrupt frames, impossible timestamps, price-scale jumps, record order), the
+data.on_bad_file decision, uncompressed .dbn files and daily bars."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import zstandard
+from polars.testing import assert_frame_equal
+
+from marketrl.data.dbn_writer import encode_dbn, write_dbn
+from marketrl.data.reader import DataFileError, dbn_stem, read_bars, time_ordered
+from marketrl.datasets import write_feature_manifest
+from marketrl.features import (
+    FEATURE_NAMES,
+    MAX_LOOKBACK,
+    build_feature_file,
+    feature_options,
+    skipped_reason,
+)
+from tests.support.synthetic import ohlcv_messages, random_walk_bars, trade_messages
+
+MINUTE_NS = 60_000_000_000
+DAY_NS = 86_400 * 10**9
+HOLIDAY_MBO = "nautilus_trader/esh4-glbx-mdp3-20231224.mbo.dbn.zst"  # Christmas Eve 2023: no trades
+
+
+def _span(bars: pl.DataFrame) -> dict[str, int]:
+    ts = bars["ts_event"].cast(pl.Int64)
+    return {"start_ns": int(ts.min()), "end_ns": int(ts.max()) + 1}
+
+
+def _ohlcv_file(path: Path, bars: pl.DataFrame, *, compress: bool = True) -> Path:
+    data = encode_dbn(
+        ohlcv_messages(bars), schema="ohlcv-1m", symbols={"ESH4": 7}, compress=compress, **_span(bars)
+    )
+    return write_dbn(path, data)
+
+
+def _day(first_utc: dt.datetime, seed: int, scale: float = 1.0) -> pl.DataFrame:
+    bars = random_walk_bars(300, {7: 4000.0}, start=first_utc, seed=seed, gap_probability=0.0)
+    return bars.with_columns(pl.col("open", "high", "low", "close") * scale)
+
+
+MONDAY = dt.datetime(2024, 3, 4, 0, 0, tzinfo=dt.UTC)
+TUESDAY = MONDAY + dt.timedelta(days=1)
+
+
+def test_corrupted_bytes_in_a_zstd_file_are_a_one_line_error(tmp_path: Path) -> None:
+    good = _ohlcv_file(tmp_path / "good.dbn.zst", random_walk_bars(1300, {7: 4000.0, 9: 15000.0}, seed=1))
+    data = bytearray(good.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = np.random.default_rng(3).integers(0, 256, 64, dtype=np.uint8).tobytes()
+    bad = write_dbn(tmp_path / "bad.dbn.zst", bytes(data))
+    with pytest.raises(DataFileError, match="corrupt zstd data") as info:
+        read_bars(bad)
+    assert "\n" not in str(info.value) and "bad.dbn.zst" in str(info.value)
+    dst = tmp_path / "out.parquet"
+    with pytest.raises(DataFileError):
+        build_feature_file(bad, dst)
+    assert not dst.exists()
+
+
+def test_flipped_bits_in_a_checksummed_frame_fail_the_checksum(tmp_path: Path) -> None:
+    good = _ohlcv_file(tmp_path / "good.dbn.zst", random_walk_bars(1300, {7: 4000.0}, seed=2))
+    raw = zstandard.ZstdDecompressor().stream_reader(good.read_bytes()).read()
+    data = bytearray(zstandard.ZstdCompressor(level=3, write_checksum=True).compress(raw))
+    at = int(len(data) * 0.9)  # inside literals: the frame still decodes, only the checksum tells
+    data[at : at + 64] = bytes(byte ^ 1 for byte in data[at : at + 64])
+    with pytest.raises(DataFileError, match="corrupt zstd data"):
+        read_bars(write_dbn(tmp_path / "flipped.dbn.zst", bytes(data)))
+
+
+def test_trades_stamped_1970_are_outside_the_header_range(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    base = int(MONDAY.timestamp()) * 10**9 + 14 * 3600 * 10**9
+    ts = base + np.sort(rng.integers(0, 60 * MINUTE_NS, 400))
+    ts[:5] = np.arange(5)  # 1970-01-01T00:00:00.000000000..4
+    trades = pl.DataFrame({"ts_event": ts, "instrument_id": [7] * 400, "price": 4000.25, "size": 1})
+    data = encode_dbn(trade_messages(trades), schema="trades", start_ns=base, end_ns=base + 3600 * 10**9)
+    path = write_dbn(tmp_path / "epoch.trades.dbn.zst", data)
+    with pytest.raises(
+        DataFileError, match=r"record timestamp 1970-01-01T00:00:00\.000000000Z outside"
+    ) as info:
+        read_bars(path)
+    assert "\n" not in str(info.value)
+
+
+def test_ohlcv_records_out_of_time_order_are_an_error(tmp_path: Path) -> None:
+    bars = random_walk_bars(60, {3: 100.0}, seed=9, gap_probability=0.0)
+    msgs = ohlcv_messages(bars)
+    msgs[10], msgs[40] = msgs[40], msgs[10]
+    data = encode_dbn(msgs, schema="ohlcv-1m", **_span(bars))
+    with pytest.raises(DataFileError, match="bars of instrument 3 out of time order"):
+        read_bars(write_dbn(tmp_path / "order.dbn.zst", data))
+
+
+def test_a_price_jump_inside_a_file_is_an_error_unless_disabled(tmp_path: Path) -> None:
+    bars = _day(MONDAY, seed=4)
+    row = pl.int_range(pl.len()) == 150
+    spiked = bars.with_columns(
+        pl.when(row).then(pl.col(c) * 100).otherwise(pl.col(c)) for c in ("open", "high", "low", "close")
+    )
+    path = _ohlcv_file(tmp_path / "spike.dbn.zst", spiked)
+    with pytest.raises(DataFileError, match=r"ESH4 \(7\) jumps more than 10x.*data\.max_price_jump"):
+        read_bars(path)
+    assert read_bars(path, max_price_jump=0).bars.height == 300
+    assert read_bars(path, max_price_jump=1000).bars.height == 300
+    # A bad print inside the very first bar (high 50x its low) is caught too.
+    first_wide = bars.with_columns(
+        pl.when(pl.int_range(pl.len()) == 0).then(pl.col("low") / 50).otherwise(pl.col("low"))
+    )
+    with pytest.raises(DataFileError, match=r"jumps more than 10x .*\(high .* vs low"):
+        read_bars(_ohlcv_file(tmp_path / "wide.dbn.zst", first_wide))
+
+
+def test_a_price_scale_change_between_files_is_an_error_or_a_skip(tmp_path: Path) -> None:
+    monday = _ohlcv_file(tmp_path / "mon.dbn.zst", _day(MONDAY, seed=6))
+    tuesday = _ohlcv_file(tmp_path / "tue.dbn.zst", _day(TUESDAY, seed=7, scale=0.01))  # prices /100
+    dst = tmp_path / "tue.parquet"
+    with pytest.raises(
+        DataFileError, match=r"tue\.dbn\.zst: .*from the previous file mon\.dbn\.zst.*price-scale"
+    ):
+        build_feature_file(tuesday, dst, prev_src=monday)
+    assert not dst.exists()
+    summary = build_feature_file(tuesday, dst, prev_src=monday, on_bad_file="skip")
+    assert summary["rows"] == 0 and "price-scale change" in summary["skipped"]
+    table = pl.read_parquet(dst)
+    assert table.height == 0 and table.columns[-len(FEATURE_NAMES) :] == list(FEATURE_NAMES)
+    assert skipped_reason(dst) == summary["skipped"]
+    manifest = write_feature_manifest([dst], tmp_path / "manifest.json")
+    assert manifest["files"][0]["skipped"] == summary["skipped"] and manifest["files"][0]["rows"] == 0
+    # The same day at the right scale has no reason to be skipped.
+    same_scale = _ohlcv_file(tmp_path / "tue1.dbn.zst", _day(TUESDAY, seed=7))
+    assert build_feature_file(same_scale, tmp_path / "ok.parquet", prev_src=monday)["skipped"] is None
+    assert skipped_reason(tmp_path / "ok.parquet") is None
+
+
+def test_a_holiday_file_is_an_error_naming_the_key_or_skipped_with_a_note(
+    tmp_path: Path, dbn_samples: Path
+) -> None:
+    holiday, dst = dbn_samples / HOLIDAY_MBO, tmp_path / "holiday.parquet"
+    with pytest.raises(DataFileError, match=r"no tradable bars.*set data\.on_bad_file: skip"):
+        build_feature_file(holiday, dst, bar_size="1m")
+    summary = build_feature_file(holiday, dst, bar_size="1m", on_bad_file="skip")
+    assert summary["skipped"].startswith("no tradable bars") and "on_bad_file" not in summary["skipped"]
+    assert pl.read_parquet(dst).height == 0 and skipped_reason(dst) == summary["skipped"]
+
+
+def test_an_unusable_previous_file_only_loses_the_context_under_skip(tmp_path: Path) -> None:
+    broken_prev = write_dbn(tmp_path / "mon.dbn.zst", b"\x28\xb5\x2f\xfd garbage")
+    tuesday = _ohlcv_file(tmp_path / "tue.dbn.zst", _day(TUESDAY, seed=8))
+    with pytest.raises(DataFileError, match=r"mon\.dbn\.zst"):
+        build_feature_file(tuesday, tmp_path / "a.parquet", prev_src=broken_prev)
+    summary = build_feature_file(tuesday, tmp_path / "a.parquet", prev_src=broken_prev, on_bad_file="skip")
+    assert summary["rows"] == 300 - MAX_LOOKBACK and summary["prev_sha256"] is None
+
+
+def test_feature_options_from_the_data_config() -> None:
+    data = {
+        "bar_size": "5m",
+        "session": {"timezone": "UTC", "open": "00:00"},
+        "max_price_jump": 5,
+        "on_bad_file": "skip",
+    }
+    assert feature_options(data) == {
+        "bar_size": "5m",
+        "session": {"timezone": "UTC", "open": "00:00"},
+        "max_price_jump": 5.0,
+        "on_bad_file": "skip",
+    }
+    assert feature_options({"session": {}}) == {}
+    with pytest.raises(ValueError, match=r"data\.on_bad_file"):
+        feature_options({"on_bad_file": "ignore"})
+
+
+def test_uncompressed_dbn_decodes_like_zstd(tmp_path: Path) -> None:
+    bars = _day(MONDAY, seed=10)
+    packed = read_bars(_ohlcv_file(tmp_path / "d.dbn.zst", bars))
+    plain = read_bars(_ohlcv_file(tmp_path / "d.dbn", bars, compress=False))
+    assert_frame_equal(plain.bars, packed.bars)
+    summary = build_feature_file(tmp_path / "d.dbn", tmp_path / "d.parquet")
+    assert summary["rows"] == 300 - MAX_LOOKBACK
+
+
+def test_daily_bars_from_an_ohlcv_1d_file(tmp_path: Path) -> None:
+    start = dt.datetime(2023, 1, 2, tzinfo=dt.UTC)
+    bars = random_walk_bars(400, {7: 4000.0}, start=start, bar_ns=DAY_NS, seed=11, gap_probability=0.0)
+    weekday = pl.col("ts_event").cast(pl.Datetime("ns", "UTC")).dt.weekday() <= 5
+    bars = bars.filter(weekday)
+    data = encode_dbn(
+        ohlcv_messages(bars, "ohlcv-1d"), schema="ohlcv-1d", symbols={"ES.c.0": 7}, **_span(bars)
+    )
+    path = write_dbn(tmp_path / "es.ohlcv-1d.dbn.zst", data)
+    daily = read_bars(path, "1d")
+    assert daily.bars.height == bars.height and daily.dropped_outside_session == 0
+    assert daily.bars["trading_day"].to_list() == daily.bars["ts_event"].dt.date().to_list()
+    with pytest.raises(DataFileError, match="cannot be built from ohlcv-1d"):
+        read_bars(path, "1h")
+    summary = build_feature_file(path, tmp_path / "es.parquet", bar_size="1d")
+    assert summary["rows"] == bars.height - MAX_LOOKBACK
+
+
+def test_files_are_ordered_by_their_header_start_and_both_suffixes_have_stems(tmp_path: Path) -> None:
+    # Names that sort the wrong way: the order must come from the headers.
+    late = _ohlcv_file(tmp_path / "a-late.dbn", _day(TUESDAY, seed=12), compress=False)
+    early = _ohlcv_file(tmp_path / "b-early.dbn.zst", _day(MONDAY, seed=13))
+    assert time_ordered([late, early]) == [early, late]
+    assert [dbn_stem(p) for p in (late, early)] == ["a-late", "b-early"]
+    with pytest.raises(ValueError, match=r"\.dbn\.zst or \.dbn"):
+        dbn_stem("prices.csv")
+    with pytest.raises(DataFileError, match=r"junk\.dbn"):
+        time_ordered([write_dbn(tmp_path / "junk.dbn", b"DBN junk")])
