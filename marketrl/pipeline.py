@@ -12,6 +12,7 @@ from typing import Any
 
 from marketrl import paths
 from marketrl.config import ConfigError
+from marketrl.dbn_files import DbnHeaderError, dbn_stem, time_ordered
 
 DBN_SUFFIX = ".dbn.zst"
 
@@ -55,15 +56,15 @@ def databento_files(config: dict[str, Any]) -> list[str]:
 
 
 def file_stem(path: str) -> str:
-    """Name of a DBN file without directory and .dbn.zst suffix (the features' wildcard)."""
-    name = Path(path).name
-    if not name.endswith(DBN_SUFFIX):
-        raise ConfigError(f"{path}: expected a Databento file ending in {DBN_SUFFIX}")
-    return name[: -len(DBN_SUFFIX)]
+    """Name of a DBN file without directory and .dbn.zst / .dbn suffix (the features' wildcard)."""
+    try:
+        return dbn_stem(path)
+    except DbnHeaderError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def raw_data_files(config: dict[str, Any]) -> dict[str, str]:
-    """Every input DBN file keyed by its stem, in time order (file names sort by date)."""
+    """Every input DBN file keyed by its stem, in time order (header start; the demo and download names are dates)."""
     source = config["data"]["source"]
     if source == "demo":
         paths = demo_files(config)
@@ -75,9 +76,13 @@ def raw_data_files(config: dict[str, Any]) -> dict[str, str]:
             raise ConfigError(
                 "config key 'data.files': empty glob; data.source=files needs a glob of .dbn.zst files"
             )
-        paths = sorted(glob.glob(pattern, recursive=True))
-        if not paths:
+        matched = glob.glob(pattern, recursive=True)
+        if not matched:
             raise ConfigError(f"config key 'data.files': glob {pattern!r} matched no files")
+        try:
+            paths = [str(p) for p in time_ordered(matched)]  # by the data's time, not the names
+        except DbnHeaderError as exc:
+            raise ConfigError(f"config key 'data.files': {exc}") from None
     files: dict[str, str] = {}
     for path in paths:
         stem = file_stem(path)

@@ -26,7 +26,15 @@ CODE_PACKAGES = (
 
 _COSTS = tuple(
     f"costs.{k}"
-    for k in ("bps", "commission_per_contract", "half_spread_ticks", "model", "tick_size", "tick_value")
+    for k in (
+        "bps",
+        "commission_per_contract",
+        "half_spread_ticks",
+        "instruments",
+        "model",
+        "tick_size",
+        "tick_value",
+    )
 )
 _ENV = tuple(f"env.{k}" for k in ("contracts", "episode_length", "fill", "max_gap", "window"))
 _FOLDS = tuple(
@@ -56,7 +64,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "data.databento.stype_in",
         "data.databento.symbols",
     ),
-    "features": ("data.bar_size",),
+    "features": ("data.bar_size", "data.max_price_jump", "data.on_bad_file", "data.session"),
     "feature_manifest": (),
     "folds": _FOLDS,
     "hyperopt_worker": (
@@ -160,10 +168,14 @@ def stage_config(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return sliced
 
 
+# Mappings that a stage reads as one value (their keys are the user's: symbol roots, calendar fields).
+WHOLE_VALUE_KEYS = ("costs.instruments", "data.session")
+
+
 def config_keys(config: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
-    """Every leaf key of a (nested) config as a dotted path."""
+    """Every leaf key of a (nested) config as a dotted path; `WHOLE_VALUE_KEYS` count as leaves."""
     for key, value in config.items():
-        if isinstance(value, Mapping):
+        if isinstance(value, Mapping) and f"{prefix}{key}" not in WHOLE_VALUE_KEYS:
             yield from config_keys(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}"

@@ -12,9 +12,12 @@ import pytest
 import zstandard
 from polars.testing import assert_frame_equal
 
+from marketrl import pipeline
+from marketrl.config import ConfigError, validate_config
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
-from marketrl.data.reader import DataFileError, dbn_stem, read_bars, time_ordered
+from marketrl.data.reader import DataFileError, read_bars
 from marketrl.datasets import write_feature_manifest
+from marketrl.dbn_files import DbnHeaderError, dbn_stem, time_ordered
 from marketrl.features import (
     FEATURE_NAMES,
     MAX_LOOKBACK,
@@ -213,5 +216,17 @@ def test_files_are_ordered_by_their_header_start_and_both_suffixes_have_stems(tm
     assert [dbn_stem(p) for p in (late, early)] == ["a-late", "b-early"]
     with pytest.raises(ValueError, match=r"\.dbn\.zst or \.dbn"):
         dbn_stem("prices.csv")
-    with pytest.raises(DataFileError, match=r"junk\.dbn"):
+    with pytest.raises(DbnHeaderError, match=r"junk\.dbn: not a DBN file"):
         time_ordered([write_dbn(tmp_path / "junk.dbn", b"DBN junk")])
+
+
+def test_the_dag_orders_input_files_by_header_start(tmp_path: Path) -> None:
+    # The workflow's file list (and so each file's lookback predecessor) follows the data, not the names.
+    late = _ohlcv_file(tmp_path / "a-late.dbn", _day(TUESDAY, seed=12), compress=False)
+    early = _ohlcv_file(tmp_path / "b-early.dbn.zst", _day(MONDAY, seed=13))
+    config = validate_config({"data": {"source": "files", "files": str(tmp_path / "*.dbn*")}})
+    assert list(pipeline.raw_data_files(config).values()) == [str(early), str(late)]
+    assert pipeline.previous_file(config, "a-late") == str(early)
+    write_dbn(tmp_path / "c-junk.dbn", b"DBN junk")
+    with pytest.raises(ConfigError, match=r"^config key 'data.files': .*c-junk\.dbn: not a DBN file"):
+        pipeline.raw_data_files(config)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.features import build_feature_file
+from marketrl.features import build_feature_file, feature_options
 from marketrl.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
@@ -13,7 +13,7 @@ with job_context(snakemake.log[0], snakemake.threads):
     summary = build_feature_file(
         Path(snakemake.input.src),
         Path(snakemake.output[0]),
-        bar_size=snakemake.params.config["data"]["bar_size"],
+        **feature_options(snakemake.params.config["data"]),
         prev_src=prev,
     )
     logging.getLogger("marketrl.features").info("wrote %s: %s", snakemake.output[0], summary)

@@ -40,6 +40,7 @@ import numpy as np
 import polars as pl
 from databento.common.error import BentoWarning
 
+from marketrl.dbn_files import DBN_SUFFIXES, dbn_stem, time_ordered
 from marketrl.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
 
 __all__ = [
@@ -559,31 +560,6 @@ def _collect_rows(opened: _OpenedFile) -> tuple[_ByInstrument, _ByInstrument, in
         if has_book:
             book.add(_book_frame(defined))
     return main, book, records, dropped
-
-
-DBN_SUFFIXES = (".dbn.zst", ".dbn")
-
-
-def dbn_stem(path: str | Path) -> str:
-    """A DBN file's name without ``.dbn.zst`` or ``.dbn`` (ValueError for any other name)."""
-    name = Path(path).name
-    for suffix in DBN_SUFFIXES:
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)]
-    raise ValueError(f"{path}: expected a Databento file ending in {' or '.join(DBN_SUFFIXES)}")
-
-
-def time_ordered(paths: list[str | Path]) -> list[Path]:
-    """``paths`` sorted by their header's start time (then name): the order in which each file's predecessor
-    is its features' context (``prev_src``), whatever the file names. Reads only the headers."""
-
-    def start(path: Path) -> int:
-        try:
-            return int(databento.DBNStore.from_file(path).metadata.start)
-        except Exception as exc:  # one line for every unreadable header
-            raise DataFileError(path, _decode_fault(exc)) from exc
-
-    return sorted((Path(p) for p in paths), key=lambda p: (start(p), p.name))
 
 
 # Consecutive prices of one instrument more than this factor apart are a scale error (or a corrupt record), not

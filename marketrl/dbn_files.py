@@ -1,0 +1,79 @@
+"""Databento file names and header start times, without databento or polars.
+
+rules/common.smk orders the input files at every DAG parse, so this reads only the first bytes of each file's
+header (decompressing a few bytes of a zstd frame) instead of opening it with the databento decoder.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+import zstandard
+
+__all__ = ["DBN_SUFFIXES", "DbnHeaderError", "dbn_stem", "header_start_ns", "time_ordered"]
+
+log = logging.getLogger(__name__)
+
+DBN_SUFFIXES = (".dbn.zst", ".dbn")
+_PREFIX = b"DBN"
+# DBN v1-v3 metadata: "DBN", version (u8), length (u32), dataset (16 bytes), schema (u16), start (u64 ns) ...
+_START_OFFSET = 3 + 1 + 4 + 16 + 2
+_HEADER_BYTES = _START_OFFSET + 8
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+class DbnHeaderError(ValueError):
+    """A file's name or header is not that of a Databento DBN file; the message names the file."""
+
+
+def dbn_stem(path: str | os.PathLike[str]) -> str:
+    """A DBN file's name without ``.dbn.zst`` or ``.dbn`` (the features' wildcard)."""
+    name = Path(path).name
+    for suffix in DBN_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    raise DbnHeaderError(f"{path}: expected a Databento file ending in {' or '.join(DBN_SUFFIXES)}")
+
+
+@functools.cache
+def _start_ns(path: str, _mtime_ns: int, _size: int) -> int:
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+        handle.seek(0)
+        if magic == _ZSTD_MAGIC:
+            with zstandard.ZstdDecompressor().stream_reader(handle) as reader:
+                head = reader.read(_HEADER_BYTES)
+        else:
+            head = handle.read(_HEADER_BYTES)
+    if len(head) < _HEADER_BYTES or not head.startswith(_PREFIX):
+        raise DbnHeaderError(f"{path}: not a DBN file (no DBN metadata header)")
+    return struct.unpack_from("<Q", head, _START_OFFSET)[0]
+
+
+def header_start_ns(path: str | os.PathLike[str]) -> int:
+    """The ``start`` of a DBN file's metadata (UTC ns), cached per file version (path, mtime, size)."""
+    try:
+        stat = os.stat(path)
+        return _start_ns(os.fspath(path), stat.st_mtime_ns, stat.st_size)
+    except (OSError, zstandard.ZstdError) as exc:
+        raise DbnHeaderError(f"{path}: cannot read its DBN header: {exc}".splitlines()[0]) from exc
+
+
+def time_ordered(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """``paths`` sorted by their header's start time (then name): the order in which each file's predecessor is
+    its features' lookback context, whatever the names say. A name order that disagrees is logged."""
+    files = [Path(p) for p in paths]
+    ordered = sorted(files, key=lambda p: (header_start_ns(p), p.name))
+    by_name = sorted(files, key=lambda p: p.name)
+    if ordered != by_name:
+        first = next(i for i, (a, b) in enumerate(zip(ordered, by_name, strict=True)) if a != b)
+        log.warning(
+            "input files: name order disagrees with the data's time order (first at %s); using the time order",
+            ordered[first],
+        )
+    return ordered
