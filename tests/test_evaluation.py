@@ -206,7 +206,7 @@ def test_metrics_carry_turnover_matched_random_traders(trained: dict) -> None:
     """metrics.json's matched_random block: one trader per random-baseline seed, trading at the agent's rate of
     position changes, scored on the agent's test days."""
     model = trading_copy(trained["model"])
-    result, out = run_evaluate({**trained, "model": model}, trained["config"], "eval_matched")
+    _, out = run_evaluate({**trained, "model": model}, trained["config"], "eval_matched")
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     block = metrics["matched_random"]
     n_traders = trained["config"]["evaluation"]["random_baseline_seeds"]
