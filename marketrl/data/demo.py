@@ -37,6 +37,7 @@ from marketrl.data.dbn_writer import (
     write_dbn,
 )
 from marketrl.pipeline import demo_file_name, weekdays
+from marketrl.stats import ANNUALIZER
 
 DATASET = "GLBX.MDP3"
 SESSION_BARS = 22 * 60  # 00:00-22:00 UTC, then a two-hour break
@@ -69,7 +70,7 @@ OVERNIGHT_GAP_MINUTES = 120.0  # the gap return over the break has the variance 
 WEEKEND_GAP_MINUTES = 600.0
 QUIET_BAR_DROP = 0.02  # chance that a low-activity bar has no trades (and so no record)
 
-# Planted edge (data.demo.edge > 0): E[r_{t+1} | t] = phi * (r_t + ... + r_{t-14}), calibrated to the oracle's Sharpe.
+# Planted edge (data.demo.edge > 0): E[r_{t+1} | t] = phi · (r_t + ... + r_{t−14}), phi calibrated to the oracle.
 EDGE_LOOKBACK = 15
 #: the costs the edge is calibrated for: config.yaml's default `costs` block (tests check they agree)
 CALIBRATION_COSTS = CostModel(
@@ -78,7 +79,6 @@ CALIBRATION_COSTS = CostModel(
 CALIBRATION_DAYS = 120  # a fixed, seeded sample of the process; calibrating takes about two seconds
 CALIBRATION_SEED = 20240102
 MAX_EDGE = 10.0
-_SESSIONS_PER_YEAR = 252
 
 
 def _intraday_profile() -> np.ndarray:
@@ -169,7 +169,7 @@ def expected_oracle_sharpe(innovations: np.ndarray, volatility: np.ndarray, phi:
     # the bar t -> t+1 belongs to the trading day of t+1; drop day 0 (its first bar has no decision before it)
     day_mean = np.concatenate([[0.0], mean_bar]).reshape(-1, SESSION_BARS)[1:].sum(axis=1)
     day_var = np.concatenate([[0.0], var_bar]).reshape(-1, SESSION_BARS)[1:].sum(axis=1)
-    return math.sqrt(_SESSIONS_PER_YEAR) * day_mean.mean() / math.sqrt(day_mean.var() + day_var.mean())
+    return ANNUALIZER * day_mean.mean() / math.sqrt(day_mean.var() + day_var.mean())
 
 
 @functools.cache
@@ -190,11 +190,11 @@ def edge_coefficient(edge: float) -> float:
         return 0.0
     innovations, volatility = _calibration_sample()
 
-    def gap(phi: float) -> float:
+    def miss(phi: float) -> float:
         return expected_oracle_sharpe(innovations, volatility, phi) - float(edge)
 
     # the AR sum phi · EDGE_LOOKBACK stays well below 1 (a stationary process) over the whole bracket
-    return float(optimize.brentq(gap, 0.0, 0.5 / EDGE_LOOKBACK, xtol=1e-7))
+    return float(optimize.brentq(miss, 0.0, 0.5 / EDGE_LOOKBACK, xtol=1e-7))
 
 
 def _round_to_tick(price: np.ndarray, tick: float) -> np.ndarray:
