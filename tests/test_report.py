@@ -175,6 +175,26 @@ def test_turnover_matched_random_traders_are_a_baseline_with_a_percentile(
     assert "turnover-matched random" not in old_html and 'data-metric="diff-random"' in old_html
 
 
+def test_matched_random_separates_cost_drag_from_skill(tmp_path: Path) -> None:
+    """A model without skill that trades every bar loses to the random traders (who trade every ~20 bars) by its
+    costs alone; against the traders that trade as often it is unremarkable, as it should be."""
+    outputs = write_pipeline_outputs(
+        tmp_path / "run",
+        algos=("dqn",),
+        skill={"dqn": 0.5},
+        hold_bars=1,
+        n_seeds=5,
+        test_days=4,
+        random_seeds=10,
+        cost_per_side=5e-5,
+    )
+    parsed = _parse(_build(outputs, tmp_path / "eval_report.html"))
+    assert float(parsed.cell("random-percentile", algo="dqn", seed="model")["data-value"]) == 0.0
+    assert parsed.cell("diff-random", algo="dqn", seed="model")["data-claim"] == "worse"
+    assert parsed.cell("diff-matched_random", algo="dqn", seed="model")["data-claim"] == "none"
+    assert 0.1 < float(parsed.cell("matched-percentile", algo="dqn", seed="model")["data-value"]) < 0.9
+
+
 def test_power_section_states_the_detectable_edge(report: tuple[PipelineOutputs, str]) -> None:
     _, html = report
     parsed = _parse(html)
