@@ -84,7 +84,14 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.precision",
         "training.total_steps",
     ),
-    "evaluate": ("seed", *_COSTS, *_ENV, "training.device", "training.n_envs"),
+    "evaluate": (
+        "seed",
+        *_COSTS,
+        *_ENV,
+        "evaluation.random_baseline_seeds",  # the turnover-matched random traders beside each agent run
+        "training.device",
+        "training.n_envs",
+    ),
     "baselines": (
         "seed",
         *_COSTS,
