@@ -76,6 +76,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
         config=config,
         model_path=str(model),
         log_path=str(root / "train_log.json"),
+        resume_path=str(root / "resume.pt"),
         **paths,
     )
     return {"root": root, "config": config, "model": model, "paths": paths}
