@@ -35,11 +35,20 @@ from marketrl.env import (
     evaluate,
     evaluate_positions,
     format_duration,
+    matched_random_positions,
+    policy_positions,
+    position_change_rate,
     rule_positions,
 )
 from marketrl.folds import FoldPlan, select_rows
 from marketrl.io import atomic_write, write_json_atomic
-from marketrl.metrics import average_strategies, performance_summary, to_json_safe
+from marketrl.metrics import (
+    average_strategies,
+    daily_returns,
+    performance_summary,
+    portfolio_bars,
+    to_json_safe,
+)
 from marketrl.normalize import FeatureNormalizer
 from marketrl.provenance import collect
 
@@ -143,8 +152,8 @@ def evaluate_job(
         test_rows, normalizer.feature_names, normalizer, cost_model, device, max_gap=env_config.max_gap
     )
     with torch.inference_mode():
-        bars = evaluate(policy, data, env_config)
-    bars = bars.select(BAR_COLUMNS)
+        positions = policy_positions(policy, data, env_config)
+    bars = evaluate_positions(data, positions, env_config).select(BAR_COLUMNS)
     summary = performance_summary(bars)
     log.info(
         "%s fold %d seed %d: test Sharpe %s over %d bars",
@@ -161,6 +170,9 @@ def evaluate_job(
         "seed": derive_seed(config["seed"], "train", algo, fold, seed_index),
         **_test_span(bars),
         "metrics": summary,
+        "matched_random": matched_random_traders(
+            data, positions, env_config, config, (algo, fold, seed_index)
+        ),
         "model": {
             "path": str(model_path),
             "precision": meta.get("precision"),
@@ -171,6 +183,30 @@ def evaluate_job(
     _write_bars(bars, bars_path)
     write_json_atomic(metrics_path, to_json_safe(result))
     return result
+
+
+def matched_random_traders(
+    data: MarketData,
+    positions: torch.Tensor,
+    env_config: EnvConfig,
+    config: Mapping[str, Any],
+    key: tuple[str, int, int],
+) -> dict[str, Any]:
+    """The turnover-matched random traders of one agent run (`evaluation.random_baseline_seeds` of them): each
+    changes position as often as the agent did on these test days, in a random direction, and is scored like
+    the agent. Their daily net returns let the report test skill against cost drag (docs/METRICS.md)."""
+    rate = position_change_rate(data, positions)
+    days: list[str] = []
+    per_seed, daily = [], []
+    for i in range(config["evaluation"]["random_baseline_seeds"]):
+        seed = derive_seed(config["seed"], "matched_random", *key, i)
+        bars = evaluate_positions(data, matched_random_positions(data, rate, seed=seed), env_config)
+        per_seed.append(performance_summary(bars))
+        portfolio = portfolio_bars(bars)
+        trader_days, returns = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])
+        days = [str(day) for day in trader_days.astype("datetime64[D]")]
+        daily.append(returns.tolist())
+    return {"change_rate": rate, "days": days, "daily_net_returns": daily, "per_seed": per_seed}
 
 
 def baseline_positions(data: MarketData, config: Mapping[str, Any], fold: int) -> dict[str, torch.Tensor]:

@@ -56,7 +56,7 @@ ALL_KEYS = "*"  # the report prints the whole config in its provenance section, 
 # only shape the DAG (data.source, training.algos, hyperopt.workers, ...; see DAG_KEYS) change which jobs exist,
 # not what a job computes, and are in no slice but the report's.
 STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
-    "demo_data": ("data.demo.days", "data.demo.seed", "data.demo.start"),
+    "demo_data": ("data.demo.days", "data.demo.edge", "data.demo.seed", "data.demo.start"),
     "download_databento": (
         "data.databento.dataset",
         "data.databento.max_cost_usd",
@@ -94,7 +94,14 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.precision",
         "training.total_steps",
     ),
-    "evaluate": ("seed", *_COSTS, *_ENV, "training.device", "training.n_envs"),
+    "evaluate": (
+        "seed",
+        *_COSTS,
+        *_ENV,
+        "evaluation.random_baseline_seeds",  # the turnover-matched random traders beside each agent run
+        "training.device",
+        "training.n_envs",
+    ),
     "baselines": (
         "seed",
         *_COSTS,

@@ -22,7 +22,7 @@ import polars as pl
 from marketrl.config import load_config
 from marketrl.folds import FoldConfig, FoldPlan, make_fold_plan
 from marketrl.io import write_json_atomic
-from marketrl.metrics import performance_summary, to_json_safe
+from marketrl.metrics import daily_returns, performance_summary, portfolio_bars, to_json_safe
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BAR_VOLATILITY = 3e-4
@@ -133,6 +133,33 @@ def _random_positions(n: int, rng: np.random.Generator) -> np.ndarray:
     choice = rng.integers(-1, 2, n).astype(np.float64)
     index = np.maximum.accumulate(np.where(changes, np.arange(n), 0))
     return choice[index]
+
+
+def _matched_random_block(
+    market: pl.DataFrame,
+    positions: np.ndarray,
+    cost_per_side: float,
+    n_traders: int,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """The evaluate job's `matched_random` block: traders that change position as often as `positions` (per
+    symbol, from flat), to one of the two other positions at random; their daily net returns and summaries."""
+    symbol = market["symbol"].to_numpy()
+    first = np.r_[True, symbol[1:] != symbol[:-1]]
+    previous = np.where(first, 0.0, np.r_[0.0, positions[:-1]])
+    rate = float(np.mean(positions != previous))
+    per_seed, daily, days = [], [], []
+    for _ in range(n_traders):
+        steps = np.where(rng.random(positions.size) < rate, rng.integers(1, 3, positions.size), 0)
+        total = np.cumsum(steps)
+        segment_total = total - np.maximum.accumulate(np.where(first, total - steps, 0))
+        bars = _bars(market, ((1 + segment_total) % 3 - 1).astype(np.float64), cost_per_side)
+        portfolio = portfolio_bars(bars)
+        trader_days, returns = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])
+        days = [str(day) for day in trader_days.astype("datetime64[D]")]
+        daily.append(returns.tolist())
+        per_seed.append(_summary(bars))
+    return {"change_rate": rate, "days": days, "daily_net_returns": daily, "per_seed": per_seed}
 
 
 def _summary(bars: pl.DataFrame) -> dict[str, Any]:
@@ -251,6 +278,7 @@ def write_pipeline_outputs(
     cost_per_side: float = 2e-5,
     bootstrap_samples: int = 200,
     seed: int = 0,
+    matched_random: bool = True,
 ) -> PipelineOutputs:
     """Write a complete set of the fan-out's outputs under `root` (see the module docstring)."""
     root = Path(root)
@@ -294,7 +322,23 @@ def write_pipeline_outputs(
                         "seed": 7 + seed_index,
                         "metrics": _summary(bars),
                         "provenance": {},
-                    },
+                    }
+                    | (
+                        {
+                            "matched_random": _matched_random_block(
+                                market,
+                                positions,
+                                cost_per_side,
+                                random_seeds,
+                                # its own stream: the other fixtures' draws stay as they were
+                                np.random.default_rng(
+                                    (seed, fold.index, list(algos).index(algo), seed_index)
+                                ),
+                            )
+                        }
+                        if matched_random
+                        else {}
+                    ),
                 )
                 eval_files.append(str(folder / "metrics.json"))
         n = market.height

@@ -17,6 +17,8 @@ from marketrl.env import (
     TradingEnv,
     evaluate,
     evaluate_positions,
+    matched_random_positions,
+    position_change_rate,
     position_results,
     rule_positions,
 )
@@ -163,3 +165,44 @@ def test_arrays_without_row_labels_give_tensors_not_frames() -> None:
     with_nan[2, 1] = np.nan
     with pytest.raises(EnvDataError, match="column 'f1' holds NaN"):
         MarketData.from_arrays(with_nan, **bar_arrays(df), cost_model=BPS10)
+
+
+def test_position_change_rate_by_hand() -> None:
+    df = pl.concat(
+        [
+            frame_from_bars(CLOSE, instrument_id=1, symbol="A"),
+            frame_from_bars(CLOSE[::-1], instrument_id=2, symbol="B"),
+        ]
+    )
+    data = market_data(df)
+    # A: decisions at rows 0-3 from flat: 1 (change), 1, -1 (change), -1; B restarts flat: 0, 0, 1 (change), 1
+    positions = torch.tensor([1.0, 1.0, -1.0, -1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    assert position_change_rate(data, positions) == 3 / 8
+
+
+def test_matched_random_trader_trades_as_often_in_a_random_direction() -> None:
+    data = market_data(random_frame(days=40, bars_per_day=36, seed=3))
+    decisions = data.is_decision
+    rng = np.random.default_rng(0)
+    # an "agent" that trades about every 8th decision and is long after every change but one in ten
+    changes = rng.random(data.n_rows) < 0.125
+    agent = torch.as_tensor(np.where(np.cumsum(changes) % 10 == 0, -1.0, 1.0), dtype=torch.float32)
+    agent = torch.where(decisions, agent, torch.zeros_like(agent))
+    rate = position_change_rate(data, agent)
+    n = int(decisions.sum())
+    matched = [matched_random_positions(data, rate, seed=s) for s in range(20)]
+    rates = np.array([position_change_rate(data, m) for m in matched])
+    # the mean over 20 traders of a binomial share: within 4 standard errors of the agent's rate
+    assert abs(rates.mean() - rate) < 4 * np.sqrt(rate * (1 - rate) / (20 * n))
+    # direction: the agent is long 90% of the time, the matched traders about a third of it each way
+    long_share = np.mean([float((m[decisions] > 0).float().mean()) for m in matched])
+    assert 0.25 < long_share < 0.42
+    # it sees only the rate: the agent reversed (same trading times, opposite direction) gives the same trader
+    assert torch.equal(matched_random_positions(data, position_change_rate(data, -agent), seed=0), matched[0])
+    assert not torch.equal(matched[0], matched[1])
+    for m in matched[:3]:
+        assert set(m.tolist()) <= {-1.0, 0.0, 1.0}
+        assert bool((m[~decisions] == 0).all())
+    assert float((matched_random_positions(data, 0.0, seed=1) != 0).sum()) == 0
+    with pytest.raises(EnvConfigError, match="change rate"):
+        matched_random_positions(data, 1.5, seed=0)

@@ -76,6 +76,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
         config=config,
         model_path=str(model),
         log_path=str(root / "train_log.json"),
+        resume_path=str(root / "resume.pt"),
         **paths,
     )
     return {"root": root, "config": config, "model": model, "paths": paths}
@@ -200,3 +201,29 @@ def test_a_checkpoint_without_recorded_costs_is_refused(trained: dict) -> None:
     meta["extra"].pop("costs")
     with pytest.raises(TrainedSettingsError, match="records no costs; retrain"):
         trained_settings(meta, trained["config"], trained["model"])
+
+
+def test_metrics_carry_turnover_matched_random_traders(trained: dict) -> None:
+    """metrics.json's matched_random block: one trader per random-baseline seed, trading at the agent's rate of
+    position changes, scored on the agent's test days."""
+    model = trading_copy(trained["model"])
+    _, out = run_evaluate({**trained, "model": model}, trained["config"], "eval_matched")
+    metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    block = metrics["matched_random"]
+    n_traders = trained["config"]["evaluation"]["random_baseline_seeds"]
+    assert len(block["per_seed"]) == len(block["daily_net_returns"]) == n_traders
+    bars = pl.read_parquet(out / "bars.parquet")
+    # every position change pays a cost; the env starts each segment flat, so count changes by their costs
+    agent_trades = int((bars["cost"] > 0).sum())
+    assert agent_trades > 0
+    decisions = bars.height  # one row per decision bar
+    assert block["change_rate"] == pytest.approx(agent_trades / decisions)
+    trader_trades = np.mean([summary["n_trades"] for summary in block["per_seed"]])
+    # binomial sampling over all traders' decisions: within 4 standard errors of the agent's count
+    rate = block["change_rate"]
+    assert abs(trader_trades - agent_trades) < 4 * np.sqrt(decisions * rate * (1 - rate) / n_traders) + 1
+    assert block["days"] == sorted({str(day) for day in bars["trading_day"].to_list()})
+    for summary, daily in zip(block["per_seed"], block["daily_net_returns"], strict=True):
+        assert len(daily) == len(block["days"]) == summary["n_days"]
+        assert np.prod(1.0 + np.array(daily)) - 1.0 == pytest.approx(summary["total_return"])
+    assert len({tuple(daily) for daily in block["daily_net_returns"]}) == n_traders  # independent seeds

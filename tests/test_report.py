@@ -141,7 +141,7 @@ def test_verdict_claims_follow_the_family_wise_p_values(report: tuple[PipelineOu
     _, html = report
     parsed = _parse(html)
     for algo in ("ppo", "dqn"):
-        for baseline in ("buy_and_hold", "flat", "momentum", "random"):
+        for baseline in ("buy_and_hold", "flat", "momentum", "random", "matched_random"):
             cell = parsed.cell(f"diff-{baseline}", algo=algo, seed="model")
             p_beats, p_worse = float(cell["data-p-beats"]), float(cell["data-p-worse"])
             expected = "beats" if p_beats <= 0.05 else ("worse" if p_worse <= 0.05 else "none")
@@ -151,6 +151,48 @@ def test_verdict_claims_follow_the_family_wise_p_values(report: tuple[PipelineOu
     # The random baseline is the distribution of traders: ppo sits above all of them, dqn does not.
     assert float(parsed.cell("random-percentile", algo="ppo", seed="model")["data-value"]) == 1.0
     assert float(parsed.cell("random-percentile", algo="dqn", seed="model")["data-value"]) < 1.0
+
+
+def test_turnover_matched_random_traders_are_a_baseline_with_a_percentile(
+    report: tuple[PipelineOutputs, str], tmp_path: Path
+) -> None:
+    outputs, html = report
+    parsed = _parse(html)
+    assert "turnover-matched random" in html
+    # ppo's look-ahead skill beats the traders that trade as often; dqn (no skill, all cost) sits among them
+    assert float(parsed.cell("matched-percentile", algo="ppo", seed="model")["data-value"]) == 1.0
+    dqn = float(parsed.cell("matched-percentile", algo="dqn", seed="model")["data-value"])
+    assert 0.0 <= dqn < 1.0
+    for seed in range(5):
+        # each seed against its own traders, recomputed from its metrics.json
+        path = next(Path(f) for f in outputs.eval_files if f"/dqn/fold_0/seed_{seed}/" in f)
+        assert json.loads(path.read_text())["matched_random"]["daily_net_returns"]
+        value = float(parsed.cell("seed-matched-percentile", algo="dqn", seed=str(seed))["data-value"])
+        assert 0.0 <= value <= 1.0
+    # outputs from before the matched traders: the report still builds, without that baseline
+    old = write_pipeline_outputs(tmp_path / "old", test_days=2, n_seeds=2, n_folds=2, matched_random=False)
+    old_html = _build(old, tmp_path / "old.html")
+    assert "turnover-matched random" not in old_html and 'data-metric="diff-random"' in old_html
+
+
+def test_matched_random_separates_cost_drag_from_skill(tmp_path: Path) -> None:
+    """A model without skill that trades every bar loses to the random traders (who trade every ~20 bars) by its
+    costs alone; against the traders that trade as often it is unremarkable, as it should be."""
+    outputs = write_pipeline_outputs(
+        tmp_path / "run",
+        algos=("dqn",),
+        skill={"dqn": 0.5},
+        hold_bars=1,
+        n_seeds=5,
+        test_days=4,
+        random_seeds=10,
+        cost_per_side=5e-5,
+    )
+    parsed = _parse(_build(outputs, tmp_path / "eval_report.html"))
+    assert float(parsed.cell("random-percentile", algo="dqn", seed="model")["data-value"]) == 0.0
+    assert parsed.cell("diff-random", algo="dqn", seed="model")["data-claim"] == "worse"
+    assert parsed.cell("diff-matched_random", algo="dqn", seed="model")["data-claim"] == "none"
+    assert 0.1 < float(parsed.cell("matched-percentile", algo="dqn", seed="model")["data-value"]) < 0.9
 
 
 def test_power_section_states_the_detectable_edge(report: tuple[PipelineOutputs, str]) -> None:

@@ -10,7 +10,7 @@ from marketrl.jobs import job_context
 with job_context(snakemake.log[0], snakemake.threads):
     out_dir = Path(snakemake.output[0]).parent
     demo = snakemake.params.config["data"]["demo"]
-    written = generate_demo_files(out_dir, demo["start"], demo["days"], demo["seed"])
+    written = generate_demo_files(out_dir, demo["start"], demo["days"], demo["seed"], edge=demo["edge"])
     expected = {Path(p).resolve() for p in snakemake.output}
     if {p.resolve() for p in written} != expected:
         raise RuntimeError("demo_data: generated files differ from the rule's declared outputs")

@@ -7,13 +7,14 @@ Modules (each importable with only torch and numpy, except `frames`):
   tensor_env   TradingEnv (N envs in one batched tensor step) and step_rewards, the one reward definition
   rollout      deterministic evaluation: policy_positions / position_results (tensors), evaluate /
                evaluate_positions (per-bar polars frames)
-  baselines    rule_positions: buy-and-hold, short, flat, random, momentum
+  baselines    rule_positions: buy-and-hold, short, flat, random, momentum; matched_random_positions (a random
+               trader at a given rate of position changes) and position_change_rate
 
 Importing this package imports no polars and no gymnasium; `frames` is loaded when a frame is read or written.
 The gymnasium / Stable-Baselines3 adapters and the numpy reference env live in bench/adapters.py.
 """
 
-from marketrl.env.baselines import rule_positions
+from marketrl.env.baselines import matched_random_positions, position_change_rate, rule_positions
 from marketrl.env.config import (
     ACTION_POSITIONS,
     DEFAULT_MAX_GAP,
@@ -54,8 +55,10 @@ __all__ = [
     "evaluate",
     "evaluate_positions",
     "format_duration",
+    "matched_random_positions",
     "parse_duration",
     "policy_positions",
+    "position_change_rate",
     "position_results",
     "rule_positions",
     "step_rewards",

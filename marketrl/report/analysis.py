@@ -18,7 +18,14 @@ from scipy.stats import norm
 
 from marketrl.config import derive_seed
 from marketrl.metrics import daily_returns, performance_summary, portfolio_bars
-from marketrl.report.inputs import BASELINES, RANDOM_BASELINE, ReportInputError, ReportInputs, Run
+from marketrl.report.inputs import (
+    BASELINES,
+    MATCHED_RANDOM,
+    RANDOM_BASELINE,
+    ReportInputError,
+    ReportInputs,
+    Run,
+)
 from marketrl.stats import (
     ANNUALIZER,
     ConfidenceInterval,
@@ -48,6 +55,7 @@ BASELINE_LABELS = {
     "flat": "flat",
     "momentum": "momentum",
     "random": "random",
+    MATCHED_RANDOM: "turnover-matched random",
 }
 # Relative tolerance for the stored metrics.json values against the recomputation from bars.parquet.
 _STORED_RTOL = 1e-6
@@ -92,6 +100,32 @@ class ReturnSeries:
     def daily(self, multiplier: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """(trading days, compounded daily returns) at ``multiplier`` × costs."""
         return daily_returns(self.day, self.bar_returns(multiplier))
+
+
+@dataclass(frozen=True)
+class DailySeries:
+    """Daily net returns known only per day (a turnover-matched random trader, from metrics.json)."""
+
+    days: np.ndarray
+    returns: np.ndarray
+
+    def daily(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.days, self.returns
+
+
+def matched_traders(members: Sequence[Strategy]) -> list[list[DailySeries]] | None:
+    """Per agent seed (in `members` order), its turnover-matched random traders pooled over the folds in time
+    order; None when a run of these seeds has no `matched_random` block (outputs from before it existed)."""
+    per_seed = []
+    for member in members:
+        runs = [member.fold_runs[fold] for fold in sorted(member.fold_runs)]
+        blocks = [run.matched for run in runs]
+        if any(block is None for block in blocks) or len({block.daily.shape[0] for block in blocks}) != 1:
+            return None
+        days = np.concatenate([block.days for block in blocks])
+        daily = np.concatenate([block.daily for block in blocks], axis=1)
+        per_seed.append([DailySeries(days, row) for row in daily])
+    return per_seed
 
 
 @dataclass
@@ -304,6 +338,7 @@ class SeedRow:
     seed_index: int
     stats: SharpeStats
     random_percentile: float
+    matched_percentile: float = math.nan  # among this seed's own turnover-matched random traders
 
 
 @dataclass
@@ -321,6 +356,7 @@ class AgentVerdict:
     enough_data: bool
     beats: bool
     sentence: str
+    matched_percentile: float = math.nan  # mean seed Sharpe among all of the model's matched random traders
 
 
 @dataclass(frozen=True)
@@ -341,7 +377,7 @@ class FamilySummary:
     max_autocorrelation: float  # largest lag-1 autocorrelation of a model's seed-mean daily returns
 
 
-def _aligned_matrix(series: Sequence[ReturnSeries]) -> tuple[np.ndarray, np.ndarray]:
+def _aligned_matrix(series: Sequence[ReturnSeries | DailySeries]) -> tuple[np.ndarray, np.ndarray]:
     """Daily net returns of every series on the union of their days (a missing day is a 0 return)."""
     dailies = [s.daily() for s in series]
     days = np.unique(np.concatenate([d for d, _ in dailies])) if dailies else np.array([])
@@ -508,32 +544,50 @@ def agent_verdicts(
 
     A model's series are its seeds; its statistic is the mean over seeds of the per-seed Sharpe (the expected
     Sharpe of one training run). The random baseline is the mean Sharpe of the independent random traders,
-    each evaluated on its own, never the Sharpe of their averaged portfolio.
+    each evaluated on its own, never the Sharpe of their averaged portfolio. The turnover-matched random
+    baseline of a model is, likewise, the mean Sharpe of its seeds' matched traders (included when every agent
+    run carries them).
     """
     algos = list(inputs.algos)
     fixed = [b for b in baselines if b.name != RANDOM_BASELINE]
     members = {
         algo: sorted((a for a in agents if a.name == algo), key=lambda a: a.seed_index or 0) for algo in algos
     }
+    matched = {algo: matched_traders(members[algo]) for algo in algos}
+    with_matched = bool(algos) and all(traders is not None for traders in matched.values())
     columns = [m for algo in algos for m in members[algo]] + fixed + list(random_seeds)
-    pooled = [c.pooled for c in columns]
+    pooled: list[ReturnSeries | DailySeries | None] = [c.pooled for c in columns]
     if any(p is None for p in pooled):
         raise ReportInputError(
             "report: a strategy has no pooled out-of-sample series (build_strategies first)"
         )
+    matched_columns: dict[str, list[list[int]]] = {}  # algo -> per seed -> matrix columns of its traders
+    if with_matched:
+        for algo in algos:
+            matched_columns[algo] = []
+            for traders in matched[algo] or []:
+                matched_columns[algo].append(list(range(len(pooled), len(pooled) + len(traders))))
+                pooled += traders
     days, matrix = _aligned_matrix([p for p in pooled if p is not None])
     n_days = int(days.size)
     column_of = {id(c): j for j, c in enumerate(columns)}
-    baseline_names = [b.name for b in fixed] + ([RANDOM_BASELINE] if random_seeds else [])
+    baseline_names = (
+        [b.name for b in fixed]
+        + ([RANDOM_BASELINE] if random_seeds else [])
+        + ([MATCHED_RANDOM] if with_matched else [])
+    )
 
     def weights_for(algo: str, baseline: str | None) -> np.ndarray:
         """Mean of the model's seed Sharpes minus the baseline's Sharpe (or the random traders' mean)."""
-        row = np.zeros(len(columns))
+        row = np.zeros(len(pooled))
         for m in members[algo]:
             row[column_of[id(m)]] += 1.0 / len(members[algo])
         if baseline == RANDOM_BASELINE:
             for r in random_seeds:
                 row[column_of[id(r)]] -= 1.0 / len(random_seeds)
+        elif baseline == MATCHED_RANDOM:
+            traders = [j for seed_columns in matched_columns[algo] for j in seed_columns]
+            row[traders] -= 1.0 / len(traders)
         elif baseline is not None:
             row[column_of[id(next(b for b in fixed if b.name == baseline))]] -= 1.0
         return row
@@ -545,7 +599,7 @@ def agent_verdicts(
         matrix, model_rows, family_rows, rules, derive_seed(root_seed, "report", "family")
     )
     z_power = float(norm.ppf(rules.power))
-    random_sharpes = np.array([annualized_sharpe(matrix[:, column_of[id(r)]]) for r in random_seeds])
+    random_sharpes = _sharpes(matrix, [column_of[id(r)] for r in random_seeds])
 
     verdicts = []
     for i, algo in enumerate(algos):
@@ -577,6 +631,9 @@ def agent_verdicts(
             boot_seed = derive_seed(root_seed, "report", "sharpe", algo, m.seed_index)
             stats = sharpe_stats(m.pooled, m.pooled_summary, rules.n_boot, boot_seed)
             seeds.append(SeedRow(m.seed_index, stats, _percentile(stats.sharpe.point, random_sharpes)))
+        if with_matched:
+            for row, seed_columns in zip(seeds, matched_columns[algo], strict=True):
+                row.matched_percentile = _percentile(row.stats.sharpe.point, _sharpes(matrix, seed_columns))
         iqm = seed_aggregate(
             np.array([s.stats.sharpe.point for s in seeds]),
             rules.n_boot,
@@ -598,6 +655,10 @@ def agent_verdicts(
                 iqm_sharpe=iqm,
                 random_percentile=_percentile(sharpe.point, random_sharpes),
                 comparisons=comparisons,
+                matched_percentile=_percentile(
+                    sharpe.point,
+                    _sharpes(matrix, [j for cols in matched_columns.get(algo, []) for j in cols]),
+                ),
                 enough_data=enough,
                 beats=beats,
                 sentence=sentence,
@@ -623,6 +684,11 @@ def agent_verdicts(
         max_autocorrelation=max((a for a in autocorrelations if is_finite_number(a)), default=math.nan),
     )
     return verdicts, summary
+
+
+def _sharpes(matrix: np.ndarray, columns: Sequence[int]) -> np.ndarray:
+    """Annualised Sharpe of each of `columns` of the aligned daily-return matrix."""
+    return np.array([annualized_sharpe(matrix[:, j]) for j in columns])
 
 
 def seed_aggregate(scores: np.ndarray, n_boot: int, seed: int) -> ConfidenceInterval:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from marketrl.folds import FoldError, FoldPlan
@@ -21,11 +22,22 @@ from marketrl.metrics import REQUIRED_COLUMNS, MetricsInputError, average_strate
 DETERMINISTIC_BASELINES = ("buy_and_hold", "flat", "momentum")
 RANDOM_BASELINE = "random"
 BASELINES = (*DETERMINISTIC_BASELINES, RANDOM_BASELINE)
+#: the per-agent baseline: random traders that trade as often as the agent (metrics.json "matched_random")
+MATCHED_RANDOM = "matched_random"
 _RANDOM_PREFIX = "random_"
 
 
 class ReportInputError(ValueError):
     """A report input is missing or malformed; the one-line message names the file (or config key)."""
+
+
+@dataclass(frozen=True)
+class MatchedRandom:
+    """An agent run's turnover-matched random traders: daily net returns [n_traders, n_days] on `days`."""
+
+    change_rate: float
+    days: np.ndarray  # datetime64[D], ascending
+    daily: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,7 @@ class Run:
     bars: pl.DataFrame
     source: Path
     stored_metrics: Mapping[str, Any] | None = None
+    matched: MatchedRandom | None = None  # agents only; None in outputs written before the matched traders
 
     @property
     def label(self) -> str:
@@ -154,7 +167,36 @@ def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
     seed_index = _require(data, "seed_index", int, path, what)
     bars_path, bars = _read_bars(bars_path)
     stored = data.get("metrics") if isinstance(data.get("metrics"), Mapping) else None
-    return _checked(Run(algo, True, fold, seed_index, bars.select(REQUIRED_COLUMNS), bars_path, stored))
+    matched = _matched_random(path, data["matched_random"]) if "matched_random" in data else None
+    return _checked(
+        Run(algo, True, fold, seed_index, bars.select(REQUIRED_COLUMNS), bars_path, stored, matched)
+    )
+
+
+def _matched_random(path: Path, block: Any) -> MatchedRandom:
+    """The `matched_random` block of an agent's metrics.json, checked."""
+    expected = (
+        "an object with 'change_rate', 'days' (ISO dates) and 'daily_net_returns' (one list per trader)"
+    )
+    if not isinstance(block, Mapping):
+        raise ReportInputError(f"{path}: field 'matched_random' must be {expected}")
+    days, daily, rate = block.get("days"), block.get("daily_net_returns"), block.get("change_rate")
+    try:
+        day_array = np.array(days, dtype="datetime64[D]")
+        returns = np.array(daily, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ReportInputError(f"{path}: field 'matched_random' must be {expected}") from None
+    if (
+        not isinstance(days, list)
+        or not isinstance(daily, list)
+        or not daily
+        or isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or returns.shape != (len(daily), len(days))
+        or np.any(day_array[1:] <= day_array[:-1])
+    ):
+        raise ReportInputError(f"{path}: field 'matched_random' must be {expected}")
+    return MatchedRandom(float(rate), day_array, returns)
 
 
 def _baseline_runs(path: Path, bars_path: Path, data: Mapping[str, Any]) -> tuple[list[Run], list[Run]]:
