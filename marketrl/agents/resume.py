@@ -25,6 +25,7 @@ from torch import nn
 
 from gpu_utils import NonFiniteError
 from marketrl.io import atomic_write
+from marketrl.testing_hooks import hold_point
 
 __all__ = ["TrainingCheckpoint", "to_cpu", "to_device"]
 
@@ -121,6 +122,7 @@ class TrainingCheckpoint:
         self.saves += 1
         self._next_at = self._after(env_steps)
         log.info("checkpoint at env step %d: %s", env_steps, self.path)
+        hold_point(f"training_checkpoint_saved:{self.path}")
 
     def remove(self) -> None:
         """Delete the file (the run finished and its final model is written)."""
