@@ -12,6 +12,7 @@ and killed training jobs resume from their last checkpoint.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from tests.faults.pipeline import (
     resume,
     run_snakemake,
     session_workdir,
+    start_clean_runs,
 )
 
 pytestmark = pytest.mark.slow
@@ -51,7 +53,7 @@ def _kill_held(workdir: Path, hold: str, what: str, *, also=None, first: bool = 
     if not first:
         unlocked = run_snakemake(workdir, "--unlock")
         assert unlocked.returncode == 0, unlocked.stderr[-2000:]
-    marker = workdir / f"held-{what.replace(' ', '-')}"
+    marker = workdir / ("held-" + re.sub(r"\W+", "-", what))
     args = ("--cores", "2") if first else ("--cores", "2", "--rerun-incomplete")
     run = KillableRun(workdir, *args, env=hold_env(hold, marker))
     run.wait_for(lambda: marker.exists() and (also is None or also()), what)
@@ -62,6 +64,7 @@ def _kill_held(workdir: Path, hold: str, what: str, *, also=None, first: bool = 
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The kill chain; returns the workdir and what was observed after each kill."""
+    start_clean_runs()  # the uninterrupted runs compared against below run alongside the kill chain
     workdir = session_workdir(fast_tiny_config())
     results = workdir / "results"
     seen: dict = {"workdir": workdir, "damaged": {}}

@@ -302,6 +302,11 @@ def _clean_runs() -> tuple[Future[Path], Future[tuple[Path, Path]]]:
     return pool.submit(_baseline), pool.submit(_guarded)
 
 
+def start_clean_runs() -> None:
+    """Start the two shared clean runs in the background (if not started yet), without waiting for them."""
+    _clean_runs()
+
+
 def baseline_run() -> Path:
     """One clean run of the fast tiny config, shared by every test module of the session."""
     return _clean_runs()[0].result()
