@@ -154,7 +154,12 @@ def dry_run(args: list[str], checkout: Path) -> subprocess.CompletedProcess[str]
 
 
 COMMANDS = documented_commands()
-SNAKEMAKE_COMMANDS = [c for c in COMMANDS if snakemake_args(c.argv) is not None and exemption(c) is None]
+# Each distinct command runs once (a bare `snakemake` in prose appears more than once), named by its first place.
+SNAKEMAKE_COMMANDS = list(
+    {
+        c.text: c for c in reversed(COMMANDS) if snakemake_args(c.argv) is not None and exemption(c) is None
+    }.values()
+)[::-1]
 
 
 @pytest.mark.parametrize("command", SNAKEMAKE_COMMANDS, ids=[c.where for c in SNAKEMAKE_COMMANDS])
