@@ -48,6 +48,7 @@ from marketrl.io import write_json_atomic
 from marketrl.metrics import to_json_safe
 from marketrl.provenance import collect, package_versions, sha256_file
 from marketrl.stats import ANNUALIZER
+from marketrl.testing_hooks import hold_point
 from marketrl.training import run_training
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,7 @@ def run_trial(
         nonlocal reports
         score = validation_sharpe(policy, window.splits["validation"], env_config)
         trial.report(score, reports)
+        hold_point(f"hyperopt_trial_reported:{algo}:{trial.number}")
         reports += 1
         if trial.should_prune():
             raise optuna.TrialPruned(f"pruned at step {step} with validation Sharpe {score:.3f}")

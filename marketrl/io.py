@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from marketrl.testing_hooks import hold_point
+
 __all__ = ["atomic_open", "atomic_write", "write_json_atomic"]
 
 
@@ -93,6 +95,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
             raise FileNotFoundError(f"{dest}: the writer did not create the temp file {tmp}")
         _fsync_file(tmp)
         os.chmod(tmp, _DEFAULT_MODE)  # mkstemp creates 0600; outputs get the usual umask-derived mode
+        hold_point(f"atomic_write_before_rename:{dest}")
         os.replace(tmp, dest)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

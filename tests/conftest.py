@@ -1,4 +1,5 @@
-"""Shared test fixtures: one torch thread (rule 6), and the path to the shared real DBN samples."""
+"""Shared test fixtures: one torch thread (rule 6), the path to the shared real DBN samples, and the hermetic guard
+(the session fails if it changed the checkout's own results/ or .snakemake/; tests/hermetic_guard.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.hermetic_guard import pytest_sessionfinish, pytest_sessionstart  # noqa: F401  (pytest hooks)
 
 torch.set_num_threads(1)
 

@@ -1,8 +1,9 @@
 """Crash and resume: SIGKILL the whole Snakemake process group during features, hyperopt, training and the report;
 `snakemake --unlock` plus `snakemake --rerun-incomplete` then finishes with the results of an uninterrupted run.
 
-One working directory goes through all four kills in turn (each resume runs on until the next stage starts), so
-the chain costs about one pipeline run. After every kill nothing under results/ is damaged (each Parquet, JSON and
+One working directory goes through all four kills in turn (each resume runs on until the next stage is reached), so
+the chain costs about one pipeline run. Each kill lands while a job is provably inside the step meant: the job is
+held at a test-only hold point (marketrl.testing_hooks) and the kill waits for its marker file. After every kill nothing under results/ is damaged (each Parquet, JSON and
 torch file loads; only hidden temp files of killed writers may remain), and after the final run no temp file is
 left. The killed Optuna worker's finished trials are kept, its running trial is rerun with the same parameters,
 and killed training jobs resume from their last checkpoint.
@@ -11,6 +12,7 @@ and killed training jobs resume from their last checkpoint.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,35 +24,39 @@ from tests.faults.pipeline import (
     baseline_run,
     damaged_files,
     differing_tensors,
+    fast_counts,
     fast_tiny_config,
+    hold_env,
     metrics_bytes,
     model_tensors,
     resume,
     run_snakemake,
     session_workdir,
+    start_clean_runs,
 )
 
 pytestmark = pytest.mark.slow
-
-
-def _journal_claims(workdir: Path, algo: str) -> int:
-    """How many trials of the study were claimed (each claim writes the trial's slot to the journal)."""
-    journal = workdir / "results" / "hyperopt" / algo / "journal.log"
-    return journal.read_text(errors="replace").count(f'"{SLOT}"') if journal.exists() else 0
 
 
 def _study_trials(workdir: Path, algo: str) -> list[dict]:
     return json.loads((workdir / "results" / "hyperopt" / f"{algo}.json").read_text())["trials"]
 
 
-def _kill_when(workdir: Path, condition, what: str, *, first: bool = False) -> list[str]:
-    """Start (or resume) the pipeline, SIGKILL it when `condition` holds, return damaged files found then."""
+def _feature_tables(results: Path) -> list[Path]:
+    """The finished feature tables (a writer's hidden temp file is not one)."""
+    return [p for p in (results / "features").glob("*.parquet") if not p.name.startswith(".")]
+
+
+def _kill_held(workdir: Path, hold: str, what: str, *, also=None, first: bool = False) -> list[str]:
+    """Start (or resume) the pipeline with the first job that reaches hold point `hold` held there; SIGKILL the run
+    once that job is held (and `also` holds), and return the damaged files found then."""
     if not first:
         unlocked = run_snakemake(workdir, "--unlock")
         assert unlocked.returncode == 0, unlocked.stderr[-2000:]
+    marker = workdir / ("held-" + re.sub(r"\W+", "-", what))
     args = ("--cores", "2") if first else ("--cores", "2", "--rerun-incomplete")
-    run = KillableRun(workdir, *args)
-    run.wait_for(condition, what)
+    run = KillableRun(workdir, *args, env=hold_env(hold, marker))
+    run.wait_for(lambda: marker.exists() and (also is None or also()), what)
     run.kill()
     return damaged_files(workdir / "results", allow_temps=True)
 
@@ -58,30 +64,36 @@ def _kill_when(workdir: Path, condition, what: str, *, first: bool = False) -> l
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The kill chain; returns the workdir and what was observed after each kill."""
+    start_clean_runs()  # the uninterrupted runs compared against below run alongside the kill chain
     workdir = session_workdir(fast_tiny_config())
     results = workdir / "results"
     seen: dict = {"workdir": workdir, "damaged": {}}
 
-    seen["damaged"]["features"] = _kill_when(
-        workdir, lambda: any((results / "features").glob("*.parquet")), "the first feature table", first=True
+    # One feature job is held with its table written but not yet renamed into place; another has finished.
+    seen["damaged"]["features"] = _kill_held(
+        workdir,
+        "atomic_write_before_rename:*/features/*.parquet",
+        "a feature table being written",
+        also=lambda: bool(_feature_tables(results)),
+        first=True,
     )
-    seen["features_done"] = len(list((results / "features").glob("*.parquet")))
+    seen["features_done"] = len(_feature_tables(results))
 
-    # Trial 1 of the DQN study has been claimed (so it is running) when the worker dies.
-    seen["damaged"]["hyperopt"] = _kill_when(
-        workdir, lambda: _journal_claims(workdir, "dqn") >= 2, "the DQN study's second trial"
+    # Trial 0 of the DQN study is complete; trial 1 is running (it has reported a validation score).
+    seen["damaged"]["hyperopt"] = _kill_held(
+        workdir, "hyperopt_trial_reported:dqn:1", "the DQN study's second trial"
     )
 
-    seen["damaged"]["training"] = _kill_when(
-        workdir, lambda: any((results / "models").rglob("resume.pt")), "a training checkpoint"
-    )
+    # A training job is held right after writing its first resume checkpoint.
+    seen["damaged"]["training"] = _kill_held(workdir, "training_checkpoint_saved:*", "a training checkpoint")
     seen["checkpoints"] = {
         str(path.parent.relative_to(results)): torch.load(path, weights_only=True)["env_steps"]
         for path in (results / "models").rglob("resume.pt")
     }
 
-    seen["damaged"]["report"] = _kill_when(
-        workdir, lambda: (results / "logs" / "report.log").exists(), "the report job"
+    # The report job is held with the whole HTML in its temp file, before the rename.
+    seen["damaged"]["report"] = _kill_held(
+        workdir, "atomic_write_before_rename:*eval_report.html", "the report being written"
     )
     seen["report_after_kill"] = (results / "eval_report.html").exists()
 
@@ -93,7 +105,8 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_killed_at_every_stage_nothing_damaged(crashed: dict) -> None:
     assert crashed["damaged"] == {"features": [], "hyperopt": [], "training": [], "report": []}
     assert not crashed["report_after_kill"]  # the killed report job left no partial report
-    assert 1 <= crashed["features_done"] < 8  # the first kill really hit the features stage
+    # The first kill hit the features stage: at least one table done, the held one not.
+    assert 1 <= crashed["features_done"] < fast_tiny_config()["data"]["demo"]["days"]
 
 
 def test_no_partial_or_temp_file_after_resume(crashed: dict) -> None:
@@ -103,7 +116,7 @@ def test_no_partial_or_temp_file_after_resume(crashed: dict) -> None:
 
 def test_resumed_results_identical_to_uninterrupted(crashed: dict) -> None:
     reference, resumed = metrics_bytes(baseline_run()), metrics_bytes(crashed["workdir"])
-    assert len(resumed) == 6 and resumed == reference
+    assert len(resumed) == fast_counts()["metrics"] and resumed == reference
     assert differing_tensors(model_tensors(baseline_run()), model_tensors(crashed["workdir"])) == []
 
 

@@ -15,7 +15,7 @@ from tests.conftest import REPO_ROOT
 TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
 
 
-def snakemake(*args: str, cwd: Path = REPO_ROOT, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+def snakemake(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     """Run the workflow's Snakemake from the venv in `cwd`, capturing output."""
     return subprocess.run(
         [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), *args],
@@ -39,8 +39,10 @@ def workdir_with_config(tmp_path: Path, config: dict | Path) -> Path:
     return tmp_path
 
 
-def test_full_dag_dry_run_default_config() -> None:
-    result = snakemake("-n", "results/eval_report.html", "--quiet", "rules")
+def test_full_dag_dry_run_default_config(tmp_path: Path) -> None:
+    # In a fresh directory: the checkout's own results/ (from `make run`) would leave nothing to plan.
+    workdir = workdir_with_config(tmp_path, REPO_ROOT / "config.yaml")
+    result = snakemake("-n", "results/eval_report.html", "--quiet", "rules", cwd=workdir)
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout + result.stderr)
     config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())

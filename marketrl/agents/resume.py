@@ -37,6 +37,7 @@ from torch import nn
 
 from gpu_utils import NonFiniteError
 from marketrl.io import atomic_write
+from marketrl.testing_hooks import hold_point
 
 __all__ = ["Run", "TrainingCheckpoint", "resume_or_start", "to_cpu", "to_device"]
 
@@ -137,6 +138,7 @@ class TrainingCheckpoint:
         self.saves += 1
         self._next_at = self._after(step)
         log.info("checkpoint at step %d: %s", step, self.path)
+        hold_point(f"training_checkpoint_saved:{self.path}")
 
     def remove(self) -> None:
         """Delete the file (the run finished and its final model is written)."""

@@ -27,18 +27,28 @@ import polars as pl
 import torch
 import yaml
 
+from marketrl.testing_hooks import HOLD_AFTER, HOLD_FILE
 from tests.conftest import REPO_ROOT
 
 TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
 NO_NETWORK_DIR = Path(__file__).resolve().parent / "no_network"
 SENTINEL_KEY = "db-SENTINEL-marketrl-3f9c2a7e51d04b"
-# The tiny config with fewer days (the least its folds need) and env steps: the runs stay short while every stage,
-# checkpoint and trial still runs.
+# The tiny config reduced to one fold (both algorithms, one seed: 2 models), the fewest days that fold needs and
+# fewer env steps: the reliability runs stay cheap while every stage, checkpoint and trial still runs. Both
+# trainers' walk-forward over several folds is covered by tests/test_pipeline_e2e.py.
 FAST = {
-    "data": {"demo": {"days": 8}},
+    "data": {"demo": {"days": 6}},
+    "folds": {"n": 1},
     "hyperopt": {"trial_steps": 1000},
     "training": {"total_steps": 2000, "checkpoint_every": 400},
 }
+
+
+def fast_counts() -> dict[str, int]:
+    """How many models, folds and metrics files (models plus one baselines file per fold) a FAST run makes."""
+    config = fast_tiny_config()
+    models = len(config["training"]["algos"]) * config["folds"]["n"] * config["training"]["seeds"]
+    return {"models": models, "folds": config["folds"]["n"], "metrics": models + config["folds"]["n"]}
 
 
 def merged(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,7 +97,7 @@ def run_snakemake(
 class KillableRun:
     """A Snakemake run in its own process group, so that SIGKILL reaches it and every job it started."""
 
-    def __init__(self, workdir: Path, *args: str) -> None:
+    def __init__(self, workdir: Path, *args: str, env: Mapping[str, str] | None = None) -> None:
         self.workdir = workdir
         self.log = open(workdir / f"snakemake-{time.monotonic_ns()}.out", "w")  # closed by kill()
         self.process = subprocess.Popen(
@@ -96,6 +106,7 @@ class KillableRun:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
 
     def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 300.0) -> None:
@@ -128,6 +139,15 @@ class KillableRun:
     def output(self) -> str:
         """What Snakemake printed so far."""
         return Path(self.log.name).read_text(errors="replace")
+
+
+def hold_env(pattern: str, marker: Path) -> dict[str, str]:
+    """Environment that holds the first job process reaching a hold point matching `pattern` until it is killed.
+
+    The held process writes `marker` first (marketrl.testing_hooks), so a test that waits for the marker knows the
+    job is inside that step, not merely past it.
+    """
+    return {HOLD_AFTER: pattern, HOLD_FILE: str(marker)}
 
 
 def resume(workdir: Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:
@@ -282,6 +302,11 @@ def _clean_runs() -> tuple[Future[Path], Future[tuple[Path, Path]]]:
     return pool.submit(_baseline), pool.submit(_guarded)
 
 
+def start_clean_runs() -> None:
+    """Start the two shared clean runs in the background (if not started yet), without waiting for them."""
+    _clean_runs()
+
+
 def baseline_run() -> Path:
     """One clean run of the fast tiny config, shared by every test module of the session."""
     return _clean_runs()[0].result()
@@ -298,7 +323,7 @@ def guarded_run() -> tuple[Path, Path]:
 # ------------------------------------------------------------------------------------------------- load run
 
 XSS_SYMBOL = "<script>alert(1)</script>"
-# Many small jobs: 2 folds x 2 algos x 2 seeds with two hyperopt workers per study (32 jobs), on 5 days of demo-like
+# Many small jobs: 2 folds x 2 algos x 1 seed with two hyperopt workers per study (24 jobs), on 5 days of demo-like
 # data whose first instrument is named XSS_SYMBOL (the report must show it as text).
 LOAD = {
     "data": {"source": "files"},
@@ -312,7 +337,7 @@ LOAD = {
         "tuning_validation_days": 2,
     },
     "hyperopt": {"n_trials": 4, "workers": 2, "trial_steps": 256},
-    "training": {"seeds": 2, "total_steps": 512, "checkpoint_every": 128, "n_envs": 8},
+    "training": {"seeds": 1, "total_steps": 512, "checkpoint_every": 128, "n_envs": 8},
     "evaluation": {"random_baseline_seeds": 3, "bootstrap_samples": 100},
 }
 LOAD_DAYS = 5
