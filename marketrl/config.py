@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -115,8 +114,3 @@ def derive_seed(root_seed: int, *parts: str | int) -> int:
     """A stable 31-bit seed from the root seed and a job's identity, e.g. ("train", "ppo", fold, seed_index)."""
     text = "/".join(str(p) for p in (root_seed, *parts))
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
-
-
-def package_data_path(package: str, name: str) -> Path:
-    """Filesystem path of a file shipped inside a marketrl package."""
-    return Path(str(resources.files(package).joinpath(name)))
