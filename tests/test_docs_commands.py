@@ -36,6 +36,9 @@ EXEMPT_PROGRAMS = {
     ".venv/bin/pip": "installs packages into the shared .venv; never run by the tests",
     "tail": "follows a log file of a running job; nothing to plan",
     "cp": "copies a profile for the user to edit; nothing to plan",
+    "psql": "creates the user's database on their PostgreSQL server; tests/postgres starts its own throwaway one",
+    "echo": "writes the user's ~/.pgpass; a secret stays out of the tests",
+    "export": "sets MARKETRL_OPTUNA_STORAGE in the user's shell; tests/postgres sets it per test",
 }
 # Snakemake commands that cannot be dry-run here, keyed by a piece of the command that identifies them.
 EXEMPT_SNAKEMAKE = {
