@@ -251,11 +251,15 @@ def interrupt_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> boo
 
 
 def recover_interrupted(study: optuna.Study) -> int:
-    """Fail RUNNING trials whose worker on this host is gone, and re-enqueue their parameters; return the count."""
+    """Fail RUNNING trials whose worker on this host is gone, and re-enqueue their parameters; return the count.
+
+    Call under the claim lock. A RUNNING trial with no owner was then left by a claimer killed between `ask()` and
+    recording its owner (a live claimer holds the lock until both are written), so it is dead too.
+    """
     recovered = 0
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         owner = trial.user_attrs.get(OWNER, "")
-        if owner and _owner_is_dead(owner):
+        if not owner or _owner_is_dead(owner):
             recovered += interrupt_trial(study, trial)
     return recovered
 

@@ -99,6 +99,19 @@ def test_interrupted_study_resumes_with_its_trials(tmp_path: Path) -> None:
     assert trials[3].params == orphan_params  # re-enqueued, not lost
 
 
+def test_a_claim_killed_before_its_owner_was_recorded_is_recovered(tmp_path: Path) -> None:
+    # A worker killed between ask() and recording its owner leaves an ownerless RUNNING trial; under the claim
+    # lock no live claimer can be in that state, so the next worker re-runs the slot instead of counting it.
+    config = make_config(n_trials=3)
+    study = load_study(config, "dqn", 0, tmp_path)
+    study.ask()  # the claim that died half-way: no slot, no owner
+    ran = work_on_study(load_study(config, "dqn", 1, tmp_path), "dqn", 3, quadratic, tmp_path)
+    trials = load_study(config, "dqn", 0, tmp_path).trials
+    assert trials[0].user_attrs.get(INTERRUPTED) is True and trials[0].state.name == "FAIL"
+    assert len(ran) == 3 and len(counted_trials(study)) == 3
+    assert all(t.state.name == "COMPLETE" for t in trials[1:])
+
+
 def test_live_workers_trials_are_not_stolen(tmp_path: Path) -> None:
     study = load_study(make_config(), "dqn", 0, tmp_path)
     trial = claim_trial(study, 6)  # owned by this (alive) process
