@@ -51,7 +51,7 @@ def _start_ns(path: str, _mtime_ns: int, _size: int) -> int:
         else:
             head = handle.read(_HEADER_BYTES)
     if len(head) < _HEADER_BYTES or not head.startswith(_PREFIX):
-        raise DbnHeaderError(f"{path}: not a DBN file (no DBN metadata header)")
+        raise DbnHeaderError(f"{path}: no complete DBN metadata header (empty, truncated or not a DBN file)")
     return struct.unpack_from("<Q", head, _START_OFFSET)[0]
 
 

@@ -216,7 +216,7 @@ def test_files_are_ordered_by_their_header_start_and_both_suffixes_have_stems(tm
     assert [dbn_stem(p) for p in (late, early)] == ["a-late", "b-early"]
     with pytest.raises(ValueError, match=r"\.dbn\.zst or \.dbn"):
         dbn_stem("prices.csv")
-    with pytest.raises(DbnHeaderError, match=r"junk\.dbn: not a DBN file"):
+    with pytest.raises(DbnHeaderError, match=r"junk\.dbn: no complete DBN metadata header"):
         time_ordered([write_dbn(tmp_path / "junk.dbn", b"DBN junk")])
 
 
@@ -228,5 +228,5 @@ def test_the_dag_orders_input_files_by_header_start(tmp_path: Path) -> None:
     assert list(pipeline.raw_data_files(config).values()) == [str(early), str(late)]
     assert pipeline.previous_file(config, "a-late") == str(early)
     write_dbn(tmp_path / "c-junk.dbn", b"DBN junk")
-    with pytest.raises(ConfigError, match=r"^config key 'data.files': .*c-junk\.dbn: not a DBN file"):
+    with pytest.raises(ConfigError, match=r"^config key 'data.files': .*c-junk\.dbn: no complete DBN metadata header"):
         pipeline.raw_data_files(config)

@@ -23,8 +23,9 @@ def error_lines(output: str) -> list[str]:
 def test_corrupt_dbn_file_fails_its_features_job(tmp_path: Path) -> None:
     data = tmp_path / "data"
     generate_demo_files(data, "2024-01-03", 1, seed=2)
-    bad = BAD_INPUTS["truncated zstd"][0](tmp_path)
-    corrupt = bad.rename(data / "glbx-mdp3-20240102.ohlcv-1m.dbn.zst")  # sorts first: no previous-day input
+    # Its header is intact (the DAG orders files by it); the records are cut at a frame boundary.
+    bad = BAD_INPUTS["truncated zstd on a record boundary"][0](tmp_path)
+    corrupt = bad.rename(data / "glbx-mdp3-20240102.ohlcv-1m.dbn.zst")  # starts first: no previous-day input
     config = fast_tiny_config(data={"source": "files", "files": str(data / "*.dbn.zst")})
     workdir = new_workdir(config, tmp_path / "runs")
     target = "results/features/glbx-mdp3-20240102.ohlcv-1m.parquet"
@@ -36,6 +37,21 @@ def test_corrupt_dbn_file_fails_its_features_job(tmp_path: Path) -> None:
     assert lines[0].removeprefix("marketrl error: ") in log
     assert not (workdir / target).exists()
     assert damaged_files(workdir / "results") == []  # and no temp file either
+
+
+def test_file_without_a_readable_header_fails_the_dag_in_one_line(tmp_path: Path) -> None:
+    # Input files are ordered by their header's start time when the DAG is built, so a file whose header cannot be
+    # read stops the run there, naming the file, before any job starts.
+    data = tmp_path / "data"
+    generate_demo_files(data, "2024-01-03", 1, seed=2)
+    corrupt = BAD_INPUTS["truncated zstd"][0](tmp_path).rename(data / "glbx-mdp3-20240102.ohlcv-1m.dbn.zst")
+    config = fast_tiny_config(data={"source": "files", "files": str(data / "*.dbn.zst")})
+    workdir = new_workdir(config, tmp_path / "runs")
+    result = run_snakemake(workdir, "--cores", "1", "-n", "results/features/manifest.json", timeout=300)
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if "marketrl config error" in line]
+    assert len(lines) == 1 and "config key 'data.files'" in lines[0] and str(corrupt) in lines[0], lines
+    assert "no complete DBN metadata header" in lines[0]
 
 
 def test_hyperopt_json_with_wrong_types_fails_the_train_job(tmp_path: Path) -> None:

@@ -87,7 +87,7 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # A training job is held right after writing its first resume checkpoint.
     seen["damaged"]["training"] = _kill_held(workdir, "training_checkpoint_saved:*", "a training checkpoint")
     seen["checkpoints"] = {
-        str(path.parent.relative_to(results)): torch.load(path, weights_only=True)["env_steps"]
+        str(path.parent.relative_to(results)): torch.load(path, weights_only=True)["step"]
         for path in (results / "models").rglob("resume.pt")
     }
 
