@@ -313,10 +313,22 @@ def test_every_stage_runs_on_exactly_its_slice(
 # ------------------------------------------------------------------------------------- DAG and documentation
 
 
-def test_downstream_table_matches_snakemakes_rulegraph() -> None:
+def test_downstream_table_matches_snakemakes_rulegraph(tmp_path: Path) -> None:
+    # Run in a temp working directory: even a --rulegraph writes a log under the workdir's .snakemake/.
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "--rulegraph"],
-        cwd=REPO_ROOT,
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(REPO_ROOT / "Snakefile"),
+            "--configfile",
+            str(REPO_ROOT / "config.yaml"),
+            "--directory",
+            str(tmp_path),
+            "--rulegraph",
+        ],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
