@@ -26,6 +26,7 @@ from marketrl.hyperopt_storage import HEARTBEATS_TABLE, STORAGE_ENV
 from tests.conftest import REPO_ROOT
 from tests.postgres import pg_worker
 from tests.postgres.cluster import Cluster
+from tests.test_hyperopt import write_fold_plan
 
 N_TRIALS = 8  # within TPE's random start-up phase, where a slot's parameters depend only on its seed
 PROCESS_TIMEOUT_S = 120
@@ -138,8 +139,10 @@ def test_summary_shows_the_storage_without_its_password(
     summary = write_study_summary(
         algo="dqn",
         worker_summaries=[],
+        folds_path=write_fold_plan(tmp_path / "folds.json"),
         config=pg_worker.config(url, N_TRIALS),
         out_path=str(tmp_path / "results" / "hyperopt" / "dqn.json"),
+        results_dir=tmp_path / "results",
     )
     text = (tmp_path / "results" / "hyperopt" / "dqn.json").read_text()
     assert postgres.password not in text
