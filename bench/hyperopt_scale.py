@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from marketrl.config import derive_seed, validate_config
 from marketrl.hyperopt import load_study
-from marketrl.hyperopt_storage import SAMPLED, PostgresClaims, work_on_study
+from marketrl.hyperopt_storage import PostgresClaims, work_on_study
 from tests.postgres import cluster as pg
+from tests.postgres.pg_worker import objective  # the tests' tiny trial, so bench and tests time the same work
 
 
 class TimedClaims(PostgresClaims):
@@ -52,14 +53,6 @@ class TimedClaims(PostgresClaims):
             yield
         self.wait_s.append(acquired - started)
         self.hold_s.append(time.perf_counter() - acquired)  # recover + claim + first heartbeat + commit
-
-
-def objective(trial: optuna.Trial) -> float:
-    x = trial.suggest_float("x", -2.0, 2.0)
-    y = trial.suggest_int("y", 0, 9)
-    z = trial.suggest_categorical("z", ("a", "b", "c"))
-    trial.set_user_attr(SAMPLED, True)
-    return -(x**2) - 0.1 * y + {"a": 0.0, "b": 0.5, "c": 1.0}[z]
 
 
 def worker(url: str, n_trials: int, workers: int, barrier, results) -> None:
