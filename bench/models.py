@@ -10,7 +10,7 @@ pipeline does (51 float32 features), normalized with the normalizer fit on those
 (`build_window`, config defaults). Every model trains with its dataclass defaults (override with
 `--batch-size`, `--hidden`), seed `--seed`, no validation split (no validation pass, no early stopping).
 
-For each model, in one process, interleaved round by round so that load spikes hit both sides:
+For each model, in one process, interleaved round by round (the order alternating) so that load spikes hit both sides:
 
 * **model**: `MODELS[name].train(...)`, the real call the pipeline makes, timed whole (rows, the budget probe,
   the loop, the final statistics read). Torch models run exactly `--steps` optimizer steps (`max_steps`);
@@ -81,6 +81,7 @@ TORCH_BUILDERS: dict[str, Callable[[Any, int], nn.Module]] = {
 #: Distinct random batches the torch floor cycles through (the data streams through memory as in training).
 FLOOR_BATCHES = 8
 RIDGE_JITTER = 1e-9  # linear.fit_ridge's floor on the penalty, so the two solve the same system
+clock = time.perf_counter  # --clock cpu switches to process CPU time (steadier on a shared machine)
 
 
 @dataclass
@@ -146,12 +147,29 @@ def synchronize(device: torch.device) -> None:
 
 
 def timed(device: torch.device, run: Callable[[], Any]) -> tuple[float, Any]:
-    """Wall seconds of ``run()`` with the device drained before and after, and its result."""
+    """Seconds of ``run()`` on the chosen clock, the device drained before and after, and its result."""
     synchronize(device)
-    started = time.perf_counter()
+    started = clock()
     result = run()
     synchronize(device)
-    return time.perf_counter() - started, result
+    return clock() - started, result
+
+
+def rounds(
+    repeats: int, device: torch.device, model: Callable[[], Any], floor: Callable[[], Any]
+) -> list[tuple[float, Any, float]]:
+    """(model seconds, model result, floor seconds) per round; the order alternates between rounds, so a slow
+    patch of the shared machine or a warming cache does not always hit the same side."""
+    out = []
+    for round_index in range(repeats):
+        if round_index % 2:
+            floor_seconds = timed(device, floor)[0]
+            seconds, result = timed(device, model)
+        else:
+            seconds, result = timed(device, model)
+            floor_seconds = timed(device, floor)[0]
+        out.append((seconds, result, floor_seconds))
+    return out
 
 
 def counted(run: Callable[[], Any]) -> tuple[int, Any]:
@@ -236,11 +254,11 @@ def bench_torch(
         model_syncs=model_syncs,
         floor_syncs=floor_syncs,
     )
-    for _ in range(args.repeats):
-        seconds, log = timed(device, train)
+    for seconds, log, floor_seconds in rounds(args.repeats, device, train, lambda: floor.run(args.steps)):
         result.model_s.append(seconds)
-        result.loop_s.append(log["steps"] / log["steps_per_second"])
-        result.floor_s.append(timed(device, lambda: floor.run(args.steps))[0])
+        result.floor_s.append(floor_seconds)
+        if clock is time.perf_counter:  # the trainer's own rate is wall-clock
+            result.loop_s.append(log["steps"] / log["steps_per_second"])
     return result
 
 
@@ -270,22 +288,22 @@ def bench_lightgbm(data: MarketData, args: argparse.Namespace) -> Result:
     result = Result(
         "lightgbm", args.rounds, rows.n_rows, args.rounds * rows.n_rows, rows.n_rows, None, asdict(hp)
     )
-    for _ in range(args.repeats):
-        result.model_s.append(timed(cpu, train)[0])
-        result.floor_s.append(timed(cpu, floor)[0])
+    for seconds, _, floor_seconds in rounds(args.repeats, cpu, train, floor):
+        result.model_s.append(seconds)
+        result.floor_s.append(floor_seconds)
     return result
 
 
 def ridge_floor(flat: torch.Tensor, target: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Centred ridge normal equations in float64 on the whole flattened matrix at once."""
+    """Ridge normal equations in float64 on the whole flattened matrix at once: one Gram matrix, centred
+    algebraically (no centred copy of the matrix), one solve."""
     x, y = flat.double(), target.double()
     n, width = x.shape
     mean_x, mean_y = x.mean(dim=0), y.mean()
-    centred = x - mean_x
+    scatter = x.T @ x - n * torch.outer(mean_x, mean_x)
+    cross = x.T @ y - n * mean_x * mean_y
     eye = torch.eye(width, dtype=torch.float64, device=x.device)
-    weights = torch.linalg.solve(
-        centred.T @ centred + (alpha + RIDGE_JITTER) * n * eye, centred.T @ (y - mean_y)
-    )
+    weights = torch.linalg.solve(scatter + (alpha + RIDGE_JITTER) * n * eye, cross)
     return weights, mean_y - mean_x @ weights
 
 
@@ -305,9 +323,11 @@ def bench_ridge(data: MarketData, args: argparse.Namespace, device: torch.device
     if not torch.allclose(weights.cpu(), model.state["weights"], rtol=1e-6, atol=1e-12):
         raise RuntimeError("linear: the floor's weights differ from the fitted model's")
     result = Result("linear", 1, rows.n_rows, rows.n_rows, rows.n_rows, int(weights.numel()) + 1, asdict(hp))
-    for _ in range(args.repeats):
-        result.model_s.append(timed(device, train)[0])
-        result.floor_s.append(timed(device, lambda: ridge_floor(flat, target, hp.alpha))[0])
+    for seconds, _, floor_seconds in rounds(
+        args.repeats, device, train, lambda: ridge_floor(flat, target, hp.alpha)
+    ):
+        result.model_s.append(seconds)
+        result.floor_s.append(floor_seconds)
     return result
 
 
@@ -373,6 +393,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch (and LightGBM) threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: process CPU time, steadier on a busy machine (CPU device only; no loop column)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     args = parser.parse_args(argv)
     quick = {"days": 2, "steps": 10, "rounds": 10, "check_every": 5, "repeats": 1}
@@ -389,6 +415,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run the chosen models and print the table (and write the JSON)."""
     args = parse_args(argv)
+    global clock
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.clock == "cpu" and torch.device(args.device).type != "cpu":
+        raise SystemExit(
+            "--clock cpu: process CPU time does not time device work; use --clock wall with --device"
+        )
     missing = {name for name, spec in MODELS.items() if spec.neural} - set(TORCH_BUILDERS)
     if missing:
         raise SystemExit(f"bench/models.py: no floor builder for {sorted(missing)}; add it to TORCH_BUILDERS")
@@ -400,7 +432,8 @@ def main(argv: list[str] | None = None) -> None:
     header = (
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()} {platform.node()}, torch {torch.__version__}, "
         f"{args.threads} thread(s), device {device}, precision {plan.mode}; {data.n_rows:,} training bars × "
-        f"{data.n_features} features ({args.days} demo days), seed {args.seed}, median of {args.repeats}; "
+        f"{data.n_features} features ({args.days} demo days), seed {args.seed}, median of {args.repeats}, "
+        f"{args.clock} clock; "
         f"torch: {args.steps} steps, check_every {args.check_every}; LightGBM: {args.rounds} rounds"
     )
     print(header, flush=True)
