@@ -107,8 +107,13 @@ class Result:
         for side in ("model", "loop", "floor"):
             times = getattr(self, f"{side}_s")
             out[f"{side}_samples_per_s"] = self.samples / statistics.median(times) if times else None
-        out["model_over_floor"] = _median_ratio(self.floor_s, self.model_s)
+        ratios = [f / m for f, m in zip(self.floor_s, self.model_s, strict=True)]
+        out["model_over_floor"] = statistics.median(ratios)
+        out["model_over_floor_range"] = [min(ratios), max(ratios)]
         out["loop_over_floor"] = _median_ratio(self.floor_s, self.loop_s) if self.loop_s else None
+        # What the model's call adds per step (torch: optimizer step; LightGBM: round; ridge: the one fit).
+        extra = statistics.median(self.model_s) - statistics.median(self.floor_s)
+        out["overhead_ms_per_step"] = 1e3 * extra / self.steps
         return out
 
 
@@ -356,15 +361,17 @@ def table(results: list[dict[str, Any]]) -> str:
         return "–" if value is None else str(value)
 
     lines = [
-        "| model | steps | batch | params | model samples/s | loop samples/s | floor samples/s | model / floor "
-        "| loop / floor | syncs model / floor |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | steps | batch | params | model samples/s | loop samples/s | floor samples/s "
+        "| model / floor (range) | loop / floor | overhead ms/step | syncs model / floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        low, high = r["model_over_floor_range"]
         lines.append(
             f"| {r['model']} | {r['steps']:,} | {r['batch']:,} | {syncs(r['parameters'])} | "
             f"{rate(r['model_samples_per_s'])} | {rate(r['loop_samples_per_s'])} | "
-            f"{rate(r['floor_samples_per_s'])} | {ratio(r['model_over_floor'])} | {ratio(r['loop_over_floor'])} | "
+            f"{rate(r['floor_samples_per_s'])} | {ratio(r['model_over_floor'])} ({low:.2f}–{high:.2f}) | "
+            f"{ratio(r['loop_over_floor'])} | {r['overhead_ms_per_step']:+.2f} | "
             f"{syncs(r['model_syncs'])} / {syncs(r['floor_syncs'])} |"
         )
     return "\n".join(lines)
