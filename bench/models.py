@@ -10,7 +10,8 @@ pipeline does (51 float32 features), normalized with the normalizer fit on those
 (`build_window`, config defaults). Every model trains with its dataclass defaults (override with
 `--batch-size`, `--hidden`), seed `--seed`, no validation split (no validation pass, no early stopping).
 
-For each model, in one process, interleaved round by round (the order alternating) so that load spikes hit both sides:
+For each model, in one process, interleaved round by round (the order alternating between rounds) so that
+load spikes hit both sides:
 
 * **model**: `MODELS[name].train(...)`, the real call the pipeline makes, timed whole (rows, the budget probe,
   the loop, the final statistics read). Torch models run exactly `--steps` optimizer steps (`max_steps`);
@@ -21,8 +22,9 @@ For each model, in one process, interleaved round by round (the order alternatin
   (`make_optimizer`, `OptimStep`, grad clip) and loss, for the same number of steps, on random tensors already
   on the device (a few distinct batches cycled); no row gather, no shuffle, no statistics, no validation.
   LightGBM: `lightgbm.train` on the same matrix (the flattened windows, built before the clock starts) with
-  the same parameters (`lightgbm_model._params`), no validation sets and no callback. Ridge: the same
-  centred normal equations in float64 on the same flattened matrix, in one piece rather than in chunks.
+  the same parameters (`lightgbm_model._params`), no validation sets and no callback. Ridge: the same normal
+  equations in float64 (Gram matrix centred algebraically, one solve) on the same flattened matrix built
+  before the clock starts, in one piece rather than gathered in chunks.
 
 Reported: samples/s of each (torch: steps × batch; LightGBM: rounds × training rows; ridge: training rows per
 fit), the ratio model / floor (1.0 = no overhead; the median of the per-round ratios), and host syncs counted
@@ -177,9 +179,9 @@ def rounds(
     return out
 
 
-def counted(run: Callable[[], Any]) -> tuple[int, Any]:
-    """Host syncs of ``run()`` (CPU tensors count too: on a CPU run they stand in for the device reads)."""
-    with SyncCounter(count_cpu=True) as counter:
+def counted(device: torch.device, run: Callable[[], Any]) -> tuple[int, Any]:
+    """Host syncs of ``run()``; on a CPU run, calls on CPU tensors count (they stand in for the device reads)."""
+    with SyncCounter(count_cpu=device.type == "cpu") as counter:
         result = run()
     return counter.count, result
 
@@ -236,7 +238,7 @@ def bench_torch(
     def train() -> dict[str, Any]:
         return spec.train(data, None, settings, hparams, plan, device, args.seed).log
 
-    model_syncs, log = counted(train)
+    model_syncs, log = counted(device, train)
     if log["steps"] != args.steps:
         raise RuntimeError(f"{name}: trained {log['steps']} steps, expected {args.steps}")
     hp = parse_hparams(spec.hparams_class, hparams, name)
@@ -247,7 +249,7 @@ def bench_torch(
         raise RuntimeError(
             f"{name}: floor module has {parameters} parameters, the trainer's {log['parameter_count']}"
         )
-    floor_syncs, _ = counted(lambda: floor.run(args.steps))
+    floor_syncs, _ = counted(device, lambda: floor.run(args.steps))
     result = Result(
         name,
         args.steps,
