@@ -31,6 +31,12 @@ def _cme_reference(ts_ns: int) -> dt.date | None:
     return None if day.weekday() >= 5 else day
 
 
+def _in_cme_halt(ts_ns: int) -> bool:
+    """Independent: the bar opens inside 16:00-17:00 Chicago time (the count reported as dropped in the halt)."""
+    local = dt.datetime.fromtimestamp(ts_ns / NS, tz=dt.UTC).astimezone(CHICAGO)
+    return dt.time(16, 0) <= local.time() < dt.time(17, 0)
+
+
 def _utc_day_files(tmp_path: Path, first: dt.date, days: int, step_minutes: int, dataset: str) -> list[Path]:
     """One ohlcv-1m file per UTC day, a bar every ``step_minutes`` around the clock (weekends included)."""
     paths = []
@@ -81,6 +87,8 @@ def test_cme_trading_day_matches_a_per_bar_reference_across_weekend_halt_and_dst
         )
         assert got == kept, path.name
         assert bar_file.dropped_outside_session == len(expected) - len(kept)
+        halted = [ts for ts in expected if _in_cme_halt(ts)]
+        assert bar_file.dropped_in_halt == len(halted) == 12  # one hour of 5-minute bars, in CST and in CDT
         checked += len(kept)
     assert checked > 1000
     days = pl.concat([read_bars(p, "1m").bars for p in paths])["trading_day"].unique().sort().to_list()
@@ -143,5 +151,6 @@ def test_unknown_dataset_and_bad_session_config_are_one_line_errors(tmp_path: Pa
 def test_daily_bars_keep_their_date_and_drop_weekends() -> None:
     days = [dt.datetime(2024, 3, d, tzinfo=dt.UTC) for d in (8, 9, 10, 11)]  # Fri, Sat, Sun, Mon
     frame = pl.DataFrame({"ts_event": days}).with_columns(pl.col("ts_event").dt.cast_time_unit("ns"))
-    out, dropped = session_frame(frame, calendar_for("GLBX.MDP3"), daily_bars=True)
+    out, dropped, in_halt = session_frame(frame, calendar_for("GLBX.MDP3"), daily_bars=True)
     assert out["trading_day"].to_list() == [dt.date(2024, 3, 8), dt.date(2024, 3, 11)] and dropped == 2
+    assert in_halt == 0  # a daily bar cannot be split at the halt
