@@ -4,12 +4,15 @@ into the roll is closed on the old contract and reopened on the new one (two one
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
 import torch
 
 from marketrl.costs import costs_from_config
+from marketrl.datasets import write_feature_manifest
 from marketrl.env import (
     EnvConfig,
     EnvDataError,
@@ -265,3 +268,40 @@ def test_numpy_reference_env_rolls_the_same_way() -> None:
     rewards = [plain.step(action)[1] for action in (2, 2, 2, 0, 0, 1)]
     expected = position_results(data, np.array([1, 1, 1, -1, -1, 0, 0.0]), config).net_return.numpy()[:6]
     np.testing.assert_allclose(rewards, expected, rtol=1e-6)
+
+
+def _day_table(path: Path, day: int, contracts: dict[str, int]) -> Path:
+    """A feature table's label columns: one bar an hour on UTC day `day`, one contract per continuous symbol."""
+    start = np.datetime64("2024-03-14", "ns") + np.timedelta64(day, "D")
+    ts = start + np.arange(0, 24, dtype="timedelta64[h]")
+    frame = pl.concat(
+        pl.DataFrame({"ts_event": ts, "instrument_id": [iid] * 24, "symbol": [symbol] * 24})
+        for symbol, iid in contracts.items()
+    ).with_columns(
+        pl.col("ts_event").dt.replace_time_zone("UTC"),
+        pl.col("instrument_id").cast(pl.UInt32),
+        trading_day=pl.col("ts_event").dt.date(),
+    )
+    frame.write_parquet(path)
+    return path
+
+
+def test_feature_manifest_lists_the_rolls_of_each_continuous_symbol(tmp_path: Path) -> None:
+    # ES.c.0 rolls from id 11 to id 5 between the two files; NQ.c.0 keeps its contract; outright ESH4 never rolls.
+    files = [
+        _day_table(tmp_path / "d0.parquet", 0, {"ES.c.0": 11, "NQ.c.0": 20, "ESH4": 11}),
+        _day_table(tmp_path / "d1.parquet", 1, {"ES.c.0": 5, "NQ.c.0": 20, "ESH4": 11}),
+    ]
+    manifest = write_feature_manifest(files, tmp_path / "manifest.json")
+    assert manifest["rolls"] == [
+        {
+            "symbol": "ES.c.0",
+            "trading_day": "2024-03-15",
+            "old_instrument_id": 11,
+            "new_instrument_id": 5,
+            "old_last_bar": "2024-03-14T23:00:00+00:00",
+            "new_first_bar": "2024-03-15T00:00:00+00:00",
+        }
+    ]
+    # Tables written without marketrl metadata have no source file or drop counts to report.
+    assert manifest["files"][0]["source_file"] is None and manifest["files"][0]["dropped_in_halt"] is None

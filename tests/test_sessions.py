@@ -13,6 +13,7 @@ import pytest
 
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataConfigError, read_bars
+from marketrl.datasets import write_feature_manifest
 from marketrl.features import build_feature_file
 from marketrl.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
 from tests.support.synthetic import ohlcv_messages
@@ -154,3 +155,12 @@ def test_daily_bars_keep_their_date_and_drop_weekends() -> None:
     out, dropped, in_halt = session_frame(frame, calendar_for("GLBX.MDP3"), daily_bars=True)
     assert out["trading_day"].to_list() == [dt.date(2024, 3, 8), dt.date(2024, 3, 11)] and dropped == 2
     assert in_halt == 0  # a daily bar cannot be split at the halt
+
+
+def test_halt_drops_reach_the_feature_metadata_and_the_manifest(tmp_path: Path) -> None:
+    (path,) = _utc_day_files(tmp_path, dt.date(2024, 3, 12), 1, step_minutes=5, dataset="GLBX.MDP3")
+    summary = build_feature_file(path, tmp_path / "tue.parquet")
+    assert summary["dropped_in_halt"] == summary["dropped_outside_session"] == 12  # a Tuesday: only the halt
+    (entry,) = write_feature_manifest([tmp_path / "tue.parquet"], tmp_path / "manifest.json")["files"]
+    assert entry["dropped_in_halt"] == 12 and entry["dropped_outside_session"] == 12
+    assert entry["source_file"] == path.name and entry["skipped"] is None
