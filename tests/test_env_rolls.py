@@ -23,6 +23,7 @@ from marketrl.env import (
     position_change_rate,
     position_results,
 )
+from marketrl.models.trading_rule import TradingRule
 from marketrl.normalize import FeatureNormalizer
 
 MINUTE_NS = 60_000_000_000
@@ -305,3 +306,13 @@ def test_feature_manifest_lists_the_rolls_of_each_continuous_symbol(tmp_path: Pa
     ]
     # Tables written without marketrl metadata have no source file or drop counts to report.
     assert manifest["files"][0]["source_file"] is None and manifest["files"][0]["dropped_in_halt"] is None
+
+
+def test_forecasters_trading_rule_holds_its_band_through_a_roll() -> None:
+    # Entry-strength predictions on the old contract, then band-strength ones across the roll: the position the
+    # rule holds into the roll carries on, as position_results scores it (the band restarts only at a chain start).
+    data = _continuous()
+    threshold = 2.0 * data.cost_close.numpy()  # round trip at each close
+    predictions = torch.tensor(np.r_[threshold[:3] * 2.0, threshold[3:6] * 0.75, 0.0], dtype=torch.float32)
+    positions = TradingRule(threshold_multiplier=1.0, hold_band=0.5).positions(predictions, data)
+    assert positions.tolist() == [1.0] * 6 + [0.0]
