@@ -61,9 +61,7 @@ class MarketData:
     segment_last: np.ndarray  # [S] int64, host copy (inclusive)
     is_roll: torch.Tensor  # [T] bool, row t is a contract's last row and its position rolls into row t+1
     roll_cost_close: torch.Tensor  # [T] float32, cost closing the old contract at close_t (roll rows, else 0)
-    roll_cost_open: (
-        torch.Tensor
-    )  # [T] float32, cost opening the new contract at open_{t+1} (roll rows, else 0)
+    roll_cost_open: torch.Tensor  # [T] float32, cost opening the new contract at open_{t+1} (roll rows)
     chain_start: torch.Tensor  # [T] int64, first row of the row's chain (where positions start flat)
     chain_first: np.ndarray  # [C] int64, host copy
     chain_last: np.ndarray  # [C] int64, host copy (inclusive)
