@@ -68,8 +68,9 @@ class TradingEnv:
         starts = data.episode_starts(config.episode_length)
         if starts.size == 0:
             raise EnvDataError(
-                f"env.episode_length: no segment has more than {config.episode_length} bars; shorten episodes or "
-                f"raise env.max_gap (longest segment: {int((data.chain_last - data.chain_first).max()) + 1} bars)"
+                f"env.episode_length: no segment (with the segments it rolls into) has more than "
+                f"{config.episode_length} bars; shorten episodes or raise env.max_gap "
+                f"(longest: {int((data.chain_last - data.chain_first).max()) + 1} bars)"
             )
         self.start_rows = torch.as_tensor(starts, device=self.device)
         self._valid_start = np.zeros(data.n_rows, dtype=bool)
