@@ -188,10 +188,11 @@ class PlainGymEnv(gymnasium.Env):
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Move to target position ACTION_POSITIONS[action]; reward as in `step_rewards`."""
         target = np.float32(ACTION_POSITIONS[int(action)])
-        gap_return, hold_return, cost_fraction = self.params[self.row]
+        gap_return, hold_return, cost_fraction, roll_close, roll_open = self.params[self.row]
         contracts = np.float32(self.config.contracts)
         gross = target * (hold_return * contracts) + self.position * (gap_return * contracts)
         cost = abs(target - self.position) * (cost_fraction * contracts)
+        cost += abs(self.position) * (roll_close * contracts) + abs(target) * (roll_open * contracts)
         self.row += 1
         self.elapsed += 1
         self.position = target

@@ -149,6 +149,11 @@ def _check_number(key: str, value: Any, *, positive: bool, prefix: str = "costs.
         raise CostConfigError(f"{prefix}{key}: expected a number >= 0, got {value!r}")
 
 
+def is_continuous(symbol: str) -> bool:
+    """True for a Databento continuous symbol (ES.c.0, ES.v.1, ES.n.0): one series whose contract rolls."""
+    return _CONTINUOUS.match(symbol) is not None
+
+
 def symbol_root(symbol: str) -> str:
     """The contract root of a symbol: ESH4 -> ES, NQZ24 -> NQ, 6EM5 -> 6E, ES.c.0 -> ES, ES.FUT -> ES; any other
     symbol (an equity ticker, an instrument_id) is its own root."""

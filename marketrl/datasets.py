@@ -6,6 +6,7 @@ window's train split) and reused, unchanged, for that window's validation and te
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,9 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import polars as pl
+import pyarrow.parquet as pq
 import torch
 
-from marketrl.costs import Costs, costs_from_config
+from marketrl.costs import Costs, costs_from_config, is_continuous
 from marketrl.env import EnvConfig, MarketData, parse_duration
 from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns, skipped_reason
 from marketrl.folds import FoldPlan, select_rows, select_tuning_rows
@@ -70,14 +72,17 @@ def _check_finite(frame: pl.DataFrame, path: str | Path) -> None:
 
 
 def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | Path) -> dict[str, Any]:
-    """results/features/manifest.json: every feature table with its sha256, rows and days.
+    """results/features/manifest.json: every feature table with its sha256, rows, days, source file, bars dropped
+    outside the session (and in the daily halt) and skip reason, and the rolls of every continuous symbol.
 
     The fan-out jobs depend on this one file instead of on every feature table, which keeps the DAG small
     (thousands of jobs x hundreds of files would be hundreds of thousands of edges).
     """
-    entries = []
+    entries, spans = [], []
     for path in feature_files:
-        days = pl.read_parquet(path, columns=["trading_day"])["trading_day"]
+        frame = pl.read_parquet(path, columns=["ts_event", "trading_day", "instrument_id", "symbol"])
+        days = frame["trading_day"]
+        metadata = pq.read_schema(path).metadata or {}  # tables written elsewhere may carry none
         entries.append(
             {
                 "path": str(path),
@@ -85,12 +90,73 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
                 "rows": days.len(),
                 "first_day": str(days.min()) if days.len() else None,
                 "last_day": str(days.max()) if days.len() else None,
+                "source_file": _metadata_value(metadata, "source_file"),
+                "dropped_outside_session": _metadata_count(metadata, "dropped_outside_session"),
+                "dropped_in_halt": _metadata_count(metadata, "dropped_in_halt"),
                 "skipped": skipped_reason(path),  # data.on_bad_file: skip; None for a featurized file
             }
         )
-    manifest = {"files": entries}
+        spans.append(contract_spans(frame))
+    manifest = {"files": entries, "rolls": continuous_rolls(pl.concat(spans)) if spans else []}
     write_json_atomic(out_path, manifest)
     return manifest
+
+
+def _metadata_value(metadata: Mapping[bytes, bytes], key: str) -> str | None:
+    value = metadata.get(f"marketrl.{key}".encode())
+    return value.decode() if value is not None else None
+
+
+def _metadata_count(metadata: Mapping[bytes, bytes], key: str) -> int | None:
+    value = _metadata_value(metadata, key)
+    return int(value) if value is not None else None
+
+
+_SPAN_SCHEMA = {
+    "symbol": pl.String,
+    "instrument_id": pl.UInt32,
+    "first_ts": pl.Datetime("ns", "UTC"),
+    "last_ts": pl.Datetime("ns", "UTC"),
+    "first_day": pl.Date,
+}
+
+
+def contract_spans(frame: pl.DataFrame) -> pl.DataFrame:
+    """First and last bar (and first trading day) of each contract under each continuous symbol of a feature
+    table (columns ts_event, trading_day, instrument_id, symbol): what `continuous_rolls` needs of it."""
+    continuous = [symbol for symbol in frame["symbol"].unique().to_list() if is_continuous(symbol)]
+    if not continuous:
+        return pl.DataFrame(schema=_SPAN_SCHEMA)
+    return (
+        frame.filter(pl.col("symbol").is_in(continuous))
+        .group_by("symbol", "instrument_id")
+        .agg(
+            pl.col("ts_event").min().alias("first_ts"),
+            pl.col("ts_event").max().alias("last_ts"),
+            pl.col("trading_day").min().alias("first_day"),
+        )
+        .cast(_SPAN_SCHEMA)  # type: ignore[arg-type]
+    )
+
+
+def continuous_rolls(spans: pl.DataFrame) -> list[dict[str, Any]]:
+    """Every change of contract under a continuous symbol, in time order: symbol, the new contract's first
+    trading day, old and new instrument_id and the last / first bar either side (the env's roll, docs/ENV.md)."""
+    rolls = []
+    rows = spans.sort("symbol", "first_ts", "instrument_id").rows(named=True)
+    for old, new in itertools.pairwise(rows):
+        if old["symbol"] == new["symbol"] and old["instrument_id"] != new["instrument_id"]:
+            rolls.append(
+                {
+                    "symbol": new["symbol"],
+                    "trading_day": str(new["first_day"]),
+                    "old_instrument_id": old["instrument_id"],
+                    "new_instrument_id": new["instrument_id"],
+                    "old_last_bar": old["last_ts"].isoformat(),
+                    "new_first_bar": new["first_ts"].isoformat(),
+                }
+            )
+    return sorted(rolls, key=lambda roll: (roll["new_first_bar"], roll["symbol"]))
 
 
 def manifest_files(manifest_path: str | Path, verify: bool = True) -> list[str]:

@@ -10,6 +10,7 @@ import functools
 import logging
 import os
 import struct
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -64,16 +65,39 @@ def header_start_ns(path: str | os.PathLike[str]) -> int:
         raise DbnHeaderError(f"{path}: cannot read its DBN header: {exc}".splitlines()[0]) from exc
 
 
-def time_ordered(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+def time_ordered(paths: Iterable[str | os.PathLike[str]], *, skip_unreadable: bool = False) -> list[Path]:
     """``paths`` sorted by their header's start time (then name): the order in which each file's predecessor is
-    its features' lookback context, whatever the names say. A name order that disagrees is logged."""
+    its features' lookback context, whatever the names say. A name order that disagrees is logged.
+
+    A file whose header cannot be read is a ``DbnHeaderError``; with ``skip_unreadable`` (``data.on_bad_file:
+    skip``) it is noted in one line on stderr and put after every readable file (by name), so that it is no
+    other file's context, and its features job skips it with the reason in the manifest.
+    """
     files = [Path(p) for p in paths]
-    ordered = sorted(files, key=lambda p: (header_start_ns(p), p.name))
-    by_name = sorted(files, key=lambda p: p.name)
+    starts: dict[Path, int] = {}
+    unreadable: list[Path] = []
+    for path in files:
+        try:
+            starts[path] = header_start_ns(path)
+        except DbnHeaderError as exc:
+            if not skip_unreadable:
+                raise
+            _note_unreadable(str(exc))
+            unreadable.append(path)
+    readable = [p for p in files if p in starts]
+    ordered = sorted(readable, key=lambda p: (starts[p], p.name))
+    by_name = sorted(readable, key=lambda p: p.name)
+    ordered_all = ordered + sorted(unreadable, key=lambda p: p.name)
     if ordered != by_name:
         first = next(i for i, (a, b) in enumerate(zip(ordered, by_name, strict=True)) if a != b)
         log.warning(
             "input files: name order disagrees with the data's time order (first at %s); using the time order",
             ordered[first],
         )
-    return ordered
+    return ordered_all
+
+
+@functools.cache
+def _note_unreadable(message: str) -> None:
+    """Once per process (the workflow re-reads the file list at every DAG parse)."""
+    print(f"marketrl: skipping input file (data.on_bad_file: skip): {message}", file=sys.stderr)

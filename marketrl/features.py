@@ -1054,6 +1054,7 @@ def _build_feature_file(
         "marketrl.feature_names": ",".join(feature_names),
         "marketrl.session": json.dumps(current.calendar.to_config() if current.calendar else None),
         "marketrl.dropped_outside_session": str(current.dropped_outside_session),
+        "marketrl.dropped_in_halt": str(current.dropped_in_halt),
     }
     if prev is not None:
         metadata["marketrl.prev_source_file"] = prev.path.name
@@ -1075,6 +1076,7 @@ def _build_feature_file(
         "records": current.records,
         "dropped_undef_ts": current.dropped_undef_ts,
         "dropped_outside_session": current.dropped_outside_session,
+        "dropped_in_halt": current.dropped_in_halt,
         "dropped_short_instruments": selection.dropped,
         "skipped": None,
     }

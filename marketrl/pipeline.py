@@ -79,8 +79,9 @@ def raw_data_files(config: dict[str, Any]) -> dict[str, str]:
         matched = glob.glob(pattern, recursive=True)
         if not matched:
             raise ConfigError(f"config key 'data.files': glob {pattern!r} matched no files")
+        skip = config["data"].get("on_bad_file", "error") == "skip"
         try:
-            paths = [str(p) for p in time_ordered(matched)]  # by the data's time, not the names
+            paths = [str(p) for p in time_ordered(matched, skip_unreadable=skip)]  # by the data's time
         except DbnHeaderError as exc:
             raise ConfigError(f"config key 'data.files': {exc}") from None
     files: dict[str, str] = {}

@@ -179,9 +179,9 @@ def calendar_for(dataset: str, session: Mapping[str, Any] | SessionCalendar | No
 
 def session_frame(
     bars: pl.DataFrame, calendar: SessionCalendar, *, daily_bars: bool = False
-) -> tuple[pl.DataFrame, int]:
-    """``bars`` with ``trading_day`` set from ``calendar``, the bars outside every session dropped; and the count
-    of dropped bars (inside the halt, or on a Saturday/Sunday trading day).
+) -> tuple[pl.DataFrame, int, int]:
+    """``bars`` with ``trading_day`` set from ``calendar``, the bars outside every session dropped; the count of
+    dropped bars (inside the halt, or on a Saturday/Sunday trading day); and how many of them were in the halt.
 
     Daily bars (``daily_bars``) are the vendor's own UTC-dated aggregates: their date is their trading day and
     only weekend-dated ones are dropped (a daily bar cannot be split at the halt).
@@ -193,5 +193,5 @@ def session_frame(
         day, halted = calendar.trading_day(ts), calendar.in_halt(ts)
     bars = bars.with_columns(day.alias("trading_day"))
     outside = halted | (pl.col("trading_day").dt.weekday() >= 6)
-    dropped = int(bars.select(outside.sum()).item())
-    return (bars.filter(~outside) if dropped else bars), dropped
+    dropped, in_halt = (int(n) for n in bars.select(outside.sum(), halted.sum().alias("in_halt")).row(0))
+    return (bars.filter(~outside) if dropped else bars), dropped, in_halt

@@ -136,7 +136,7 @@ DOWNSTREAM: dict[str, tuple[str, ...]] = {
     "demo_data": ("features",),
     "download_databento": ("features",),
     "features": ("feature_manifest", "folds"),
-    "feature_manifest": ("hyperopt_worker", "train", "evaluate", "baselines"),
+    "feature_manifest": ("hyperopt_worker", "train", "evaluate", "baselines", "report"),
     "folds": ("hyperopt_worker", "hyperopt_best", "train", "evaluate", "baselines", "report"),
     "hyperopt_worker": ("hyperopt_best",),
     "hyperopt_best": ("train", "report"),

@@ -5,6 +5,7 @@ rule report:
         hyperopt=pipeline.hyperopt_files(config),
         folds=paths.FOLDS,
         train_logs=pipeline.train_log_files(config),
+        manifest=paths.FEATURE_MANIFEST,
     output:
         paths.REPORT,
     log:

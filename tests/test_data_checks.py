@@ -232,3 +232,27 @@ def test_the_dag_orders_input_files_by_header_start(tmp_path: Path) -> None:
         ConfigError, match=r"^config key 'data.files': .*c-junk\.dbn: no complete DBN metadata header"
     ):
         pipeline.raw_data_files(config)
+
+
+def test_an_unreadable_header_under_skip_is_noted_and_skipped_by_its_features_job(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # data.on_bad_file: skip: the DAG still builds; the file goes last (it is no file's context), one line on
+    # stderr names it and why, and its features job writes an empty table whose reason reaches the manifest.
+    late = _ohlcv_file(tmp_path / "a-late.dbn", _day(TUESDAY, seed=12), compress=False)
+    early = _ohlcv_file(tmp_path / "b-early.dbn.zst", _day(MONDAY, seed=13))
+    junk = write_dbn(tmp_path / "0-junk.dbn", b"DBN junk")
+    config = validate_config(
+        {"data": {"source": "files", "files": str(tmp_path / "*.dbn*"), "on_bad_file": "skip"}}
+    )
+    assert list(pipeline.raw_data_files(config).values()) == [str(early), str(late), str(junk)]
+    assert pipeline.raw_data_files(config)  # the DAG re-reads the list: the note is written once per process
+    noted = [line for line in capfd.readouterr().err.splitlines() if "skipping input file" in line]
+    assert len(noted) == 1 and f"{junk}: no complete DBN metadata header" in noted[0]
+    dst = tmp_path / "junk.parquet"
+    with pytest.raises(DataFileError, match=r"0-junk\.dbn"):
+        build_feature_file(junk, dst, prev_src=late)
+    summary = build_feature_file(junk, dst, prev_src=late, on_bad_file="skip")
+    assert summary["rows"] == 0 and summary["skipped"]
+    manifest = write_feature_manifest([dst], tmp_path / "manifest.json")
+    assert manifest["files"][0]["skipped"] == summary["skipped"]

@@ -54,6 +54,23 @@ def test_file_without_a_readable_header_fails_the_dag_in_one_line(tmp_path: Path
     assert "no complete DBN metadata header" in lines[0]
 
 
+def test_file_without_a_readable_header_is_skipped_with_a_note_under_skip(tmp_path: Path) -> None:
+    # With data.on_bad_file: skip the DAG builds; the note names the file, and its features job is planned (it
+    # writes the empty, skipped table whose reason reaches the manifest and the report).
+    data = tmp_path / "data"
+    generate_demo_files(data, "2024-01-03", 1, seed=2)
+    corrupt = BAD_INPUTS["truncated zstd"][0](tmp_path).rename(data / "glbx-mdp3-20240102.ohlcv-1m.dbn.zst")
+    config = fast_tiny_config(
+        data={"source": "files", "files": str(data / "*.dbn.zst"), "on_bad_file": "skip"}
+    )
+    workdir = new_workdir(config, tmp_path / "runs")
+    result = run_snakemake(workdir, "--cores", "1", "-n", "results/features/manifest.json", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    notes = {line for line in result.stderr.splitlines() if "skipping input file" in line}
+    assert len(notes) == 1 and str(corrupt) in notes.pop()
+    assert "results/features/glbx-mdp3-20240102.ohlcv-1m.parquet" in result.stdout + result.stderr
+
+
 def test_hyperopt_json_with_wrong_types_fails_the_train_job(tmp_path: Path) -> None:
     workdir = tmp_path / "run"
     shutil.copytree(baseline_run(), workdir, symlinks=True)  # copy2 keeps mtimes: nothing else looks stale

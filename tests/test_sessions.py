@@ -13,6 +13,7 @@ import pytest
 
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataConfigError, read_bars
+from marketrl.datasets import write_feature_manifest
 from marketrl.features import build_feature_file
 from marketrl.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
 from tests.support.synthetic import ohlcv_messages
@@ -29,6 +30,12 @@ def _cme_reference(ts_ns: int) -> dt.date | None:
         return None
     day = local.date() + dt.timedelta(days=1) if local.time() >= dt.time(17, 0) else local.date()
     return None if day.weekday() >= 5 else day
+
+
+def _in_cme_halt(ts_ns: int) -> bool:
+    """Independent: the bar opens inside 16:00-17:00 Chicago time (the count reported as dropped in the halt)."""
+    local = dt.datetime.fromtimestamp(ts_ns / NS, tz=dt.UTC).astimezone(CHICAGO)
+    return dt.time(16, 0) <= local.time() < dt.time(17, 0)
 
 
 def _utc_day_files(tmp_path: Path, first: dt.date, days: int, step_minutes: int, dataset: str) -> list[Path]:
@@ -81,6 +88,8 @@ def test_cme_trading_day_matches_a_per_bar_reference_across_weekend_halt_and_dst
         )
         assert got == kept, path.name
         assert bar_file.dropped_outside_session == len(expected) - len(kept)
+        halted = [ts for ts in expected if _in_cme_halt(ts)]
+        assert bar_file.dropped_in_halt == len(halted) == 12  # one hour of 5-minute bars, in CST and in CDT
         checked += len(kept)
     assert checked > 1000
     days = pl.concat([read_bars(p, "1m").bars for p in paths])["trading_day"].unique().sort().to_list()
@@ -143,5 +152,15 @@ def test_unknown_dataset_and_bad_session_config_are_one_line_errors(tmp_path: Pa
 def test_daily_bars_keep_their_date_and_drop_weekends() -> None:
     days = [dt.datetime(2024, 3, d, tzinfo=dt.UTC) for d in (8, 9, 10, 11)]  # Fri, Sat, Sun, Mon
     frame = pl.DataFrame({"ts_event": days}).with_columns(pl.col("ts_event").dt.cast_time_unit("ns"))
-    out, dropped = session_frame(frame, calendar_for("GLBX.MDP3"), daily_bars=True)
+    out, dropped, in_halt = session_frame(frame, calendar_for("GLBX.MDP3"), daily_bars=True)
     assert out["trading_day"].to_list() == [dt.date(2024, 3, 8), dt.date(2024, 3, 11)] and dropped == 2
+    assert in_halt == 0  # a daily bar cannot be split at the halt
+
+
+def test_halt_drops_reach_the_feature_metadata_and_the_manifest(tmp_path: Path) -> None:
+    (path,) = _utc_day_files(tmp_path, dt.date(2024, 3, 12), 1, step_minutes=5, dataset="GLBX.MDP3")
+    summary = build_feature_file(path, tmp_path / "tue.parquet")
+    assert summary["dropped_in_halt"] == summary["dropped_outside_session"] == 12  # a Tuesday: only the halt
+    (entry,) = write_feature_manifest([tmp_path / "tue.parquet"], tmp_path / "manifest.json")["files"]
+    assert entry["dropped_in_halt"] == 12 and entry["dropped_outside_session"] == 12
+    assert entry["source_file"] == path.name and entry["skipped"] is None

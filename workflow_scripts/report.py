@@ -14,4 +14,5 @@ with job_context(snakemake.log[0], snakemake.threads):
         train_logs=list(snakemake.input.train_logs),
         config=snakemake.params.config,
         out_path=snakemake.output[0],
+        manifest_path=snakemake.input.manifest,
     )

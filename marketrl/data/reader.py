@@ -123,6 +123,7 @@ class BarFile:
     records: int
     dropped_undef_ts: int
     dropped_outside_session: int = 0  # bars in the daily halt or on a weekend trading day (marketrl.sessions)
+    dropped_in_halt: int = 0  # of those, the bars inside the daily halt
     calendar: SessionCalendar | None = None
 
     @property
@@ -638,7 +639,8 @@ def read_bars(
     ``session`` or the dataset's default calendar, marketrl.sessions), ``instrument_id`` (UInt32), ``symbol``,
     ``open``/``high``/``low``/``close``/``volume`` (Float64), plus ``bid_px``/``ask_px``/``bid_sz``/``ask_sz``
     (last top of book in the bar, may be null) for quote schemas. Sorted by (instrument_id, ts_event). Bars
-    outside every session (the daily halt, weekend days) are dropped and counted (``dropped_outside_session``).
+    outside every session (the daily halt, weekend days) are dropped and counted (``dropped_outside_session``;
+    ``dropped_in_halt`` of them in the halt).
     The records are decoded in chunks, each reduced to the columns the bars need before the next is decoded.
 
     Sanity checks, each a ``DataFileError``: timestamps inside the header's range, OHLCV bars in time order per
@@ -674,9 +676,15 @@ def read_bars(
     del rows
     bars = _attach_symbols(bars, metadata)
     check_price_jumps(bars, path, max_price_jump)
-    bars, outside = session_frame(bars, calendar, daily_bars=bar_ns == NS_PER_DAY)
+    bars, outside, in_halt = session_frame(bars, calendar, daily_bars=bar_ns == NS_PER_DAY)
     if outside:
-        log.info("%s: dropped %d bar(s) outside the %s session", path, outside, calendar.timezone)
+        log.info(
+            "%s: dropped %d bar(s) outside the %s session (%d in the daily halt)",
+            path,
+            outside,
+            calendar.timezone,
+            in_halt,
+        )
     columns = ["ts_event", "trading_day", "instrument_id", "symbol", "open", "high", "low", "close", "volume"]
     if has_book:
         columns += list(BOOK_COLUMNS)
@@ -692,5 +700,6 @@ def read_bars(
         records=records,
         dropped_undef_ts=dropped,
         dropped_outside_session=outside,
+        dropped_in_halt=in_halt,
         calendar=calendar,
     )

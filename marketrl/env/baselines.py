@@ -10,8 +10,9 @@ from marketrl.env.market_data import MarketData
 
 def rule_positions(data: MarketData, rule: str, *, seed: int = 0, lookback: int = 20) -> torch.Tensor:
     """Target positions [T] for rule baselines: 'long' (buy and hold), 'short', 'flat', 'random' (uniform over
-    {−1, 0, 1}, seeded), 'momentum' (sign of close_t / close_{t−lookback} − 1 within the segment; flat until
-    `lookback` bars of the segment exist). Feed the result to `evaluate_positions`."""
+    {−1, 0, 1}, seeded), 'momentum' (sign of close_t / close_{t−lookback} − 1 within the segment, one
+    contract's prices only; flat until `lookback` bars of the segment exist, also after a roll). Feed the
+    result to `evaluate_positions`."""
     n = data.n_rows
     if rule in ("long", "short", "flat"):
         return torch.full((n,), {"long": 1.0, "short": -1.0, "flat": 0.0}[rule], device=data.device)
@@ -33,11 +34,11 @@ def rule_positions(data: MarketData, rule: str, *, seed: int = 0, lookback: int 
 
 def position_change_rate(data: MarketData, positions: torch.Tensor) -> float:
     """Share of decision rows at which `positions` [T] differs from the position held before (flat at the start
-    of each segment): how often a strategy trades, whatever the direction."""
+    of each chain): how often a strategy trades, whatever the direction (holding through a roll is no change)."""
     positions = torch.as_tensor(positions, device=data.device).to(torch.float32).reshape(-1)
     rows = torch.arange(data.n_rows, device=data.device)
     previous = torch.cat([positions.new_zeros(1), positions[:-1]])
-    previous = torch.where(rows == data.segment_start, torch.zeros_like(previous), previous)
+    previous = torch.where(rows == data.chain_start, torch.zeros_like(previous), previous)
     decisions = data.is_decision
     n_decisions = int(decisions.sum())
     return float(((positions != previous) & decisions).sum()) / n_decisions if n_decisions else 0.0
@@ -46,7 +47,7 @@ def position_change_rate(data: MarketData, positions: torch.Tensor) -> float:
 def matched_random_positions(data: MarketData, change_rate: float, *, seed: int) -> torch.Tensor:
     """Target positions [T] of a random trader that trades as often as a given strategy and no more cleverly:
     at each decision row it changes position with probability `change_rate` (seeded coin), to one of the two
-    other positions of {−1, 0, 1} with equal chance; each segment starts flat; non-decision rows are 0.
+    other positions of {−1, 0, 1} with equal chance; each chain starts flat; non-decision rows are 0.
 
     It sees only the rate, never the strategy's positions, so its direction cannot depend on them."""
     if not 0.0 <= change_rate <= 1.0:
@@ -57,10 +58,10 @@ def matched_random_positions(data: MarketData, change_rate: float, *, seed: int)
     steps = torch.randint(1, N_ACTIONS, (n,), generator=generator, device=data.device)  # +1 or +2 (mod 3)
     increments = torch.where(changes & data.is_decision, steps, torch.zeros_like(steps))
     total = increments.cumsum(0)
-    before_segment = torch.where(
-        data.segment_start > 0, total.index_select(0, (data.segment_start - 1).clamp(min=0)), 0
+    before_chain = torch.where(
+        data.chain_start > 0, total.index_select(0, (data.chain_start - 1).clamp(min=0)), 0
     )
     flat = 1  # index of position 0 in ACTION_POSITIONS
-    state = (flat + total - before_segment) % N_ACTIONS
+    state = (flat + total - before_chain) % N_ACTIONS
     positions = state.to(torch.float32) - 1.0
     return torch.where(data.is_decision, positions, torch.zeros_like(positions))

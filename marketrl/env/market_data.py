@@ -1,4 +1,4 @@
-"""One split's bars as device tensors: returns, cost fractions, segments and the observation table.
+"""One split's bars as device tensors: returns, cost fractions, segments, rolls and the observation table.
 
 `MarketData.from_arrays` needs only numpy and torch; `MarketData.from_frame` reads a polars feature table through
 `marketrl.env.frames`, imported on first use, so the tensor env runs where polars is not installed.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from marketrl.costs import CostConfigError, CostModel, InstrumentCosts
+from marketrl.costs import CostConfigError, CostModel, InstrumentCosts, is_continuous
 from marketrl.env.config import DEFAULT_MAX_GAP, EnvDataError, FillMode
 
 if TYPE_CHECKING:
@@ -27,15 +27,24 @@ _NS_PER_DAY = 86_400 * 10**9
 
 @dataclass
 class MarketData:
-    """One split's rows as device tensors, built once. Row t is bar t of the frame (sorted by instrument, time).
+    """One split's rows as device tensors, built once, in *series order*: the frame's order (instrument, time),
+    except that the contracts of one continuous symbol (ES.c.0: ESH4, then ESM4) follow one another in time.
+
+    A segment is a run of rows of one instrument with no gap over `max_gap`; a chain is a run of segments joined
+    by rolls (the same continuous symbol, the next contract, no gap over `max_gap`): positions carry along a
+    chain and every chain starts flat. A roll row is the old contract's last row of a chain that goes on.
 
     Per-row step parameters (decision at the close of row t, earning over bar t+1; zero where t is the last row
-    of its segment, which is never a decision row):
+    of its chain, which is never a decision row):
       ret_close_close  close_{t+1}/close_t − 1
       ret_close_open   open_{t+1}/close_t − 1      (next_open fill: the old position bears this gap)
       ret_open_close   close_{t+1}/open_{t+1} − 1  (next_open fill: the new position earns this)
-      cost_close       cost fraction at close_t
+      cost_close       cost fraction at close_t (every row: the price the agent has just seen)
       cost_next_open   cost fraction at open_{t+1}
+    At a roll row the old position is closed at close_t on the old contract (roll_cost_close) and the new one
+    opened at open_{t+1} on the new contract (roll_cost_open), whatever the fill: ret_close_close and
+    ret_open_close are close_{t+1}/open_{t+1} − 1, ret_close_open and cost_next_open are 0, so the price gap
+    between the contracts is never earned.
     """
 
     obs_table: torch.Tensor  # [T, F + 1] float32: normalized features and a zero column for the position
@@ -47,9 +56,15 @@ class MarketData:
     close: torch.Tensor  # [T] float64, for rule baselines (momentum)
     segment_start: torch.Tensor  # [T] int64, first row of the row's segment
     segment_id: torch.Tensor  # [T] int64
-    is_decision: torch.Tensor  # [T] bool, row t+1 exists in the same segment
+    is_decision: torch.Tensor  # [T] bool, row t+1 exists in the same chain
     segment_first: np.ndarray  # [S] int64, host copy
     segment_last: np.ndarray  # [S] int64, host copy (inclusive)
+    is_roll: torch.Tensor  # [T] bool, row t is a contract's last row and its position rolls into row t+1
+    roll_cost_close: torch.Tensor  # [T] float32, cost closing the old contract at close_t (roll rows, else 0)
+    roll_cost_open: torch.Tensor  # [T] float32, cost opening the new contract at open_{t+1} (roll rows)
+    chain_start: torch.Tensor  # [T] int64, first row of the row's chain (where positions start flat)
+    chain_first: np.ndarray  # [C] int64, host copy
+    chain_last: np.ndarray  # [C] int64, host copy (inclusive)
     # host labels per row (polars: ts_event, trading_day, instrument_id, symbol); None when built from arrays
     rows: pl.DataFrame | None
     feature_names: list[str]
@@ -129,8 +144,10 @@ class MarketData:
         """Build from host arrays, one value (or feature row) per bar, sorted by (instrument_id, ts_event).
 
         `features` [T, F] are already normalized (float32); `ts_event_ns` is bar open time in UTC epoch
-        nanoseconds; `symbols` is needed only with a per-symbol `cost_model`. `rows` are the per-row labels
+        nanoseconds; `symbols` is needed with a per-symbol `cost_model` and for rolls (rows whose symbol is a
+        continuous one, such as ES.c.0, form one series across contracts). `rows` are the per-row labels
         `evaluate` writes out (from_frame passes them; without them only the tensor outputs are available).
+        The rows are put in series order (see the class docstring), the labels with them.
         """
         features = np.asarray(features, dtype=np.float32)
         opens = np.asarray(opens, dtype=np.float64)
@@ -147,26 +164,38 @@ class MarketData:
         finite = np.isfinite(features).all(axis=0)
         if not finite.all():  # the normalizer maps NaN to 0; arrays from elsewhere must do the same
             raise EnvDataError(f"features: column {names[int(np.argmin(finite))]!r} holds NaN or inf")
-        segment_id = segment_ids(instrument_id, ts_event_ns, max_gap)
-
-        is_new = np.ones(n_rows, dtype=bool)
-        is_new[1:] = segment_id[1:] != segment_id[:-1]
-        segment_first = np.flatnonzero(is_new).astype(np.int64)
-        segment_last = np.append(segment_first[1:] - 1, n_rows - 1).astype(np.int64)
-        segment_start = np.repeat(segment_first, segment_last - segment_first + 1)
+        order, series = series_order(instrument_id, ts_event_ns, symbols)
+        if order is not None:
+            features, opens, closes = features[order], opens[order], closes[order]
+            instrument_id, ts_event_ns = instrument_id[order], ts_event_ns[order]
+            symbols = np.asarray(symbols)[order]
+            rows = rows[order] if rows is not None else None
+        new_segment, new_chain = segment_breaks(instrument_id, series, ts_event_ns, max_gap)
+        segment_id = np.cumsum(new_segment).astype(np.int64) - 1
+        segment_first, segment_last, segment_start = _runs(new_segment)
+        chain_first, chain_last, chain_start = _runs(new_chain)
         is_decision = np.zeros(n_rows, dtype=bool)
-        is_decision[:-1] = segment_id[1:] == segment_id[:-1]
+        is_decision[:-1] = ~new_chain[1:]
+        is_roll = np.zeros(n_rows, dtype=bool)
+        is_roll[:-1] = new_segment[1:] & ~new_chain[1:]
+        in_segment = is_decision & ~is_roll
 
         next_open = np.append(opens[1:], np.nan)
         next_close = np.append(closes[1:], np.nan)
         with np.errstate(invalid="ignore"):
-            ret_close_close = np.where(is_decision, next_close / closes - 1.0, 0.0)
-            ret_close_open = np.where(is_decision, next_open / closes - 1.0, 0.0)
             ret_open_close = np.where(is_decision, next_close / next_open - 1.0, 0.0)
+            ret_close_close = np.where(in_segment, next_close / closes - 1.0, ret_open_close)
+            ret_close_open = np.where(in_segment, next_open / closes - 1.0, 0.0)
         cost_close = cost_fractions(cost_model, closes, symbols)
         cost_next_open = np.where(
-            is_decision, cost_fractions(cost_model, np.where(is_decision, next_open, 1.0), symbols), 0.0
+            in_segment, cost_fractions(cost_model, np.where(in_segment, next_open, 1.0), symbols), 0.0
         )
+        roll_rows = np.flatnonzero(is_roll)
+        roll_cost_close = np.where(is_roll, cost_close, 0.0)
+        roll_cost_open = np.zeros(n_rows, dtype=np.float64)
+        if roll_rows.size:  # the new contract's own spec, at its first open
+            new_symbols = None if symbols is None else np.asarray(symbols)[roll_rows + 1]
+            roll_cost_open[roll_rows] = cost_fractions(cost_model, opens[roll_rows + 1], new_symbols)
 
         device = torch.device(device)
 
@@ -186,6 +215,12 @@ class MarketData:
             is_decision=torch.as_tensor(is_decision, device=device),
             segment_first=segment_first,
             segment_last=segment_last,
+            is_roll=torch.as_tensor(is_roll, device=device),
+            roll_cost_close=f32(roll_cost_close),
+            roll_cost_open=f32(roll_cost_open),
+            chain_start=torch.as_tensor(chain_start, device=device),
+            chain_first=chain_first,
+            chain_last=chain_last,
             rows=rows,
             feature_names=names,
             max_gap=max_gap,
@@ -203,19 +238,22 @@ class MarketData:
         return MarketData(**{**values, **moved, "device": device})
 
     def step_parameters(self, fill: FillMode) -> torch.Tensor:
-        """[3, T] float32: gap return of the old position, return of the new position, cost fraction (cached)."""
+        """[5, T] float32 (cached): gap return of the old position, return of the new position, cost fraction per
+        unit of |Δposition|, and at roll rows the cost fractions per unit of |old| (closing the old contract)
+        and of |new| (opening the new one); see `step_rewards`."""
         key = ("step_parameters", fill)
         if key not in self._cache:
             if fill == "close":
-                parts = [torch.zeros_like(self.ret_close_close), self.ret_close_close, self.cost_close]
+                trade_cost = torch.where(self.is_roll, 0.0, self.cost_close)
+                parts = [torch.zeros_like(self.ret_close_close), self.ret_close_close, trade_cost]
             else:
                 parts = [self.ret_close_open, self.ret_open_close, self.cost_next_open]
-            self._cache[key] = torch.stack(parts)
+            self._cache[key] = torch.stack([*parts, self.roll_cost_close, self.roll_cost_open])
         return self._cache[key]
 
     def host_arrays(self, fill: FillMode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Host copies for numpy reference envs (cached, shared by every copy): features [T, F], step
-        parameters [T, 3] (row-major, one row per bar) and segment_start [T]."""
+        parameters [T, 5] (row-major, one row per bar) and segment_start [T]."""
         key = ("host_arrays", fill)
         if key not in self._cache:
             self._cache[key] = (
@@ -226,13 +264,14 @@ class MarketData:
         return self._cache[key]
 
     def episode_starts(self, episode_length: int) -> np.ndarray:
-        """Rows where an episode of `episode_length` decisions fits inside one segment (host int64, cached)."""
+        """Rows where an episode of `episode_length` decisions fits inside one chain (host int64, cached): an
+        episode may run through a roll, never through a gap."""
         key = ("episode_starts", episode_length)
         if key not in self._cache:
-            room = self.segment_last - episode_length  # the last decision row must be < segment_last
+            room = self.chain_last - episode_length  # the last decision row must be < chain_last
             starts = [
                 np.arange(first, last + 1)
-                for first, last in zip(self.segment_first, room, strict=True)
+                for first, last in zip(self.chain_first, room, strict=True)
                 if last >= first
             ]
             self._cache[key] = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
@@ -291,15 +330,75 @@ def _check_arrays(
             raise EnvDataError(f"feature table: column {name!r} must hold finite prices > 0")
 
 
-def segment_ids(instrument_id: np.ndarray, ts_event_ns: np.ndarray, max_gap: timedelta | None) -> np.ndarray:
-    """Consecutive ids; a new segment starts at each new instrument and after each weekday-time gap > max_gap."""
-    new_segment = np.zeros(instrument_id.shape[0], dtype=bool)
-    new_segment[1:] = instrument_id[1:] != instrument_id[:-1]
+def series_order(
+    instrument_id: np.ndarray, ts_event_ns: np.ndarray, symbols: np.ndarray | None
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """The row order that puts each continuous symbol's rows (all its contracts) in time order, and each row's
+    series in that order: one per continuous symbol (ES.c.0), else the row's instrument.
+
+    Rows sorted by (instrument_id, ts_event) come in; without continuous symbols the order is unchanged (None).
+    Series keep the order of their first row. Two contracts of one continuous symbol at the same time is an
+    error: a continuous symbol maps to one contract at a time.
+    """
+    n_rows = instrument_id.shape[0]
+    if symbols is None:
+        return None, instrument_id
+    symbols = np.asarray(symbols, dtype=object)
+    # Work on runs of equal (instrument, symbol): symbols change at a roll or a new instrument, not per row.
+    new_run = np.ones(n_rows, dtype=bool)
+    new_run[1:] = (instrument_id[1:] != instrument_id[:-1]) | (symbols[1:] != symbols[:-1])
+    run_first = np.flatnonzero(new_run)
+    run_symbols = [str(symbol) for symbol in symbols[run_first]]
+    if not any(is_continuous(symbol) for symbol in run_symbols):
+        return None, instrument_id
+    series_of_key: dict[tuple[str, Any], int] = {}
+    run_series = np.array(
+        [
+            series_of_key.setdefault(
+                ("symbol", symbol) if is_continuous(symbol) else ("instrument", int(instrument)),
+                len(series_of_key),
+            )
+            for symbol, instrument in zip(run_symbols, instrument_id[run_first], strict=True)
+        ],
+        dtype=np.int64,
+    )
+    row_series = np.repeat(run_series, np.diff(np.append(run_first, n_rows)))
+    order = np.lexsort((ts_event_ns, row_series))  # stable: by series, then time
+    series, ts = row_series[order], ts_event_ns[order]
+    clash = np.flatnonzero((series[1:] == series[:-1]) & (ts[1:] == ts[:-1]))
+    if clash.size:
+        first, second = order[clash[0]], order[clash[0] + 1]
+        raise EnvDataError(
+            f"feature table: continuous symbol {symbols[first]!r} has bars of two instruments "
+            f"({instrument_id[first]}, {instrument_id[second]}) at "
+            f"{np.datetime_as_string(np.datetime64(int(ts[clash[0]]), 'ns'), unit='s')}Z; "
+            "a continuous symbol maps to one contract at a time"
+        )
+    return order, series
+
+
+def segment_breaks(
+    instrument_id: np.ndarray, series: np.ndarray, ts_event_ns: np.ndarray, max_gap: timedelta | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(new_segment, new_chain) [T] bool for rows in series order: a segment starts at each new instrument, new
+    series and weekday-time gap > max_gap; a chain only at a new series or such a gap, so it runs through the
+    rolls of a continuous symbol."""
+    new_chain = np.ones(instrument_id.shape[0], dtype=bool)
+    new_chain[1:] = series[1:] != series[:-1]
     if max_gap is not None:
         weekday_ns = _weekday_time_ns(ts_event_ns)
         max_gap_ns = int(max_gap.total_seconds() * 1e9)
-        new_segment[1:] |= np.diff(weekday_ns) > max_gap_ns
-    return np.cumsum(new_segment).astype(np.int64)
+        new_chain[1:] |= np.diff(weekday_ns) > max_gap_ns
+    new_segment = new_chain.copy()
+    new_segment[1:] |= instrument_id[1:] != instrument_id[:-1]
+    return new_segment, new_chain
+
+
+def _runs(is_new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first rows, last rows inclusive, first row of each row's run) of the runs that `is_new` [T] starts."""
+    first = np.flatnonzero(is_new).astype(np.int64)
+    last = np.append(first[1:] - 1, is_new.shape[0] - 1).astype(np.int64)
+    return first, last, np.repeat(first, last - first + 1)
 
 
 def _weekday_time_ns(epoch_ns: np.ndarray) -> np.ndarray:

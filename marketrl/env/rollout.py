@@ -46,8 +46,9 @@ def position_results(
 ) -> PositionResults:
     """Rewards of holding `positions[t]` (target in {−1, 0, 1}, decided at the close of row t), as tensors.
 
-    Each segment starts flat; non-decision rows (the last bar of each segment) earn nothing. `positions[t]` must
-    use only information known at the close of bar t.
+    Each chain starts flat and a position carries through a roll (closed on the old contract, reopened on the
+    new one); non-decision rows (the last bar of each chain) earn nothing. `positions[t]` must use only
+    information known at the close of bar t.
     """
     config = config or EnvConfig(max_gap=data.max_gap)
     check_segmentation(data, config)
@@ -58,7 +59,7 @@ def position_results(
         raise EnvDataError("positions: expected target positions in {-1, 0, 1} (units of env.contracts)")
     rows = torch.arange(data.n_rows, device=data.device)
     previous = torch.cat([target.new_zeros(1), target[:-1]])
-    previous = torch.where(rows == data.segment_start, torch.zeros_like(previous), previous)
+    previous = torch.where(rows == data.chain_start, torch.zeros_like(previous), previous)
     gross, cost = step_rewards(data.step_parameters(config.fill) * config.contracts, previous, target)
     return PositionResults(position=target * config.contracts, gross_return=gross, cost=cost)
 
@@ -66,30 +67,30 @@ def position_results(
 def policy_positions(policy: Policy, data: MarketData, config: EnvConfig | None = None) -> torch.Tensor:
     """Target positions [T] the greedy `policy` chooses, all segments stepped in lockstep as one batch.
 
-    `policy(obs [K, W·F + 1]) -> actions LongTensor [K]` (K = number of segments; obs as in `TradingEnv`);
-    every segment starts flat; non-decision rows get 0.
+    `policy(obs [K, W·F + 1]) -> actions LongTensor [K]` (K = number of chains; obs as in `TradingEnv`);
+    every chain starts flat, the position it holds carries through its rolls; non-decision rows get 0.
     """
     config = config or EnvConfig(max_gap=data.max_gap)
     check_segmentation(data, config)
-    segments = np.flatnonzero(data.segment_last > data.segment_first)  # segments with at least one decision
+    chains = np.flatnonzero(data.chain_last > data.chain_first)  # chains with at least one decision
     positions = torch.zeros(data.n_rows + 1, dtype=torch.float32, device=data.device)  # + a scratch slot
-    if segments.size:
+    if chains.size:
         with torch.no_grad():
-            _run_policy(policy, data, config.window, segments, positions)
+            _run_policy(policy, data, config.window, chains, positions)
     return positions[:-1]
 
 
 def _run_policy(
-    policy: Policy, data: MarketData, window: int, segments: np.ndarray, positions: torch.Tensor
+    policy: Policy, data: MarketData, window: int, chains: np.ndarray, positions: torch.Tensor
 ) -> None:
-    """Step `policy` through `segments` in lockstep (one batch row per segment), writing each decision into
-    `positions[row]`; segments that have finished keep stepping on their last row and write to the scratch slot."""
-    first = torch.as_tensor(data.segment_first[segments], device=data.device)
-    last_decision = torch.as_tensor(data.segment_last[segments] - 1, device=data.device)
+    """Step `policy` through `chains` in lockstep (one batch row per chain), writing each decision into
+    `positions[row]`; chains that have finished keep stepping on their last row and write to the scratch slot."""
+    first = torch.as_tensor(data.chain_first[chains], device=data.device)
+    last_decision = torch.as_tensor(data.chain_last[chains] - 1, device=data.device)
     scratch_row = torch.full_like(first, data.n_rows)
     action_positions = torch.tensor(ACTION_POSITIONS, dtype=torch.float32, device=data.device)
-    held = torch.zeros(segments.size, dtype=torch.float32, device=data.device)
-    n_steps = int((data.segment_last[segments] - data.segment_first[segments]).max())
+    held = torch.zeros(chains.size, dtype=torch.float32, device=data.device)
+    n_steps = int((data.chain_last[chains] - data.chain_first[chains]).max())
     for step in range(n_steps):
         row = torch.minimum(first + step, last_decision)
         active = first + step <= last_decision

@@ -21,14 +21,18 @@ _START_POOL_STEPS = 64
 def step_rewards(
     params: torch.Tensor, previous: torch.Tensor, target: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gross, cost) for positions previous → target (in {−1, 0, 1}); `params` [3, N] are rows of
+    """(gross, cost) for positions previous → target (in {−1, 0, 1}); `params` [5, N] are rows of
     `step_parameters` already multiplied by contracts.
 
-    gross = previous × gap return + target × holding return; cost = |target − previous| × cost fraction.
-    The single definition shared by `TradingEnv.step` and evaluation (bench's `PlainGymEnv` mirrors it in numpy).
+    gross = previous × gap return + target × holding return;
+    cost = |target − previous| × cost fraction + |previous| × roll close cost + |target| × roll open cost
+    (the roll terms are zero except at a roll, where the trade term is: the old contract is closed, the new
+    one opened). The single definition shared by `TradingEnv.step` and evaluation (bench's `PlainGymEnv`
+    mirrors it in numpy).
     """
     gross = torch.addcmul(target * params[1], previous, params[0])
     cost = (target - previous).abs_().mul_(params[2])
+    cost.addcmul_(previous.abs(), params[3]).addcmul_(target.abs(), params[4])
     return gross, cost
 
 
@@ -64,8 +68,9 @@ class TradingEnv:
         starts = data.episode_starts(config.episode_length)
         if starts.size == 0:
             raise EnvDataError(
-                f"env.episode_length: no segment has more than {config.episode_length} bars; shorten episodes or "
-                f"raise env.max_gap (longest segment: {int((data.segment_last - data.segment_first).max()) + 1} bars)"
+                f"env.episode_length: no segment (with the segments it rolls into) has more than "
+                f"{config.episode_length} bars; shorten episodes or raise env.max_gap "
+                f"(longest: {int((data.chain_last - data.chain_first).max()) + 1} bars)"
             )
         self.start_rows = torch.as_tensor(starts, device=self.device)
         self._valid_start = np.zeros(data.n_rows, dtype=bool)

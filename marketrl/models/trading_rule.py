@@ -5,9 +5,10 @@ the price known at t, from the run settings' cost model):
   * |p_t| > multiplier x c_t                      -> enter (or stay) sign(p_t)
   * hold band: band x threshold < |p_t| <= threshold and the position held into t is sign(p_t) -> keep it
   * otherwise                                     -> flat
-hold_band = 1 switches the band off. Each segment starts flat (as in `position_results`), the last row of a
-segment (no decision) is flat. Vectorized: a band row keeps its position exactly when an unbroken run of
-same-sign band rows leads back to an entry row, found with one cumulative max, so no loop over time.
+hold_band = 1 switches the band off. Each chain starts flat and a position held into a roll carries on (as in
+`position_results`); the last row of a chain (no decision) is flat. Vectorized: a band row keeps its position
+exactly when an unbroken run of same-sign band rows leads back to an entry row, found with one cumulative max,
+so no loop over time.
 """
 
 from __future__ import annotations
@@ -65,11 +66,11 @@ class TradingRule:
         entry = strength > threshold
         band = ~entry & (strength > self.hold_band * threshold) & (direction != 0)
         rows = torch.arange(data.n_rows, device=data.device)
-        starts_segment = rows == data.segment_start
+        starts_chain = rows == data.chain_start
         previous_direction = torch.cat([direction.new_zeros(1), direction[:-1]])
-        # A band row continues the chain of the row before it when it has the same sign in the same segment.
-        continues = band & ~starts_segment & (direction == previous_direction)
-        chain_start = torch.cummax(torch.where(continues, torch.zeros_like(rows), rows), dim=0).values
-        held = entry | (band & entry.index_select(0, chain_start) & (chain_start != rows))
+        # A band row continues the run of the row before it when it has the same sign in the same chain.
+        continues = band & ~starts_chain & (direction == previous_direction)
+        run_start = torch.cummax(torch.where(continues, torch.zeros_like(rows), rows), dim=0).values
+        held = entry | (band & entry.index_select(0, run_start) & (run_start != rows))
         target = torch.where(held, direction, torch.zeros_like(direction))
         return torch.where(data.is_decision, target, torch.zeros_like(target)).to(torch.float32)

@@ -20,7 +20,14 @@ from marketrl.config import derive_seed
 from marketrl.io import atomic_open
 from marketrl.metrics import to_json_safe
 from marketrl.report import analysis, figures, tuning
-from marketrl.report.inputs import BASELINES, RANDOM_BASELINE, ReportInputs, load_inputs
+from marketrl.report.inputs import (
+    BASELINES,
+    RANDOM_BASELINE,
+    ReportInputError,
+    ReportInputs,
+    load_inputs,
+    read_json_object,
+)
 from marketrl.stats import ANNUALIZER, is_finite_number
 
 log = logging.getLogger(__name__)
@@ -187,7 +194,40 @@ def _bars_per_day(strategies: Sequence[analysis.Strategy]) -> float:
     return float(pl.concat(counts).median()) if counts else math.nan
 
 
-def _data_section(inputs: ReportInputs, strategies: Sequence[analysis.Strategy]) -> dict[str, Any]:
+def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
+    """What the feature manifest says about the input files: how many, which were skipped and why
+    (`data.on_bad_file: skip`), bars dropped outside the session and inside the daily halt per file, and the
+    rolls of every continuous symbol (docs/OUTPUTS.md). A malformed manifest is a ReportInputError naming it."""
+    manifest = read_json_object(manifest_path, "feature manifest")
+    files, rolls = manifest.get("files"), manifest.get("rolls", [])
+    if not isinstance(files, list) or not all(isinstance(entry, dict) and "path" in entry for entry in files):
+        raise ReportInputError(
+            f"{manifest_path}: feature manifest: 'files' must be a list of objects with a path"
+        )
+    if not isinstance(rolls, list) or not all(isinstance(roll, dict) for roll in rolls):
+        raise ReportInputError(f"{manifest_path}: feature manifest: 'rolls' must be a list of objects")
+
+    def name(entry: Mapping[str, Any]) -> str:
+        return str(entry.get("source_file") or Path(str(entry["path"])).name)
+
+    counted = [entry for entry in files if entry.get("dropped_outside_session") is not None]
+    return {
+        "n_files": len(files),
+        "skipped": [{"file": name(e), "reason": str(e["skipped"])} for e in files if e.get("skipped")],
+        "dropped": [
+            {"file": name(e), "in_halt": e.get("dropped_in_halt"), "outside": e["dropped_outside_session"]}
+            for e in counted
+        ],
+        "n_counted": len(counted),
+        "in_halt": sum(int(e.get("dropped_in_halt") or 0) for e in counted),
+        "outside": sum(int(e["dropped_outside_session"]) for e in counted),
+        "rolls": rolls,
+    }
+
+
+def _data_section(
+    inputs: ReportInputs, strategies: Sequence[analysis.Strategy], input_files: Mapping[str, Any] | None
+) -> dict[str, Any]:
     plan = inputs.plan
     bars_per_day = _bars_per_day(strategies)
     embargo = plan.config.embargo_bars
@@ -216,6 +256,7 @@ def _data_section(inputs: ReportInputs, strategies: Sequence[analysis.Strategy])
         "windows": windows,
         "tuning": plan.tuning,
         "timeline": figures.folds_timeline_figure(plan, max(embargo_days, 0.08)),
+        "input_files": input_files,  # None: no feature manifest given
     }
 
 
@@ -323,8 +364,10 @@ def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict
 # ----------------------------------------------------------------------------------------------- entry point
 
 
-def build_context(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, Any]:
-    """Every number and figure of the report, ready for the template."""
+def build_context(
+    inputs: ReportInputs, config: Mapping[str, Any], input_files: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Every number and figure of the report, ready for the template (`input_files`: `input_files_summary`)."""
     rules = analysis.VerdictRules.from_config(config)
     n_boot = rules.n_boot
     multipliers = [float(m) for m in analysis.config_value(config, "evaluation.cost_multipliers")]
@@ -400,7 +443,7 @@ def build_context(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, 
         "cost_figure": figures.cost_figure(cost_rows, multipliers, algos),
         "hyperopt": _hyperopt_section(inputs, algos),
         "training": _training_section(inputs, algos),
-        "data": _data_section(inputs, strategies),
+        "data": _data_section(inputs, strategies, input_files),
         "provenance": _provenance_section(inputs, config),
         "warnings": warnings,
     }
@@ -420,12 +463,15 @@ def build_report(
     train_logs: list[str],
     config: dict[str, Any],
     out_path: str,
+    manifest_path: str | None = None,
 ) -> None:
     """Build the self-contained ``eval_report.html`` from the fan-out's outputs (docs/OUTPUTS.md) and write it
-    atomically to ``out_path``; ``bar_files[i]`` is the per-bar table of ``eval_files[i]``. Raises
+    atomically to ``out_path``; ``bar_files[i]`` is the per-bar table of ``eval_files[i]``; the feature manifest
+    (``manifest_path``) gives the data section's input files, skips, session drops and rolls. Raises
     ReportInputError (a ValueError) naming a missing or malformed input."""
     inputs = load_inputs(eval_files, bar_files, hyperopt_files, folds_path, train_logs)
-    html = render(build_context(inputs, config))
+    input_files = input_files_summary(manifest_path) if manifest_path is not None else None
+    html = render(build_context(inputs, config, input_files))
     with atomic_open(out_path, "w") as handle:
         handle.write(html)
     log.info("report: %s (%.0f kB)", out_path, len(html.encode()) / 1024)
