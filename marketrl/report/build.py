@@ -20,14 +20,24 @@ from marketrl.config import derive_seed
 from marketrl.io import atomic_open
 from marketrl.metrics import to_json_safe
 from marketrl.report import analysis, figures, tuning
-from marketrl.report.inputs import BASELINES, RANDOM_BASELINE, ReportInputs, load_inputs
+from marketrl.report.inputs import (
+    AGENT,
+    BASELINES,
+    FORECASTER,
+    RANDOM_BASELINE,
+    ReportInputs,
+    check_models,
+    load_inputs,
+)
 from marketrl.stats import ANNUALIZER, is_finite_number
 
 log = logging.getLogger(__name__)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 SECTIONS = (
-    ("verdict", "Verdict: agents vs baselines"),
+    ("leaderboard", "Leaderboard"),
+    ("verdict", "Verdict: models vs baselines"),
+    ("forecasts", "Forecast quality: predictions vs realized"),
     ("equity", "Equity curves"),
     ("drawdowns", "Drawdowns"),
     ("per-fold", "Per-fold results"),
@@ -264,7 +274,11 @@ def _training_section(inputs: ReportInputs, algos: Sequence[str]) -> dict[str, A
         logs = [log for log in inputs.train_logs if log.algo == algo]
         if figures.training_metrics_present(logs):
             color = figures.agent_color(algo, algos)
-            figures_by_algo.append({"algo": algo, "figure": figures.training_figure(algo, logs, color)})
+            agent = algo not in algos or inputs.kind_of(algo) == AGENT
+            steps = "env steps" if agent else "training steps"
+            figures_by_algo.append(
+                {"algo": algo, "figure": figures.training_figure(algo, logs, color, steps)}
+            )
         else:
             figures_by_algo.append({"algo": algo, "figure": None})
     rows = []
@@ -329,6 +343,7 @@ def build_context(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, 
     n_boot = rules.n_boot
     multipliers = [float(m) for m in analysis.config_value(config, "evaluation.cost_multipliers")]
     root_seed = int(analysis.config_value(config, "seed"))
+    check_models(inputs, config)
     algos = inputs.algos
 
     agents = analysis.build_strategies(inputs.agent_runs)
@@ -347,6 +362,18 @@ def build_context(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, 
         for b in baselines
         if b.pooled is not None
     ]
+    quality = {
+        algo: analysis.forecast_quality(algo, agents, inputs.horizon_of(algo)) for algo in inputs.forecasters
+    }
+    board = analysis.leaderboard(
+        inputs,
+        verdicts,
+        agents,
+        baselines,
+        random_seeds,
+        {b["name"]: b["stats"].sharpe for b in baseline_stats},
+        quality,
+    )
     spreads = [analysis.seed_spread(algo, agents, n_boot, root_seed) for algo in algos]
     random_fold_sharpe = {
         fold: np.array([s.fold_summaries[fold]["sharpe"] for s in random_seeds if fold in s.fold_summaries])
@@ -364,7 +391,19 @@ def build_context(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, 
         "title": "marketrl evaluation report",
         "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "sections": SECTIONS,
+        "number": {section_id: k for k, (section_id, _) in enumerate(SECTIONS, start=1)},
         "algos": algos,
+        "kinds": {algo: inputs.kind_of(algo) for algo in algos},
+        "horizons": {algo: inputs.horizon_of(algo) for algo in algos},
+        "forecaster_kind": FORECASTER,
+        "leaderboard": board,
+        "forecasts": [
+            {
+                "quality": q,
+                "figure": figures.forecast_figure(q, figures.agent_color(algo, algos)),
+            }
+            for algo, q in quality.items()
+        ],
         "baselines": [b.name for b in baselines],
         "all_baselines": BASELINES,
         "verdicts": verdicts,
