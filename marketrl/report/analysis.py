@@ -986,6 +986,13 @@ class LeaderboardRow:
     note: str = ""
 
 
+def _finite_median(values: Any) -> float:
+    """Median of the finite values (NaN when none is: e.g. Sharpe ratios of a single test day)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if values.size else math.nan
+
+
 def _gross_and_net(series: ReturnSeries) -> tuple[float, float]:
     return annualized_sharpe(series.daily(0.0)[1]), annualized_sharpe(series.daily(1.0)[1])
 
@@ -1059,10 +1066,10 @@ def leaderboard(
                 name=RANDOM_BASELINE,
                 label="random (median trader)",
                 kind="baseline",
-                sharpe=ConfidenceInterval(float(np.median(pairs[:, 1])), math.nan, math.nan),
-                gross_sharpe=float(np.median(pairs[:, 0])),
-                cost_drag=float(np.median(pairs[:, 0] - pairs[:, 1])),
-                turnover=float(np.median(turnover)),
+                sharpe=ConfidenceInterval(_finite_median(pairs[:, 1]), math.nan, math.nan),
+                gross_sharpe=_finite_median(pairs[:, 0]),
+                cost_drag=_finite_median(pairs[:, 0] - pairs[:, 1]),
+                turnover=_finite_median(turnover),
                 note=f"median of {len(random_seeds)} independent random traders",
             )
         )
@@ -1079,13 +1086,12 @@ def leaderboard(
                 name=MATCHED_RANDOM,
                 label="turnover-matched random (median trader)",
                 kind="baseline",
-                sharpe=ConfidenceInterval(float(np.nanmedian(sharpes)), math.nan, math.nan),
+                sharpe=ConfidenceInterval(_finite_median(sharpes), math.nan, math.nan),
                 gross_sharpe=math.nan,
                 cost_drag=math.nan,
                 turnover=math.nan,
                 note=(
-                    f"median of all {len(sharpes)} models' turnover-matched traders; each trades as often as its "
-                    "own model run (the verdict compares every model with its own)"
+                    f"median of the {len(sharpes)} traders of all model runs; each model is tested against its own"
                 ),
             )
         )

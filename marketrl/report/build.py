@@ -334,6 +334,15 @@ def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict
     }
 
 
+def _grouped_assumptions(verdicts: Sequence[analysis.AgentVerdict]) -> list[tuple[str, list[str]]]:
+    """Each DSR assumption once, with the models it applies to (eleven models would repeat it eleven times)."""
+    grouped: dict[str, list[str]] = {}
+    for verdict in verdicts:
+        for text in verdict.deflation.assumptions:
+            grouped.setdefault(text, []).append(verdict.algo)
+    return list(grouped.items())
+
+
 # ----------------------------------------------------------------------------------------------- entry point
 
 
@@ -409,6 +418,7 @@ def build_context(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, 
         "verdicts": verdicts,
         "family": family,
         "dsr_threshold": analysis.DSR_THRESHOLD,
+        "dsr_assumptions": _grouped_assumptions(verdicts),
         "annualizer": ANNUALIZER,
         "rules": rules,
         "verdict_baselines": [c.baseline for c in verdicts[0].comparisons] if verdicts else [],
