@@ -47,7 +47,7 @@ _RC = {
 # Points kept per plotted line: enough for a smooth curve at report width, small enough for the size budget.
 MAX_LINE_POINTS = 1200
 # Points of all the lines of one panel together: with many models × seeds each line gets fewer (≥ MIN_LINE_POINTS).
-PANEL_POINTS = 24_000
+PANEL_POINTS = 12_000
 MIN_LINE_POINTS = 300
 # One colour per model, distinct from the baselines' black, orange and greys (eleven models and one spare).
 AGENT_COLORS = (
