@@ -173,13 +173,28 @@ def test_leaderboard_ic_only_for_forecasters_and_marks_follow_the_family_test(
     }
     assert verdicts["ppo"] == "beats"
     marks_html = {algo: html.split(f'data-leaderboard="{algo}"', 1)[1].split("</tr>", 1)[0] for algo in ZOO}
+    labels = {
+        "buy_and_hold": "B&amp;H",
+        "flat": "flat",
+        "momentum": "mom",
+        "random": "rand",
+        "matched_random": "TMR",
+    }
+    marked = 0
     for algo in ZOO:
         assert f'data-verdict-mark="{verdicts[algo]}"' in marks_html[algo]
-        for baseline, label in (("buy_and_hold", "B&amp;H"), ("momentum", "mom"), ("random", "rand")):
+        for baseline, label in labels.items():
             claim = parsed.cell(f"diff-{baseline}", algo=algo, seed="model")["data-claim"]
-            if verdicts[algo] != "beats" and claim != "none":
-                sign = "&gt;" if claim == "beats" else "&lt;"
-                assert f'<span class="claim {claim}">{sign} {label}</span>' in marks_html[algo]
+            sign = {"beats": "&gt;", "worse": "&lt;"}.get(claim)
+            mark = f'<span class="claim {claim}">{sign} {label}</span>'
+            if verdicts[algo] == "beats":
+                assert 'class="claim beats">beats every baseline' in marks_html[algo]
+            elif sign:
+                assert mark in marks_html[algo]
+                marked += 1
+            else:
+                assert f"{label}</span>" not in marks_html[algo]
+    assert marked, "lightgbm beats some baselines but not all: its row lists them"
 
 
 def test_leaderboard_cost_drag_and_turnover_from_the_bars(zoo: tuple[PipelineOutputs, str]) -> None:
