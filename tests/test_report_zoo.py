@@ -292,7 +292,12 @@ def test_every_section_covers_every_model(zoo: tuple[PipelineOutputs, str]) -> N
         assert parsed.cell("dsr", algo=algo) and parsed.cell("seed-sharpe", algo=algo, seed="4")
         assert f'aria-label="Training curves of {algo}"' in html
         assert f'aria-label="Optimization history of {algo}"' in html
-        assert f"<h3>{algo}</h3>" in html.split('id="seeds"', 1)[1].split("</section>", 1)[0]
+        # one combined seed-spread row per model: the IQM of its 5 seeds' pooled Sharpes (weights .3/.4/.3)
+        seeds = sorted(
+            float(parsed.cell("seed-sharpe", algo=algo, seed=str(k))["data-value"]) for k in range(5)
+        )
+        iqm = 0.3 * seeds[1] + 0.4 * seeds[2] + 0.3 * seeds[3]
+        assert float(parsed.cell("seed-iqm-pooled", algo=algo)["data-value"]) == pytest.approx(iqm, rel=1e-9)
         assert f"{algo}" in html.split('id="positions"', 1)[1].split("</section>", 1)[0]
 
 
