@@ -168,7 +168,8 @@ def _read_bars(bars_path: Path, extra_columns: Sequence[str] = ()) -> tuple[Path
         raise ReportInputError(f"{bars_path}: cannot read Parquet ({reason})") from None
     missing = [c for c in (*REQUIRED_COLUMNS, *extra_columns) if c not in bars.columns]
     if missing:
-        raise ReportInputError(f"{bars_path}: missing column(s) {missing}; expected {list(REQUIRED_COLUMNS)}")
+        expected = [*REQUIRED_COLUMNS, *extra_columns]
+        raise ReportInputError(f"{bars_path}: missing column(s) {missing}; expected {expected}")
     return bars_path, bars
 
 
