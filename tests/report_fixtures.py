@@ -268,15 +268,19 @@ def _hyperopt_summary(
 
 
 def _forecaster_train_log(algo: str, fold: int, seed_index: int, rng: np.random.Generator) -> dict[str, Any]:
-    """A supervised model's log: losses per step in `history`, validation Sharpes only in `validation`."""
-    history = [
-        {
-            "step": 50 * i,
-            "loss": float(1.0 * math.exp(-i / 3) + 0.9 + rng.normal(0, 0.01)),
-            "val_loss": float(0.5 * math.exp(-i / 5) + 0.95 + rng.normal(0, 0.01)),
-        }
-        for i in range(1, 9)
-    ]
+    """A supervised model's log as the model zoo writes it: training records (loss, batch count, gradient norm)
+    and validation-loss records in `history`, the validation Sharpes only in `validation`."""
+    history: list[dict[str, Any]] = []
+    for i in range(1, 9):
+        history.append(
+            {
+                "step": 50 * i,
+                "loss": float(1.0 * math.exp(-i / 3) + 0.9 + rng.normal(0, 0.01)),
+                "count": 50,
+                "grad_norm": float(abs(rng.normal(0.5, 0.1))),
+            }
+        )
+        history.append({"step": 50 * i, "validation_loss": float(0.5 * math.exp(-i / 5) + 0.95)})
     validation = [{"step": 100 * i, "val_sharpe": float(rng.normal(0.2, 0.3))} for i in range(1, 5)]
     return {
         "algo": algo,

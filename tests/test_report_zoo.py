@@ -20,7 +20,8 @@ from marketrl.metrics import (
 )
 from marketrl.report import ReportInputError, build_report
 from marketrl.report.analysis import calibration_bins
-from marketrl.report.inputs import configured_models
+from marketrl.report.figures import training_metrics_present
+from marketrl.report.inputs import TrainLog, configured_models
 from tests.report_fixtures import AGENTS, FORECASTERS, PipelineOutputs, write_pipeline_outputs
 from tests.test_report import SIZE_BUDGET_BYTES, _build, _Cells, _parse
 
@@ -336,6 +337,10 @@ def test_forecaster_only_run(tmp_path: Path) -> None:
     # supervised logs: losses in history, validation Sharpes only in "validation"; both are plotted
     training = html.split('id="training"', 1)[1].split("</section>", 1)[0]
     assert 'aria-label="Training curves of linear"' in training and "holds no history" not in training
+    log = json.loads(Path(outputs.train_logs[0]).read_text())
+    panels = training_metrics_present([TrainLog("linear", 0, 0, Path("log.json"), log["history"], log)])
+    # known curves first (val_sharpe from the validation records), counters such as the batch count never
+    assert [key for key, _ in panels] == ["val_sharpe", "loss", "validation_loss", "grad_norm"]
 
 
 def test_all_eleven_models_stay_readable_and_under_the_size_budget(tmp_path: Path) -> None:

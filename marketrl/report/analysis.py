@@ -1029,7 +1029,10 @@ def leaderboard(
                 name=verdict.algo,
                 label=verdict.algo,
                 kind=kind,
-                sharpe=verdict.sharpe,
+                # below 3 days the family bootstrap estimates nothing; the mean seed Sharpe is still defined
+                sharpe=verdict.sharpe
+                if is_finite_number(verdict.sharpe.point)
+                else ConfidenceInterval(net, math.nan, math.nan),
                 gross_sharpe=gross,
                 cost_drag=gross - net,
                 turnover=float(np.mean([m.pooled_summary["avg_daily_turnover"] for m in members])),

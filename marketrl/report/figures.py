@@ -413,6 +413,8 @@ TRAINING_METRICS = (
     ("loss", "loss"),
     ("train_loss", "training loss"),
     ("val_loss", "validation loss"),
+    ("validation_loss", "validation loss"),
+    ("grad_norm", "gradient norm"),
     ("policy_loss", "policy loss"),
     ("value_loss", "value loss"),
     ("entropy", "policy entropy"),
@@ -432,6 +434,10 @@ _NOT_CURVES = {
     "elapsed_s",
     "steps_per_s",
     "samples",
+    "count",
+    "rows",
+    "train_rows",
+    "batch_size",
 }
 # Panels per model at most; further unknown metrics are left out of the figure.
 MAX_TRAINING_PANELS = 6
