@@ -347,7 +347,7 @@ def test_all_eleven_models_stay_readable_and_under_the_size_budget(tmp_path: Pat
     """Eleven models × 2 seeds × 3 folds of 3 test days (390 bars a day; the line decimation bounds the
     figures whatever the bar count)."""
     models = AGENTS + FORECASTERS
-    outputs = write_pipeline_outputs(tmp_path / "run", algos=models, bars_per_day=390, random_seeds=10)
+    outputs = write_pipeline_outputs(tmp_path / "run", algos=models, bars_per_day=390, random_seeds=3)
     out = tmp_path / "eval_report.html"
     build_report(**outputs.report_kwargs(out))
     assert out.stat().st_size < SIZE_BUDGET_BYTES
@@ -396,3 +396,15 @@ def test_malformed_forecaster_outputs_are_named(tmp_path: Path) -> None:
         with pytest.raises(ReportInputError, match=message) as caught:
             build_report(**kwargs)
         assert str(metrics) in str(caught.value)
+
+
+def test_a_forecaster_with_constant_predictions_has_no_ic_and_builds(tmp_path: Path) -> None:
+    outputs = write_pipeline_outputs(tmp_path / "run", algos=("linear", "dqn"), n_folds=2, random_seeds=2)
+    for bars_path in outputs.bar_files:
+        if "/linear/" in bars_path:
+            table = pl.read_parquet(bars_path)
+            table.with_columns(pl.lit(0.0).alias("prediction")).write_parquet(bars_path)
+    parsed = _parse(_build(outputs, tmp_path / "eval_report.html"))
+    assert parsed.cell("ic", algo="linear", window="pooled")["data-value"] == ""
+    assert parsed.cell("ic-days", algo="linear", window="pooled")["data-value"] == "0"
+    assert _lb(parsed, "lb-ic", "linear") == "" and _lb(parsed, "lb-sharpe", "linear") != ""
