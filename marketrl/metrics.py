@@ -294,18 +294,34 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def _is_constant(values: np.ndarray, centered: np.ndarray) -> bool:
+    """A side whose spread is below 1e-9 of its root-mean-square is constant (docs/METRICS.md, Conventions)."""
+    spread = math.sqrt(float(centered @ centered))
+    return spread <= 1e-9 * math.sqrt(float(values @ values))
+
+
 def _correlation(x: np.ndarray, y: np.ndarray) -> float:
     """Pearson correlation, NaN when either side is constant."""
     dx, dy = x - x.mean(), y - y.mean()
-    denominator = math.sqrt(float(dx @ dx) * float(dy @ dy))
-    return float(dx @ dy) / denominator if denominator > 0 else math.nan
+    if _is_constant(x, dx) or _is_constant(y, dy):
+        return math.nan
+    value = float(dx @ dy) / math.sqrt(float(dx @ dx) * float(dy @ dy))
+    return min(1.0, max(-1.0, value))  # rounding can leave |r| a few ulps above 1
+
+
+#: fewest (prediction, realized) pairs a session day needs for an IC; fewer give no IC for that day.
+IC_MIN_PAIRS = 3
 
 
 def daily_information_coefficients(
-    trading_day: object, prediction: object, realized: object, min_rows: int = 3
+    trading_day: object, prediction: object, realized: object, min_rows: int = IC_MIN_PAIRS
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(days, IC, Rank IC) per session day: Pearson and Spearman correlation of predictions with realized
-    forward returns over that day's rows. Days with fewer than ``min_rows`` rows or a constant side get NaN."""
+    forward returns over that day's rows (all instruments pooled), days ascending.
+
+    Rows where either side is null/NaN/inf are dropped first (the last ``horizon`` bars of a segment have no
+    realized forward return). A day with fewer than ``min_rows`` remaining pairs, or with a constant side,
+    has no IC: NaN in both arrays, and the summaries skip it."""
     days = _as_numpy(trading_day)
     pred = np.asarray(_as_numpy(prediction), dtype=np.float64)
     real = np.asarray(_as_numpy(realized), dtype=np.float64)
@@ -314,27 +330,28 @@ def daily_information_coefficients(
             f"information coefficients: trading_day, prediction and realized must be 1-D of equal length, got "
             f"{days.shape}, {pred.shape}, {real.shape}"
         )
-    if not (np.isfinite(pred).all() and np.isfinite(real).all()):
-        raise MetricsInputError("information coefficients: prediction and realized must be finite")
     order = np.argsort(days, kind="stable")
     days, pred, real = days[order], pred[order], real[order]
     starts = np.flatnonzero(np.r_[True, days[1:] != days[:-1]]) if days.size else np.zeros(0, dtype=np.int64)
     ends = np.r_[starts[1:], days.size].astype(np.int64)
+    usable = np.isfinite(pred) & np.isfinite(real)
     ic = np.full(starts.size, math.nan)
     rank_ic = np.full(starts.size, math.nan)
     for k, (start, end) in enumerate(zip(starts, ends, strict=True)):
-        if end - start >= min_rows:
-            ic[k] = _correlation(pred[start:end], real[start:end])
-            rank_ic[k] = _correlation(_ranks(pred[start:end]), _ranks(real[start:end]))
+        keep = usable[start:end]
+        if int(keep.sum()) < min_rows:
+            continue
+        x, y = pred[start:end][keep], real[start:end][keep]
+        ic[k] = _correlation(x, y)
+        rank_ic[k] = _correlation(_ranks(x), _ranks(y))
     return days[starts], ic, rank_ic
 
 
-def information_coefficient_summary(
-    trading_day: object, prediction: object, realized: object, min_rows: int = 3
-) -> dict[str, float | int]:
-    """Mean IC and Rank IC over session days, and their ICIR (mean / sample std across days; NaN with fewer
-    than two scored days). ``n_days`` counts the days that got a score."""
-    _, ic, rank_ic = daily_information_coefficients(trading_day, prediction, realized, min_rows)
+def summarize_information_coefficients(ic: object, rank_ic: object) -> dict[str, float | int]:
+    """Mean IC and Rank IC over the days that have one, and their ICIR = mean / sample std (ddof = 1) across
+    those days (NaN with fewer than two such days or no spread). ``n_days`` counts the days with an IC."""
+    ic = np.asarray(ic, dtype=np.float64)
+    rank_ic = np.asarray(rank_ic, dtype=np.float64)
     summary: dict[str, float | int] = {"n_days": int(np.isfinite(ic).sum())}
     for name, values in (("ic", ic), ("rank_ic", rank_ic)):
         scored = values[np.isfinite(values)]
@@ -343,3 +360,11 @@ def information_coefficient_summary(
         summary[name] = mean
         summary[f"{name}ir"] = mean / spread if scored.size > 1 and spread > 0 else math.nan
     return summary
+
+
+def information_coefficient_summary(
+    trading_day: object, prediction: object, realized: object, min_rows: int = IC_MIN_PAIRS
+) -> dict[str, float | int]:
+    """Mean IC and Rank IC over session days, their ICIR and ``n_days`` (see the two functions above)."""
+    _, ic, rank_ic = daily_information_coefficients(trading_day, prediction, realized, min_rows)
+    return summarize_information_coefficients(ic, rank_ic)

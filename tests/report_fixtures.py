@@ -3,7 +3,10 @@
 `write_pipeline_outputs(root)` writes a fold plan, per-seed agent evaluations, per-fold baselines with several
 random seeds, hyperopt summaries and training logs under `root`, and returns the paths and config that
 `marketrl.report.build_report` takes. Agents have a tunable `skill`: the probability that the sign of their
-position matches the sign of the coming bar return (0.5 = no skill; costs then make them lose).
+position matches the sign of the coming bar return (0.5 = no skill; costs then make them lose). Models named in
+FORECASTERS are written as forecasters (docs/OUTPUTS.md): `"kind": "forecaster"`, a `horizon`, and per bar a
+`prediction` whose correlation with the realized forward return is `forecast_ic` (0 = no information), traded
+on its sign.
 """
 
 from __future__ import annotations
@@ -22,9 +25,17 @@ import polars as pl
 from marketrl.config import load_config
 from marketrl.folds import FoldConfig, FoldPlan, make_fold_plan
 from marketrl.io import write_json_atomic
-from marketrl.metrics import daily_returns, performance_summary, portfolio_bars, to_json_safe
+from marketrl.metrics import (
+    REQUIRED_COLUMNS,
+    daily_returns,
+    performance_summary,
+    portfolio_bars,
+    to_json_safe,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+AGENTS = ("dqn", "ppo")
+FORECASTERS = ("linear", "lightgbm", "mlp", "lstm", "gru", "alstm", "tcn", "transformer", "dlinear")
 BAR_VOLATILITY = 3e-4
 MINUTE_NS = 60 * 10**9
 
@@ -121,6 +132,32 @@ def _agent_positions(market: pl.DataFrame, skill: float, hold: int, rng: np.rand
     return position[decision_row]
 
 
+def forward_returns(market: pl.DataFrame, horizon: int) -> np.ndarray:
+    """Realized forward return over `horizon` bars from each bar, within its symbol and day (NaN where the day
+    ends first): prod(1 + ret) over the bar and the next horizon − 1 ones, minus 1."""
+    growth = market.select(
+        (pl.col("ret") + 1.0).log().rolling_sum(horizon).shift(-(horizon - 1)).over("symbol", "trading_day")
+    )["ret"].to_numpy()
+    return np.expm1(growth.astype(np.float64))
+
+
+def _forecasts(
+    market: pl.DataFrame, horizon: int, ic: float, hold: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prediction, forward return, positions) of a forecaster whose prediction correlates `ic` with the
+    standardized forward return; it holds the sign of its prediction for `hold` bars (flat in 15% of blocks)."""
+    forward = forward_returns(market, horizon)
+    scale = BAR_VOLATILITY * math.sqrt(horizon)
+    signal = np.where(np.isfinite(forward), forward / scale, rng.standard_normal(forward.size))
+    noise = rng.standard_normal(forward.size)
+    prediction = scale * (ic * signal + math.sqrt(1.0 - ic**2) * noise) * 0.1
+    position = np.sign(prediction)
+    position = np.where(rng.random(forward.size) < 0.15, 0.0, position)
+    bar_of_symbol = market.select(pl.int_range(pl.len()).over("symbol"))["literal"].to_numpy()
+    decision_row = np.arange(forward.size) - bar_of_symbol % hold
+    return prediction, forward, position[decision_row]
+
+
 def _momentum_positions(market: pl.DataFrame, lookback: int) -> np.ndarray:
     signal = market.select(
         pl.col("ret").rolling_sum(lookback, min_samples=1).shift(1).over("symbol").fill_null(0.0)
@@ -178,8 +215,10 @@ def _hyperopt_summary(
         }
         if algo == "ppo":
             params["clip_range"] = float(rng.uniform(0.1, 0.3))
-        else:
+        elif algo == "dqn":
             params["target_update_steps"] = int(rng.integers(500, 5000))
+        else:
+            params["threshold_multiplier"] = float(rng.uniform(0.5, 3.0))
         sharpe_daily = float(rng.normal(0.0, 0.08))
         pruned = number % 4 == 3
         completed_so_far = len(daily)
@@ -228,7 +267,43 @@ def _hyperopt_summary(
     }
 
 
+def _forecaster_train_log(algo: str, fold: int, seed_index: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A supervised model's log as the model zoo writes it: training records (loss, batch count, gradient norm)
+    and validation-loss records in `history`, the validation Sharpes only in `validation`."""
+    history: list[dict[str, Any]] = []
+    for i in range(1, 9):
+        history.append(
+            {
+                "step": 50 * i,
+                "loss": float(1.0 * math.exp(-i / 3) + 0.9 + rng.normal(0, 0.01)),
+                "count": 50,
+                "grad_norm": float(abs(rng.normal(0.5, 0.1))),
+            }
+        )
+        history.append({"step": 50 * i, "validation_loss": float(0.5 * math.exp(-i / 5) + 0.95)})
+    validation = [{"step": 100 * i, "val_sharpe": float(rng.normal(0.2, 0.3))} for i in range(1, 5)]
+    return {
+        "algo": algo,
+        "fold": fold,
+        "seed_index": seed_index,
+        "seed": 1000 * fold + seed_index,
+        "hparams": {"hidden_dim_base": 64, "window": 16, "threshold_multiplier": 1.5},
+        "hidden_sizes": {"encoder": [64, 32]} if algo not in ("linear", "lightgbm") else {},
+        "precision": {"mode": "fp32", "reason": "cpu: fp32"},
+        "device": "cpu",
+        "total_steps": 400,
+        "wall_s": 3.1,
+        "steps_per_s": 129.0,
+        "host_syncs": 12,
+        "history": history,
+        "validation": validation,
+        "provenance": {"git_commit": "0123abc"},
+    }
+
+
 def _train_log(algo: str, fold: int, seed_index: int, rng: np.random.Generator) -> dict[str, Any]:
+    if algo in FORECASTERS:
+        return _forecaster_train_log(algo, fold, seed_index, rng)
     history = []
     for i in range(1, 11):
         step = i * 6000
@@ -274,6 +349,8 @@ def write_pipeline_outputs(
     n_trials: int = 10,
     n_complete_max: int | None = None,
     skill: Mapping[str, float] | None = None,
+    forecast_ic: Mapping[str, float] | None = None,
+    horizon: int = 5,
     hold_bars: int = 10,
     cost_per_side: float = 2e-5,
     bootstrap_samples: int = 200,
@@ -284,6 +361,7 @@ def write_pipeline_outputs(
     root = Path(root)
     rng = np.random.default_rng(seed)
     skill = dict(skill or {})
+    forecast_ic = dict(forecast_ic or {})
     fold_config = FoldConfig(
         n=n_folds,
         scheme="expanding",
@@ -308,8 +386,20 @@ def write_pipeline_outputs(
         }
         for algo in algos:
             for seed_index in range(n_seeds):
-                positions = _agent_positions(market, skill.get(algo, 0.5), hold_bars, rng)
-                bars = _bars(market, positions, cost_per_side)
+                kind: dict[str, Any] = {}
+                if algo in FORECASTERS:
+                    prediction, forward, positions = _forecasts(
+                        market, horizon, forecast_ic.get(algo, 0.0), hold_bars, rng
+                    )
+                    bars = _bars(market, positions, cost_per_side).with_columns(
+                        pl.Series("prediction", prediction),
+                        pl.Series("forward_return", forward).fill_nan(None),
+                    )
+                    kind = {"kind": "forecaster", "horizon": horizon}
+                else:
+                    positions = _agent_positions(market, skill.get(algo, 0.5), hold_bars, rng)
+                    bars = _bars(market, positions, cost_per_side)
+                    kind = {"kind": "agent"}
                 folder = root / "results" / "eval" / algo / f"fold_{fold.index}" / f"seed_{seed_index}"
                 folder.mkdir(parents=True, exist_ok=True)
                 bars.write_parquet(folder / "bars.parquet")
@@ -320,9 +410,10 @@ def write_pipeline_outputs(
                         "algo": algo,
                         "seed_index": seed_index,
                         "seed": 7 + seed_index,
-                        "metrics": _summary(bars),
+                        "metrics": _summary(bars.select(REQUIRED_COLUMNS)),
                         "provenance": {},
                     }
+                    | kind
                     | (
                         {
                             "matched_random": _matched_random_block(
@@ -401,7 +492,9 @@ def write_pipeline_outputs(
                 train_logs.append(str(path))
 
     config = load_config(REPO_ROOT / "config.yaml")
-    config["training"]["algos"] = list(algos)
+    # Before the model zoo the key was training.algos; the report reads either (whichever the config has).
+    key = "models" if "models" in config["training"] else "algos"
+    config["training"][key] = list(algos)
     config["training"]["seeds"] = n_seeds
     config["folds"] = {**config["folds"], "n": n_folds, "test_days": test_days}
     config["evaluation"]["bootstrap_samples"] = bootstrap_samples

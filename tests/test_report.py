@@ -246,6 +246,9 @@ def test_too_few_test_days_say_not_enough_data(tmp_path: Path, test_days: int) -
     assert verdicts == {"not-enough-data"}
     assert "not enough out-of-sample data for a verdict" in html
     assert 'data-claim="beats"' not in html and 'data-claim="worse"' not in html
+    # the leaderboard still ranks by the mean seed Sharpe, defined from 2 test days on (a Sharpe needs 2 returns)
+    sharpe = _parse(html).cell("lb-sharpe", leaderboard="ppo")["data-value"]
+    assert (sharpe != "") is (test_days >= 2)
 
 
 class _Inputs:

@@ -137,7 +137,16 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
 
 
 def test_report_in_headless_chromium(browser: DevTools, tmp_path: Path) -> None:
-    outputs = write_pipeline_outputs(tmp_path / "run", symbols=("SYNTH-ES", "<script>alert(1)</script>"))
+    outputs = write_pipeline_outputs(
+        tmp_path / "run",
+        algos=(
+            "dqn",
+            "ppo",
+            "linear",
+        ),  # an agent and a forecaster: the leaderboard and the forecast panel render
+        symbols=("SYNTH-ES", "<script>alert(1)</script>"),
+        forecast_ic={"linear": 0.2},
+    )
     report = tmp_path / "eval_report.html"
     build_report(**outputs.report_kwargs(report))
     url = report.resolve().as_uri()
@@ -160,6 +169,9 @@ def test_report_in_headless_chromium(browser: DevTools, tmp_path: Path) -> None:
         expression="""JSON.stringify({
             sections: Array.from(document.querySelectorAll('main > section[id]')).map(s => s.id),
             figures: Array.from(document.querySelectorAll('svg.figure')).map(f => f.getBoundingClientRect().width),
+            leaderboard: document.querySelectorAll('#leaderboard tr[data-leaderboard]').length,
+            panels: Array.from(document.querySelectorAll('.forecast-panel svg.figure'))
+                .map(f => f.getBoundingClientRect().height),
             scripts: document.scripts.length,
             height: document.documentElement.scrollHeight,
             alerts: document.body.innerText.includes('<script>alert(1)</script>'),
@@ -199,4 +211,6 @@ def test_report_in_headless_chromium(browser: DevTools, tmp_path: Path) -> None:
     assert page["scripts"] == 0, "the escaped symbol must not become a <script> element"
     assert page["alerts"], "the escaped symbol renders as text"
     assert len(page["figures"]) >= 9 and min(page["figures"]) > 300
+    assert page["leaderboard"] == 3 + 5, "three models and five baselines"
+    assert len(page["panels"]) == 1 and page["panels"][0] > 100
     assert image.stat().st_size > 50_000

@@ -17,7 +17,13 @@ import polars as pl
 from scipy.stats import norm
 
 from marketrl.config import derive_seed
-from marketrl.metrics import daily_returns, performance_summary, portfolio_bars
+from marketrl.metrics import (
+    daily_information_coefficients,
+    daily_returns,
+    performance_summary,
+    portfolio_bars,
+    summarize_information_coefficients,
+)
 from marketrl.report.inputs import (
     BASELINES,
     MATCHED_RANDOM,
@@ -839,3 +845,263 @@ def baseline_order(strategies: Sequence[Strategy]) -> list[Strategy]:
     """The four baselines of the verdict, in the documented order."""
     by_name = {s.name: s for s in strategies if not s.is_agent and s.seed_index is None}
     return [by_name[name] for name in BASELINES if name in by_name]
+
+
+# ------------------------------------------------------------------------------ forecast quality (forecasters)
+
+#: prediction bins of the calibration panel (equal-count bins of the pooled predictions: deciles)
+CALIBRATION_BINS = 10
+
+
+@dataclass
+class ForecastQuality:
+    """IC, Rank IC and ICIR of one forecaster by session day (docs/METRICS.md, "Forecast quality").
+
+    Every summary is a dict ``{"ic", "rank_ic", "icir", "rank_icir", "n_days"}``: per seed per fold, per seed
+    pooled over the folds (the daily ICs of all test days together), and their mean over seeds.
+    """
+
+    algo: str
+    horizon: int | None
+    folds: list[int]
+    seeds: list[int]
+    seed_fold: dict[int, dict[int, dict[str, float]]]  # seed -> fold -> summary
+    seed_pooled: dict[int, dict[str, float]]
+    fold_mean: dict[int, dict[str, float]]  # fold -> mean over seeds
+    pooled_mean: dict[str, float]
+    daily: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]  # seed -> (days, IC, Rank IC), pooled
+    calibration_prediction: np.ndarray  # [CALIBRATION_BINS] mean prediction per bin, mean over seeds
+    calibration_realized: np.ndarray  # [CALIBRATION_BINS] mean realized forward return per bin
+    n_pairs: int  # (prediction, realized) pairs of one seed, pooled (the same bars for every seed)
+
+
+_IC_KEYS = ("ic", "rank_ic", "icir", "rank_icir", "n_days")
+
+
+def _mean_summary(summaries: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Mean over seeds of each IC statistic (NaN when any seed's is undefined: no seed is dropped silently)."""
+    return {key: float(np.mean([s[key] for s in summaries])) if summaries else math.nan for key in _IC_KEYS}
+
+
+def calibration_bins(
+    prediction: np.ndarray, realized: np.ndarray, n_bins: int = CALIBRATION_BINS
+) -> tuple[np.ndarray, np.ndarray]:
+    """(mean prediction, mean realized) in ``n_bins`` equal-count bins of the prediction (ties split by
+    order); rows with a non-finite side are dropped; NaN bins when there are fewer rows than bins."""
+    keep = np.isfinite(prediction) & np.isfinite(realized)
+    x, y = prediction[keep], realized[keep]
+    if x.size < n_bins:
+        return np.full(n_bins, math.nan), np.full(n_bins, math.nan)
+    order = np.argsort(x, kind="stable")
+    bins = np.empty(x.size, dtype=np.int64)
+    bins[order] = np.arange(x.size) * n_bins // x.size
+    counts = np.bincount(bins, minlength=n_bins)
+    return (
+        np.bincount(bins, weights=x, minlength=n_bins) / counts,
+        np.bincount(bins, weights=y, minlength=n_bins) / counts,
+    )
+
+
+def forecast_quality(algo: str, agents: Sequence[Strategy], horizon: int | None = None) -> ForecastQuality:
+    """The forecast-quality statistics of one forecaster from its runs' ``prediction``/``forward_return``."""
+    members = sorted((a for a in agents if a.name == algo), key=lambda a: a.seed_index or 0)
+    if not members or any(run.forecasts is None for m in members for run in m.fold_runs.values()):
+        raise ReportInputError(f"report: {algo} has runs without predictions (not a forecaster)")
+    folds = sorted(members[0].fold_runs)
+    seed_fold: dict[int, dict[int, dict[str, float]]] = {}
+    seed_pooled: dict[int, dict[str, float]] = {}
+    daily: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    bins_x, bins_y = [], []
+    n_pairs = 0
+    for member in members:
+        seed = member.seed_index or 0
+        seed_fold[seed] = {}
+        parts = []
+        for fold in folds:
+            frame = member.fold_runs[fold].forecasts
+            assert frame is not None
+            days, ic, rank_ic = daily_information_coefficients(
+                frame["trading_day"], frame["prediction"], frame["forward_return"]
+            )
+            seed_fold[seed][fold] = summarize_information_coefficients(ic, rank_ic)
+            parts.append((days, ic, rank_ic, frame))
+        # Test windows never overlap, so pooling the folds is concatenating their days.
+        days = np.concatenate([p[0] for p in parts])
+        ic = np.concatenate([p[1] for p in parts])
+        rank_ic = np.concatenate([p[2] for p in parts])
+        order = np.argsort(days, kind="stable")
+        daily[seed] = (days[order], ic[order], rank_ic[order])
+        seed_pooled[seed] = summarize_information_coefficients(ic, rank_ic)
+        prediction = np.concatenate([p[3]["prediction"].to_numpy() for p in parts])
+        realized = np.concatenate([p[3]["forward_return"].to_numpy() for p in parts])
+        n_pairs = int((np.isfinite(prediction) & np.isfinite(realized)).sum())
+        x, y = calibration_bins(prediction, realized)
+        bins_x.append(x)
+        bins_y.append(y)
+    seeds = sorted(seed_fold)
+    return ForecastQuality(
+        algo=algo,
+        horizon=horizon,
+        folds=folds,
+        seeds=seeds,
+        seed_fold=seed_fold,
+        seed_pooled=seed_pooled,
+        fold_mean={f: _mean_summary([seed_fold[s][f] for s in seeds]) for f in folds},
+        pooled_mean=_mean_summary([seed_pooled[s] for s in seeds]),
+        daily=daily,
+        calibration_prediction=np.mean(bins_x, axis=0),
+        calibration_realized=np.mean(bins_y, axis=0),
+        n_pairs=n_pairs,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ leaderboard
+
+_CLAIM_LABELS = {
+    "buy_and_hold": "B&H",
+    "flat": "flat",
+    "momentum": "mom",
+    "random": "rand",
+    MATCHED_RANDOM: "TMR",
+}
+
+
+@dataclass(frozen=True)
+class LeaderboardRow:
+    """One model or baseline on the pooled test days, net of costs (docs/METRICS.md, "Leaderboard")."""
+
+    name: str
+    label: str
+    kind: str  # "agent", "forecaster" or "baseline"
+    sharpe: ConfidenceInterval  # annualised net Sharpe; CI NaN where the row is a distribution's median
+    gross_sharpe: float
+    cost_drag: float  # gross − net annualised Sharpe
+    turnover: float  # average daily turnover, contracts per instrument
+    dsr: float = math.nan
+    ic: float = math.nan
+    rank_ic: float = math.nan
+    icir: float = math.nan
+    verdict: str = ""  # "beats", "does-not-beat", "not-enough-data"; "" for baselines
+    claims: tuple[tuple[str, str], ...] = ()  # (short baseline label, "beats" | "worse") of the family test
+    note: str = ""
+
+
+def _finite_median(values: Any) -> float:
+    """Median of the finite values (NaN when none is: e.g. Sharpe ratios of a single test day)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if values.size else math.nan
+
+
+def _gross_and_net(series: ReturnSeries) -> tuple[float, float]:
+    return annualized_sharpe(series.daily(0.0)[1]), annualized_sharpe(series.daily(1.0)[1])
+
+
+def leaderboard(
+    inputs: ReportInputs,
+    verdicts: Sequence[AgentVerdict],
+    agents: Sequence[Strategy],
+    baselines: Sequence[Strategy],
+    random_seeds: Sequence[Strategy],
+    baseline_sharpes: Mapping[str, ConfidenceInterval],
+    quality: Mapping[str, ForecastQuality],
+) -> list[LeaderboardRow]:
+    """Every model and every baseline in one table, sorted by net Sharpe (undefined last).
+
+    Models: the verdict's mean-over-seeds Sharpe and CI, the DSR of their tuning, IC statistics (forecasters),
+    turnover and cost drag as means over seeds. Random traders: the median trader of each statistic.
+    """
+    rows: list[LeaderboardRow] = []
+    for verdict in verdicts:
+        members = [a for a in agents if a.name == verdict.algo]
+        pairs = [_gross_and_net(m.pooled) for m in members if m.pooled is not None]
+        gross = float(np.mean([g for g, _ in pairs]))
+        net = float(np.mean([n for _, n in pairs]))
+        kind = inputs.kind_of(verdict.algo)
+        ic = quality[verdict.algo].pooled_mean if verdict.algo in quality else {}
+        claims = tuple(
+            (_CLAIM_LABELS.get(c.baseline, c.baseline), "beats" if c.beats else "worse")
+            for c in verdict.comparisons
+            if c.beats or c.worse
+        )
+        rows.append(
+            LeaderboardRow(
+                name=verdict.algo,
+                label=verdict.algo,
+                kind=kind,
+                # below 3 days the family bootstrap estimates nothing; the mean seed Sharpe is still defined
+                sharpe=verdict.sharpe
+                if is_finite_number(verdict.sharpe.point)
+                else ConfidenceInterval(net, math.nan, math.nan),
+                gross_sharpe=gross,
+                cost_drag=gross - net,
+                turnover=float(np.mean([m.pooled_summary["avg_daily_turnover"] for m in members])),
+                dsr=verdict.deflation.dsr,
+                ic=float(ic.get("ic", math.nan)),
+                rank_ic=float(ic.get("rank_ic", math.nan)),
+                icir=float(ic.get("icir", math.nan)),
+                verdict="beats"
+                if verdict.beats
+                else ("does-not-beat" if verdict.enough_data else "not-enough-data"),
+                claims=claims,
+            )
+        )
+    for baseline in baselines:
+        if baseline.name == RANDOM_BASELINE or baseline.pooled is None:
+            continue
+        gross, net = _gross_and_net(baseline.pooled)
+        rows.append(
+            LeaderboardRow(
+                name=baseline.name,
+                label=BASELINE_LABELS.get(baseline.name, baseline.name),
+                kind="baseline",
+                sharpe=baseline_sharpes.get(baseline.name, ConfidenceInterval(net, math.nan, math.nan)),
+                gross_sharpe=gross,
+                cost_drag=gross - net,
+                turnover=float(baseline.pooled_summary["avg_daily_turnover"]),
+            )
+        )
+    if random_seeds:
+        pairs = np.array([_gross_and_net(r.pooled) for r in random_seeds if r.pooled is not None])
+        turnover = np.array([r.pooled_summary["avg_daily_turnover"] for r in random_seeds])
+        rows.append(
+            LeaderboardRow(
+                name=RANDOM_BASELINE,
+                label="random (median trader)",
+                kind="baseline",
+                sharpe=ConfidenceInterval(_finite_median(pairs[:, 1]), math.nan, math.nan),
+                gross_sharpe=_finite_median(pairs[:, 0]),
+                cost_drag=_finite_median(pairs[:, 0] - pairs[:, 1]),
+                turnover=_finite_median(turnover),
+                note=f"median of {len(random_seeds)} independent random traders",
+            )
+        )
+    matched = [
+        matched_traders(sorted((a for a in agents if a.name == algo), key=lambda a: a.seed_index or 0))
+        for algo in inputs.algos
+    ]
+    if matched and all(m is not None for m in matched):
+        sharpes = [
+            annualized_sharpe(t.returns) for per_model in matched for seed in per_model or [] for t in seed
+        ]
+        rows.append(
+            LeaderboardRow(
+                name=MATCHED_RANDOM,
+                label="turnover-matched random (median trader)",
+                kind="baseline",
+                sharpe=ConfidenceInterval(_finite_median(sharpes), math.nan, math.nan),
+                gross_sharpe=math.nan,
+                cost_drag=math.nan,
+                turnover=math.nan,
+                note=(
+                    f"median of the {len(sharpes)} traders of all model runs; each model is tested against its own"
+                ),
+            )
+        )
+    return sorted(
+        rows,
+        key=lambda r: (
+            not is_finite_number(r.sharpe.point),
+            -r.sharpe.point if is_finite_number(r.sharpe.point) else 0.0,
+        ),
+    )

@@ -21,10 +21,13 @@ from marketrl.io import atomic_open
 from marketrl.metrics import to_json_safe
 from marketrl.report import analysis, figures, tuning
 from marketrl.report.inputs import (
+    AGENT,
     BASELINES,
+    FORECASTER,
     RANDOM_BASELINE,
     ReportInputError,
     ReportInputs,
+    check_models,
     load_inputs,
     read_json_object,
 )
@@ -34,7 +37,9 @@ log = logging.getLogger(__name__)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 SECTIONS = (
-    ("verdict", "Verdict: agents vs baselines"),
+    ("leaderboard", "Leaderboard"),
+    ("verdict", "Verdict: models vs baselines"),
+    ("forecasts", "Forecast quality: predictions vs realized"),
     ("equity", "Equity curves"),
     ("drawdowns", "Drawdowns"),
     ("per-fold", "Per-fold results"),
@@ -305,7 +310,11 @@ def _training_section(inputs: ReportInputs, algos: Sequence[str]) -> dict[str, A
         logs = [log for log in inputs.train_logs if log.algo == algo]
         if figures.training_metrics_present(logs):
             color = figures.agent_color(algo, algos)
-            figures_by_algo.append({"algo": algo, "figure": figures.training_figure(algo, logs, color)})
+            agent = algo not in algos or inputs.kind_of(algo) == AGENT
+            steps = "env steps" if agent else "training steps"
+            figures_by_algo.append(
+                {"algo": algo, "figure": figures.training_figure(algo, logs, color, steps)}
+            )
         else:
             figures_by_algo.append({"algo": algo, "figure": None})
     rows = []
@@ -361,6 +370,15 @@ def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict
     }
 
 
+def _grouped_assumptions(verdicts: Sequence[analysis.AgentVerdict]) -> list[tuple[str, list[str]]]:
+    """Each DSR assumption once, with the models it applies to (eleven models would repeat it eleven times)."""
+    grouped: dict[str, list[str]] = {}
+    for verdict in verdicts:
+        for text in verdict.deflation.assumptions:
+            grouped.setdefault(text, []).append(verdict.algo)
+    return list(grouped.items())
+
+
 # ----------------------------------------------------------------------------------------------- entry point
 
 
@@ -372,6 +390,7 @@ def build_context(
     n_boot = rules.n_boot
     multipliers = [float(m) for m in analysis.config_value(config, "evaluation.cost_multipliers")]
     root_seed = int(analysis.config_value(config, "seed"))
+    check_models(inputs, config)
     algos = inputs.algos
 
     agents = analysis.build_strategies(inputs.agent_runs)
@@ -390,6 +409,18 @@ def build_context(
         for b in baselines
         if b.pooled is not None
     ]
+    quality = {
+        algo: analysis.forecast_quality(algo, agents, inputs.horizon_of(algo)) for algo in inputs.forecasters
+    }
+    board = analysis.leaderboard(
+        inputs,
+        verdicts,
+        agents,
+        baselines,
+        random_seeds,
+        {b["name"]: b["stats"].sharpe for b in baseline_stats},
+        quality,
+    )
     spreads = [analysis.seed_spread(algo, agents, n_boot, root_seed) for algo in algos]
     random_fold_sharpe = {
         fold: np.array([s.fold_summaries[fold]["sharpe"] for s in random_seeds if fold in s.fold_summaries])
@@ -407,12 +438,25 @@ def build_context(
         "title": "marketrl evaluation report",
         "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "sections": SECTIONS,
+        "number": {section_id: k for k, (section_id, _) in enumerate(SECTIONS, start=1)},
         "algos": algos,
+        "kinds": {algo: inputs.kind_of(algo) for algo in algos},
+        "horizons": {algo: inputs.horizon_of(algo) for algo in algos},
+        "forecaster_kind": FORECASTER,
+        "leaderboard": board,
+        "forecasts": [
+            {
+                "quality": q,
+                "figure": figures.forecast_figure(q, figures.agent_color(algo, algos)),
+            }
+            for algo, q in quality.items()
+        ],
         "baselines": [b.name for b in baselines],
         "all_baselines": BASELINES,
         "verdicts": verdicts,
         "family": family,
         "dsr_threshold": analysis.DSR_THRESHOLD,
+        "dsr_assumptions": _grouped_assumptions(verdicts),
         "annualizer": ANNUALIZER,
         "rules": rules,
         "verdict_baselines": [c.baseline for c in verdicts[0].comparisons] if verdicts else [],

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from marketrl.metrics import drawdown_series, equity_curve
-from marketrl.report.analysis import BASELINE_LABELS, SeedSpread, Strategy
+from marketrl.report.analysis import BASELINE_LABELS, ForecastQuality, SeedSpread, Strategy
 from marketrl.report.inputs import HyperoptSummary, TrainLog
 
 P = ParamSpec("P")
@@ -46,7 +46,24 @@ _RC = {
 }
 # Points kept per plotted line: enough for a smooth curve at report width, small enough for the size budget.
 MAX_LINE_POINTS = 1200
-AGENT_COLORS = ("#2563eb", "#059669", "#7c3aed", "#dc2626", "#0891b2", "#be185d")
+# Points of all the lines of one panel together: with many models × seeds each line gets fewer (≥ MIN_LINE_POINTS).
+PANEL_POINTS = 12_000
+MIN_LINE_POINTS = 300
+# One colour per model, distinct from the baselines' black, orange and greys (eleven models and one spare).
+AGENT_COLORS = (
+    "#2563eb",
+    "#059669",
+    "#7c3aed",
+    "#dc2626",
+    "#0891b2",
+    "#be185d",
+    "#65a30d",
+    "#9333ea",
+    "#0f766e",
+    "#b45309",
+    "#4f46e5",
+    "#e11d48",
+)
 BASELINE_STYLES = {
     "buy_and_hold": {"color": "#111827", "linestyle": "-"},
     "momentum": {"color": "#d97706", "linestyle": "-"},
@@ -101,6 +118,11 @@ def styled(function: Callable[P, Markup]) -> Callable[P, Markup]:
             return function(*args, **kwargs)
 
     return wrapper
+
+
+def line_points(n_lines: int) -> int:
+    """Points kept per line when a panel holds ``n_lines`` lines (the panel's SVG size stays bounded)."""
+    return int(min(MAX_LINE_POINTS, max(MIN_LINE_POINTS, PANEL_POINTS // max(1, n_lines))))
 
 
 def _decimate(n: int, max_points: int = MAX_LINE_POINTS) -> np.ndarray:
@@ -172,13 +194,14 @@ def equity_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Marku
     fold_starts = _fold_starts(strategies, stamps)
     fig = Figure(figsize=(10, 6.2))
     axes = fig.subplots(2, 1, sharex=True)
+    points = line_points(len(strategies))
     for ax, multiplier, title in ((axes[0], 1.0, "Net of costs"), (axes[1], 0.0, "Before costs (gross)")):
         labelled: set[str] = set()
         for strategy in strategies:
             assert strategy.pooled is not None
             x = np.searchsorted(stamps, strategy.pooled.ts)
             equity = equity_curve(strategy.pooled.bar_returns(multiplier))
-            keep = _decimate(equity.size)
+            keep = _decimate(equity.size, points)
             ax.plot(
                 x[keep], equity[keep], label=_legend_label(strategy, labelled), **_line_style(strategy, algos)
             )
@@ -198,11 +221,12 @@ def drawdown_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Mar
     fig = Figure(figsize=(10, 3.4))
     ax = fig.subplots()
     labelled: set[str] = set()
+    points = line_points(len(strategies))
     for strategy in strategies:
         assert strategy.pooled is not None
         x = np.searchsorted(stamps, strategy.pooled.ts)
         drawdown = drawdown_series(strategy.pooled.net)
-        keep = _decimate(drawdown.size)
+        keep = _decimate(drawdown.size, points)
         ax.plot(
             x[keep],
             100 * drawdown[keep],
@@ -387,6 +411,10 @@ TRAINING_METRICS = (
     ("episode_return_mean", "episode return (mean)"),
     ("val_sharpe", "validation Sharpe"),
     ("loss", "loss"),
+    ("train_loss", "training loss"),
+    ("val_loss", "validation loss"),
+    ("validation_loss", "validation loss"),
+    ("grad_norm", "gradient norm"),
     ("policy_loss", "policy loss"),
     ("value_loss", "value loss"),
     ("entropy", "policy entropy"),
@@ -395,17 +423,56 @@ TRAINING_METRICS = (
 )
 
 
+# History keys that count steps or time rather than measure learning: never plotted as a curve.
+_NOT_CURVES = {
+    "step",
+    "env_steps",
+    "epoch",
+    "updates",
+    "update",
+    "wall_s",
+    "elapsed_s",
+    "steps_per_s",
+    "samples",
+    "count",
+    "rows",
+    "train_rows",
+    "batch_size",
+}
+# Panels per model at most; further unknown metrics are left out of the figure.
+MAX_TRAINING_PANELS = 6
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _records(log: TrainLog) -> list[dict[str, Any]]:
+    """The history records, plus the `validation` records ({step, val_sharpe}) when the history has no
+    validation Sharpe of its own (a supervised model logs its losses in `history` only)."""
+    validation = log.data.get("validation")
+    if any("val_sharpe" in entry for entry in log.history) or not isinstance(validation, list):
+        return list(log.history)
+    return list(log.history) + [entry for entry in validation if isinstance(entry, dict)]
+
+
 def training_metrics_present(logs: Sequence[TrainLog]) -> list[tuple[str, str]]:
-    """The history metrics with at least one finite value in these logs, in display order."""
-    present = []
-    for key, title in TRAINING_METRICS:
-        if any(isinstance(entry.get(key), int | float) for log in logs for entry in log.history):
-            present.append((key, title))
-    return present
+    """The history metrics with at least one finite value in these logs: the known ones in display order,
+    then any other numeric key a model logs (a forecaster's losses, say), at most MAX_TRAINING_PANELS."""
+    seen: dict[str, None] = {}
+    for log in logs:
+        for entry in _records(log):
+            for key, value in entry.items():
+                if key not in _NOT_CURVES and _is_number(value) and np.isfinite(value):
+                    seen.setdefault(key, None)
+    known = [(key, title) for key, title in TRAINING_METRICS if key in seen]
+    names = {key for key, _ in TRAINING_METRICS}
+    others = [(key, key.replace("_", " ")) for key in sorted(seen) if key not in names]
+    return (known + others)[:MAX_TRAINING_PANELS]
 
 
 @styled
-def training_figure(algo: str, logs: Sequence[TrainLog], color: str) -> Markup:
+def training_figure(algo: str, logs: Sequence[TrainLog], color: str, step_label: str = "env steps") -> Markup:
     """Small multiples of the training history metrics, one line per (fold, seed)."""
     metrics = training_metrics_present(logs)
     ncols = min(3, len(metrics))
@@ -416,8 +483,8 @@ def training_figure(algo: str, logs: Sequence[TrainLog], color: str) -> Markup:
     styles = ("-", "--", ":", "-.")
     for ax, (key, title) in zip(axes, metrics, strict=False):
         for log in sorted(logs, key=lambda lg: (lg.fold, lg.seed_index)):
-            points = [(e.get("step"), e.get(key)) for e in log.history]
-            points = [(s, v) for s, v in points if isinstance(s, int | float) and isinstance(v, int | float)]
+            points = [(e.get("step"), e.get(key)) for e in _records(log)]
+            points = [(s, v) for s, v in points if _is_number(s) and _is_number(v)]
             if not points:
                 continue
             steps, values = zip(*points, strict=True)
@@ -430,8 +497,8 @@ def training_figure(algo: str, logs: Sequence[TrainLog], color: str) -> Markup:
                 linewidth=1,
                 linestyle=styles[log.seed_index % len(styles)],
             )
-        ax.set_title(title, loc="left")
-        ax.set_xlabel("env steps")
+        ax.set_title(plot_text(title), loc="left")
+        ax.set_xlabel(step_label)
     for ax in axes[len(metrics) :]:
         ax.set_visible(False)
     fig.tight_layout()
@@ -490,3 +557,53 @@ def folds_timeline_figure(plan: Any, embargo_days: float) -> Markup:
     ax.grid(axis="y", visible=False)
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=6)
     return figure_to_svg(fig, "folds", "Timeline of tuning, training, validation, embargo and test windows")
+
+
+@styled
+def forecast_figure(quality: ForecastQuality, color: str) -> Markup:
+    """Predictions vs realized of one forecaster: mean realized forward return per prediction decile against
+    the mean prediction (with the diagonal), and the daily IC over the pooled test days (seeds thin, mean bold)."""
+    fig = Figure(figsize=(10, 2.9))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2, 3]})
+    scale = 1e4  # basis points: forward returns over a few bars are tiny fractions
+    x, y = quality.calibration_prediction * scale, quality.calibration_realized * scale
+    finite = np.isfinite(x) & np.isfinite(y)
+    if finite.any():
+        low = float(min(x[finite].min(), y[finite].min()))
+        high = float(max(x[finite].max(), y[finite].max()))
+        pad = 0.05 * (high - low) if high > low else 1.0
+        left.plot(
+            [low - pad, high + pad], [low - pad, high + pad], color="#9ca3af", linewidth=0.8, label="y = x"
+        )
+        left.plot(x[finite], y[finite], color=color, marker="o", ms=4, linewidth=1.2, label="decile means")
+    left.axhline(0.0, color="#d1d5db", linewidth=0.6)
+    left.set_xlabel("mean prediction per decile (bp)")
+    left.set_ylabel("mean realized (bp)")
+    left.set_title("Calibration", loc="left")
+    left.legend(loc="upper left")
+    days = sorted({d for series in quality.daily.values() for d in series[0].tolist()})
+    index = {d: i for i, d in enumerate(days)}
+    stacked = np.full((len(quality.daily), len(days)), np.nan)
+    for row, (seed_days, ic, _) in enumerate(quality.daily.values()):
+        positions = [index[d] for d in seed_days.tolist()]
+        stacked[row, positions] = ic
+        right.plot(positions, ic, color=color, linewidth=0.7, alpha=0.35, marker=".", ms=2)
+    with np.errstate(all="ignore"):
+        valid = np.isfinite(stacked).all(axis=0)
+        mean = np.where(valid, np.mean(np.where(np.isfinite(stacked), stacked, 0.0), axis=0), np.nan)
+    right.plot(
+        np.arange(len(days)), mean, color=color, linewidth=1.6, marker="o", ms=3, label="mean over seeds"
+    )
+    right.axhline(0.0, color="#6b7280", linewidth=0.7)
+    step = max(1, len(days) // 10)
+    right.set_xticks(range(0, len(days), step), [str(d)[5:10] for d in days[::step]])
+    right.set_ylabel("IC (Pearson)")
+    right.set_xlabel("test day (MM-DD)")
+    right.set_title("Daily IC", loc="left")
+    right.legend(loc="upper left")
+    fig.tight_layout()
+    return figure_to_svg(
+        fig,
+        f"forecast-{quality.algo}",
+        f"Predictions vs realized forward returns and daily IC of {quality.algo}",
+    )

@@ -25,6 +25,11 @@ BASELINES = (*DETERMINISTIC_BASELINES, RANDOM_BASELINE)
 #: the per-agent baseline: random traders that trade as often as the agent (metrics.json "matched_random")
 MATCHED_RANDOM = "matched_random"
 _RANDOM_PREFIX = "random_"
+#: metrics.json "kind" of a model run; absent in outputs written before the model zoo (then an agent)
+AGENT, FORECASTER = "agent", "forecaster"
+MODEL_KINDS = (AGENT, FORECASTER)
+#: the extra per-bar columns of a forecaster's bars.parquet (docs/OUTPUTS.md)
+FORECAST_COLUMNS = ("prediction", "forward_return")
 
 
 class ReportInputError(ValueError):
@@ -56,6 +61,9 @@ class Run:
     source: Path
     stored_metrics: Mapping[str, Any] | None = None
     matched: MatchedRandom | None = None  # agents only; None in outputs written before the matched traders
+    kind: str = AGENT  # model runs: "agent" or "forecaster"
+    horizon: int | None = None  # forecasters: bars ahead that `prediction` forecasts
+    forecasts: pl.DataFrame | None = None  # forecasters: trading_day, prediction, forward_return per bar
 
     @property
     def label(self) -> str:
@@ -103,7 +111,20 @@ class ReportInputs:
 
     @property
     def algos(self) -> list[str]:
+        """Every model of the run (agents and forecasters), sorted by name."""
         return sorted({run.strategy for run in self.agent_runs})
+
+    def kind_of(self, algo: str) -> str:
+        """ "agent" or "forecaster" (load_inputs checked that every run of a model has the same kind)."""
+        return next(run.kind for run in self.agent_runs if run.strategy == algo)
+
+    def horizon_of(self, algo: str) -> int | None:
+        """The forecast horizon in bars of a forecaster, None for an agent."""
+        return next(run.horizon for run in self.agent_runs if run.strategy == algo)
+
+    @property
+    def forecasters(self) -> list[str]:
+        return [algo for algo in self.algos if self.kind_of(algo) == FORECASTER]
 
     @property
     def folds(self) -> list[int]:
@@ -147,7 +168,8 @@ def _read_bars(bars_path: Path, extra_columns: Sequence[str] = ()) -> tuple[Path
         raise ReportInputError(f"{bars_path}: cannot read Parquet ({reason})") from None
     missing = [c for c in (*REQUIRED_COLUMNS, *extra_columns) if c not in bars.columns]
     if missing:
-        raise ReportInputError(f"{bars_path}: missing column(s) {missing}; expected {list(REQUIRED_COLUMNS)}")
+        expected = [*REQUIRED_COLUMNS, *extra_columns]
+        raise ReportInputError(f"{bars_path}: missing column(s) {missing}; expected {expected}")
     return bars_path, bars
 
 
@@ -161,15 +183,44 @@ def _checked(run: Run) -> Run:
 
 
 def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
-    what = "agent evaluation"
+    what = "model evaluation"
     algo = _require(data, "algo", str, path, what)
     fold = _require(data, "fold", int, path, what)
     seed_index = _require(data, "seed_index", int, path, what)
-    bars_path, bars = _read_bars(bars_path)
+    kind = data.get("kind", AGENT)
+    if kind not in MODEL_KINDS:
+        raise ReportInputError(
+            f"{path}: {what} field 'kind' must be one of {list(MODEL_KINDS)}, got {kind!r}"
+        )
+    horizon = None
+    if kind == FORECASTER:
+        horizon = _require(data, "horizon", int, path, what)
+        if horizon < 1:
+            raise ReportInputError(f"{path}: {what} field 'horizon' must be a positive number of bars")
+    bars_path, bars = _read_bars(bars_path, FORECAST_COLUMNS if kind == FORECASTER else ())
+    forecasts = None
+    if kind == FORECASTER:
+        forecasts = bars.select(
+            "ts_event", "trading_day", *(pl.col(c).cast(pl.Float64) for c in FORECAST_COLUMNS)
+        )
+        if forecasts["prediction"].is_infinite().any():
+            raise ReportInputError(f"{bars_path}: column 'prediction' holds infinite values")
     stored = data.get("metrics") if isinstance(data.get("metrics"), Mapping) else None
     matched = _matched_random(path, data["matched_random"]) if "matched_random" in data else None
     return _checked(
-        Run(algo, True, fold, seed_index, bars.select(REQUIRED_COLUMNS), bars_path, stored, matched)
+        Run(
+            algo,
+            True,
+            fold,
+            seed_index,
+            bars.select(REQUIRED_COLUMNS),
+            bars_path,
+            stored,
+            matched,
+            kind,
+            horizon,
+            forecasts,
+        )
     )
 
 
@@ -272,11 +323,18 @@ def _train_log(path: Path) -> TrainLog:
 def _check_layout(inputs: ReportInputs) -> None:
     """Every agent has the same seeds in every fold, and every fold has baselines; no duplicates."""
     seen: dict[tuple[str, int, int], Path] = {}
+    kinds: dict[str, tuple[str, int | None, Path]] = {}
     for run in inputs.agent_runs:
         key = (run.strategy, run.fold, run.seed_index or 0)
         if key in seen:
             raise ReportInputError(f"{run.source}: duplicates {seen[key]} ({run.label}, fold {run.fold})")
         seen[key] = run.source
+        kind, horizon, first = kinds.setdefault(run.strategy, (run.kind, run.horizon, run.source))
+        if (kind, horizon) != (run.kind, run.horizon):
+            raise ReportInputError(
+                f"{run.source}: {run.strategy} is kind {run.kind!r} (horizon {run.horizon}) here but "
+                f"{kind!r} (horizon {horizon}) in {first}"
+            )
     baseline_sources: dict[int, Path] = {}
     for run in inputs.baseline_runs:
         if baseline_sources.setdefault(run.fold, run.source) != run.source:
@@ -285,7 +343,7 @@ def _check_layout(inputs: ReportInputs) -> None:
             )
     if not inputs.agent_runs:
         raise ReportInputError(
-            "eval_files: no agent evaluation (results/eval/{algo}/fold_k/seed_s/metrics.json)"
+            "eval_files: no model evaluation (results/eval/{algo}/fold_k/seed_s/metrics.json)"
         )
     baseline_folds = {run.fold for run in inputs.baseline_runs}
     agent_folds = {run.fold for run in inputs.agent_runs}
@@ -359,3 +417,31 @@ def load_inputs(
     inputs = ReportInputs(agent_runs, baseline_runs, random_runs, hyperopt, logs, plan, files, records)
     _check_layout(inputs)
     return inputs
+
+
+def configured_models(config: Mapping[str, Any]) -> list[str]:
+    """The run's model list: ``training.models``, or ``training.algos`` in configs from before the model zoo."""
+    training = config.get("training") if isinstance(config, Mapping) else None
+    training = training if isinstance(training, Mapping) else {}
+    key = "models" if "models" in training else "algos"
+    models = training.get(key)
+    if not isinstance(models, list | tuple) or not models or not all(isinstance(m, str) for m in models):
+        raise ReportInputError(
+            f"config key 'training.{key}' must be a non-empty list of model names, got {models!r}"
+        )
+    return list(models)
+
+
+def check_models(inputs: ReportInputs, config: Mapping[str, Any]) -> list[str]:
+    """The configured models, checked against the evaluations given: each has one, and none is extra."""
+    models = configured_models(config)
+    key = "training.models" if "models" in (config.get("training") or {}) else "training.algos"
+    missing = [m for m in models if m not in inputs.algos]
+    extra = [m for m in inputs.algos if m not in models]
+    if missing:
+        raise ReportInputError(f"eval_files: no evaluation of {missing}, listed in config key '{key}'")
+    if extra:
+        raise ReportInputError(
+            f"eval_files: evaluations of {extra}, not listed in config key '{key}' ({models})"
+        )
+    return models
