@@ -377,13 +377,13 @@ def simulate_demo_bars(
         day_bars = []
         for k, inst in enumerate(DEMO_INSTRUMENTS):
             # the contract of each bar, by its UTC date, as the continuous symbology maps it
-            by_date = {d: front_contract(inst.root, d.astype(dt.date)) for d in np.unique(dates)}
-            contract_of = [by_date[d] for d in dates]
+            day_index = np.unique(dates, return_inverse=True)[1]
+            day_contracts = [front_contract(inst.root, d.astype(dt.date)) for d in np.unique(dates)]
             rolled = np.zeros(n)
-            for j in range(n):
-                if contract_of[j] != current[k]:
+            for j in np.flatnonzero(np.diff(day_index, prepend=-1)):  # the first bar of each UTC day
+                if day_contracts[day_index[j]] != current[k]:
                     rolled[j] = calendar_spread(inst, current[k])
-                    current[k] = contract_of[j]
+                    current[k] = day_contracts[day_index[j]]
             level = np.cumsum(rolled)  # log price of the current contract over the one at the session's start
             path_log = np.log(last_close[k]) + np.cumsum(returns[:, k]) + level
             close = _round_to_tick(np.exp(path_log), inst.tick_size)
@@ -404,9 +404,9 @@ def simulate_demo_bars(
             volume[0] = max(volume[0], 1.0)
             last_close[k] = close[-1]
             keep &= ts >= data_start  # before the first trading day's 00:00 UTC: not in the download
-            ids = np.array([c.instrument_id for c in contract_of])
-            for contract in dict.fromkeys(contract_of):
-                rows = keep & (ids == contract.instrument_id)
+            contract_ids = np.array([c.instrument_id for c in day_contracts])[day_index]
+            for contract in dict.fromkeys(day_contracts):  # one DayBars per contract of the session
+                rows = keep & (contract_ids == contract.instrument_id)
                 if rows.any():
                     day_bars.append(
                         DayBars(
