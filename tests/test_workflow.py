@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from marketrl.data.cme_hours import demo_file_days
 from tests.conftest import REPO_ROOT
 
 TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
@@ -48,7 +50,10 @@ def test_full_dag_dry_run_default_config(tmp_path: Path) -> None:
     config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
     n_models = len(config["training"]["algos"]) * config["folds"]["n"] * config["training"]["seeds"]
     assert counts["demo_data"] == 1
-    assert counts["features"] == config["data"]["demo"]["days"]
+    # one feature job per UTC-day file: every session's weekday file plus a Sunday file per weekend crossed
+    demo = config["data"]["demo"]
+    assert counts["features"] == len(demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"]))
+    assert counts["features"] > demo["days"]
     assert counts["train"] == counts["evaluate"] == n_models
     assert counts["baselines"] == config["folds"]["n"]
     assert counts["hyperopt_worker"] == len(config["training"]["algos"]) * config["hyperopt"]["workers"]
