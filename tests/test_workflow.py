@@ -100,6 +100,22 @@ def test_files_glob_matching_nothing_fails_naming_key(tmp_path: Path) -> None:
     assert "config key 'data.files'" in output and "matched no files" in output
 
 
+def test_definitions_are_merged_at_dag_parse(tmp_path: Path, dbn_samples: Path) -> None:
+    """rules/common.smk reads data.definitions before any job: a real ESU4/NQU4 definition file that disagrees with
+    an explicit costs.instruments entry stops the dry-run with one line naming both."""
+    definitions = dbn_samples / "nautilus_trader/historical_bars_catalog/databento/futures_definition.dbn.zst"
+    config = yaml.safe_load(TINY.read_text())
+    config["data"]["definitions"] = str(definitions)
+    config["costs"] = {"instruments": {"NQ": {"tick_size": 0.25, "tick_value": 12.5}}}  # NQ is $5.00 a tick
+    result = snakemake("-n", cwd=workdir_with_config(tmp_path, config))
+    assert result.returncode == 1
+    assert (
+        "marketrl config error: config key 'costs.instruments.NQ': tick 0.25 / 12.5 disagrees with NQU4 in "
+        f"{definitions} (0.25 / 5); fix or remove one of them"
+    ) in result.stderr.splitlines()
+    assert not (tmp_path / "results").exists()
+
+
 @pytest.mark.parametrize("rule_file", sorted((REPO_ROOT / "rules").glob("*.smk")))
 def test_every_rule_declares_log_benchmark_threads(rule_file: Path) -> None:
     text = rule_file.read_text()
