@@ -16,6 +16,7 @@ from marketrl.data.cme_hours import demo_file_days
 from marketrl.dbn_files import DbnHeaderError, dbn_stem, time_ordered
 
 DBN_SUFFIX = ".dbn.zst"
+DEMO_DEFINITIONS_DIR = "definitions"  # the demo's definition file: its own folder, a separate download
 
 
 def weekdays(start: dt.date, n_days: int | None = None, end: dt.date | None = None) -> list[dt.date]:
@@ -50,7 +51,10 @@ def demo_outputs(config: dict[str, Any]) -> list[str]:
     """Everything the demo_data rule writes: the ohlcv-1m files and the definition file (definitions/)."""
     demo = config["data"]["demo"]
     days = demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"])
-    return [*demo_files(config), f"{paths.DEMO_DIR}/definitions/{demo_definition_name(days[0], days[-1])}"]
+    return [
+        *demo_files(config),
+        f"{paths.DEMO_DIR}/{DEMO_DEFINITIONS_DIR}/{demo_definition_name(days[0], days[-1])}",
+    ]
 
 
 def databento_files(config: dict[str, Any]) -> list[str]:

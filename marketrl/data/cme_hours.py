@@ -25,8 +25,10 @@ __all__ = [
     "EXCHANGE_TZ",
     "DemoSession",
     "cme_sessions",
+    "data_start_ns",
     "demo_file_days",
     "first_trading_day",
+    "is_trading_day",
 ]
 
 EXCHANGE_TZ = zoneinfo.ZoneInfo("America/Chicago")
@@ -59,11 +61,6 @@ class DemoSession:
     def minutes(self) -> int:
         """Length of the session in minutes (1380 on a regular day)."""
         return (self.close_ns - self.open_ns) // (60 * _NS)
-
-    @property
-    def early_halt(self) -> bool:
-        """True on a holiday that halts trading before the regular 16:00 CT close."""
-        return self.trading_day in EARLY_HALTS
 
 
 def _utc_ns(day: dt.date, local: dt.time) -> int:
@@ -111,11 +108,11 @@ def demo_file_days(start: dt.date, n_sessions: int) -> list[dt.date]:
     """The UTC calendar days holding the bars of those sessions: one file each, Sundays (the 17:00 CT open)
     included; a session spans two UTC days."""
     sessions = cme_sessions(start, n_sessions)
-    first, last = _utc_date(data_start_ns(sessions)), _utc_date(sessions[-1].close_ns - 1)
+    data_start = data_start_ns(sessions)
     days = set()
     for session in sessions:
-        day, end = _utc_date(max(session.open_ns, data_start_ns(sessions))), _utc_date(session.close_ns - 1)
+        day, end = _utc_date(max(session.open_ns, data_start)), _utc_date(session.close_ns - 1)
         while day <= end:
             days.add(day)
             day += dt.timedelta(days=1)
-    return sorted(day for day in days if first <= day <= last)
+    return sorted(days)

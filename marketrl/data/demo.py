@@ -45,6 +45,7 @@ from marketrl.data.dbn_writer import (
     encode_dbn,
     write_dbn,
 )
+from marketrl.pipeline import DEMO_DEFINITIONS_DIR as DEFINITIONS_DIR
 from marketrl.pipeline import demo_definition_name, demo_file_name
 from marketrl.stats import ANNUALIZER
 
@@ -52,7 +53,6 @@ DATASET = "GLBX.MDP3"
 SESSION_BARS = 23 * 60  # a regular CME session: 17:00 CT to 16:00 CT the next day, then the one-hour halt
 BAR_NS = 60 * 1_000_000_000
 _NS = 1_000_000_000
-DEFINITIONS_DIR = "definitions"  # subfolder of the demo directory: a separate download, as from Databento
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,8 @@ _QUARTER_CODES = {3: "H", 6: "M", 9: "U", 12: "Z"}
 # GLBX instrument_ids of the real contracts where the samples in ../shared/data/dbn-samples/ show them; the other
 # contracts get made-up ids (documented in docs/DEMO_DATA.md).
 _KNOWN_IDS = {"ESH4": 17077, "ESM4": 5602, "ESU4": 118, "NQM4": 13743, "NQU4": 4358}
+LISTED_QUARTERS_AHEAD = {"ES": 9, "NQ": 5}  # quarters between a contract's listing and its expiration
+DISPLAY_FACTOR = 10_000_000  # 0.01 ×1e9, GLBX's display factor of the equity index futures
 
 # Process parameters: per-minute unconditional volatility, GARCH(1,1), tails, correlation, gaps.
 MINUTE_VOL = 0.00030
@@ -504,23 +506,28 @@ def _root_of(contract: DemoContract) -> DemoInstrument:
 def definition_record(contract: DemoContract, ts_recv: int) -> dbn.InstrumentDefMsg:
     """The InstrumentDefMsg of a demo contract, with the fields a GLBX futures definition carries."""
     inst = _root_of(contract)
-    listed = demo_contract(inst.root, contract.maturity_year - 2, contract.maturity_month)
+    # listed when the contract LISTED_QUARTERS_AHEAD quarters before it expired (as the samples' ESM4 and NQM4 were)
+    quarters = (
+        contract.maturity_year * 4 + contract.maturity_month // 3 - 1 - LISTED_QUARTERS_AHEAD[inst.root]
+    )
+    listed = demo_contract(inst.root, quarters // 4, (quarters % 4 + 1) * 3)
     return dbn.InstrumentDefMsg(
         publisher_id=PUBLISHER_ID,
         instrument_id=contract.instrument_id,
         ts_event=ts_recv - 13 * 3600 * _NS,  # the weekly definition refresh, Sunday morning
         ts_recv=ts_recv,
         min_price_increment=round(inst.tick_size * PRICE_SCALE),
-        display_factor=10_000_000,
+        display_factor=DISPLAY_FACTOR,
         raw_symbol=contract.raw_symbol,
         asset=inst.root,
         security_type="FUT",
         instrument_class=dbn.InstrumentClass.FUTURE,
         security_update_action=dbn.SecurityUpdateAction.ADD,
         expiration=contract.expiration_ns,
-        activation=listed.expiration_ns,  # listed when the contract two years before it expired
+        activation=listed.expiration_ns,
         unit_of_measure_qty=round(inst.multiplier * PRICE_SCALE),
-        min_price_increment_amount=round(inst.tick_value * PRICE_SCALE),
+        # CME's MinPriceIncrementAmount comes in display-factor units (ES: 0.125 for $12.50), as in the samples
+        min_price_increment_amount=round(inst.tick_value * DISPLAY_FACTOR),
         raw_instrument_id=contract.instrument_id,
         maturity_year=contract.maturity_year,
         maturity_month=contract.maturity_month,
