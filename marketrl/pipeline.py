@@ -12,9 +12,11 @@ from typing import Any
 
 from marketrl import paths
 from marketrl.config import ConfigError
+from marketrl.data.cme_hours import demo_file_days
 from marketrl.dbn_files import DbnHeaderError, dbn_stem, time_ordered
 
 DBN_SUFFIX = ".dbn.zst"
+DEMO_DEFINITIONS_DIR = "definitions"  # the demo's definition file: its own folder, a separate download
 
 
 def weekdays(start: dt.date, n_days: int | None = None, end: dt.date | None = None) -> list[dt.date]:
@@ -29,15 +31,30 @@ def weekdays(start: dt.date, n_days: int | None = None, end: dt.date | None = No
 
 
 def demo_file_name(day: dt.date) -> str:
-    """A demo file's name in the style of a Databento batch download: glbx-mdp3-20240102.ohlcv-1m.dbn.zst."""
+    """A demo file's name, one per UTC day, as in a Databento batch download: glbx-mdp3-20240212.ohlcv-1m.dbn.zst."""
     return f"glbx-mdp3-{day:%Y%m%d}.ohlcv-1m{DBN_SUFFIX}"
 
 
+def demo_definition_name(first: dt.date, last: dt.date) -> str:
+    """The demo's definition file, named like a Databento batch download of [first, last]."""
+    return f"glbx-mdp3-{first:%Y%m%d}-{last:%Y%m%d}.definition{DBN_SUFFIX}"
+
+
 def demo_files(config: dict[str, Any]) -> list[str]:
-    """Paths the demo_data rule writes."""
+    """The ohlcv-1m files the demo_data rule writes: one per UTC day holding bars of the CME sessions."""
     demo = config["data"]["demo"]
-    days = weekdays(dt.date.fromisoformat(demo["start"]), n_days=demo["days"])
+    days = demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"])
     return [f"{paths.DEMO_DIR}/{demo_file_name(d)}" for d in days]
+
+
+def demo_outputs(config: dict[str, Any]) -> list[str]:
+    """Everything the demo_data rule writes: the ohlcv-1m files and the definition file (definitions/)."""
+    demo = config["data"]["demo"]
+    days = demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"])
+    return [
+        *demo_files(config),
+        f"{paths.DEMO_DIR}/{DEMO_DEFINITIONS_DIR}/{demo_definition_name(days[0], days[-1])}",
+    ]
 
 
 def databento_files(config: dict[str, Any]) -> list[str]:

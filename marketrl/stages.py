@@ -117,6 +117,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
 DAG_KEYS: dict[str, str] = {
     "data.source": "input files",
     "data.files": "input files",
+    "data.definitions": "costs.instruments (merged at DAG parse)",
     "data.demo.days": "input files",
     "data.demo.start": "input files",
     "data.databento.start": "input files",

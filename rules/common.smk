@@ -3,11 +3,13 @@ import sys
 
 from marketrl import paths, pipeline, stages
 from marketrl.config import ConfigError, validate_config
+from marketrl.data.definitions import resolve_definitions
 
-# Fill defaults and run the schema and cross-key checks. A bad config prints one line naming the key (and no
-# schema dump or traceback), then stops before any job runs.
+# Fill defaults, run the schema and cross-key checks, merge the contract specs of data.definitions. A bad config
+# prints one line naming the key (and no schema dump or traceback), then stops before any job runs.
 try:
     config.update(validate_config(config))
+    config.update(resolve_definitions(config))  # data.definitions -> costs.instruments
     RAW_FILES = pipeline.raw_data_files(config)
 except ConfigError as err:
     print(f"marketrl config error: {err}", file=sys.stderr)

@@ -1,6 +1,6 @@
 rule demo_data:
     output:
-        pipeline.demo_files(config),
+        pipeline.demo_outputs(config),
     log:
         paths.log("demo_data"),
     benchmark:

@@ -30,7 +30,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def expected_outputs(config: dict) -> list[str]:
-    files = [*pipeline.demo_files(config), *pipeline.feature_files(config)]
+    files = [*pipeline.demo_outputs(config), *pipeline.feature_files(config)]
     files += ["results/features/manifest.json", "results/folds.json", "results/eval_report.html"]
     files += [f"results/hyperopt/{algo}.json" for algo in config["training"]["algos"]]
     files += pipeline.model_files(config) + pipeline.train_log_files(config)
@@ -53,7 +53,7 @@ def test_feature_tables_follow_the_contract(tiny_run: Path) -> None:
     table = pl.read_parquet(next((tiny_run / "results" / "features").glob("*.parquet")))
     assert [c for c in table.columns if c in FEATURE_NAMES] == list(FEATURE_NAMES)
     assert all(table.schema[name] == pl.Float32 for name in FEATURE_NAMES)
-    assert set(table["symbol"].unique()) == {"SYNTH-ES", "SYNTH-NQ"}
+    assert set(table["symbol"].unique()) == {"ES.c.0", "NQ.c.0"}
 
 
 def test_test_days_never_in_tuning_or_training(tiny_run: Path) -> None:
@@ -105,7 +105,7 @@ def test_evaluation_outputs_are_consistent(tiny_run: Path) -> None:
 def test_report_is_self_contained(tiny_run: Path) -> None:
     html = (tiny_run / "results" / "eval_report.html").read_text()
     assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
-    assert "SYNTH-ES" in html and "hidden_dim_base" in html
+    assert "ES.c.0" in html and "hidden_dim_base" in html
     assert (tiny_run / "results" / "eval_report.html").stat().st_size < 5 * 1024 * 1024
 
 

@@ -98,6 +98,6 @@ def test_report_normalization_masks_only_timings() -> None:
     steps = wall_cell.group(1)
     slower = slower.replace(wall_cell.group(0), f'<td class="n">{steps}</td><td class="n">999.9</td>', 1)
     assert normalized_report(slower) == normalized
-    for number in ("SYNTH-ES", "2104828805", "results/eval/dqn/fold_0/seed_0/bars.parquet"):
+    for number in ("NQ.c.0", "2104828805", "results/eval/dqn/fold_0/seed_0/bars.parquet"):
         assert number in report
         assert normalized_report(report.replace(number, number[:-1] + "#", 1)) != normalized

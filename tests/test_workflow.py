@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from marketrl.data.cme_hours import demo_file_days
 from tests.conftest import REPO_ROOT
 
 TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
@@ -48,7 +50,10 @@ def test_full_dag_dry_run_default_config(tmp_path: Path) -> None:
     config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
     n_models = len(config["training"]["algos"]) * config["folds"]["n"] * config["training"]["seeds"]
     assert counts["demo_data"] == 1
-    assert counts["features"] == config["data"]["demo"]["days"]
+    # one feature job per UTC-day file: every session's weekday file plus a Sunday file per weekend crossed
+    demo = config["data"]["demo"]
+    assert counts["features"] == len(demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"]))
+    assert counts["features"] > demo["days"]
     assert counts["train"] == counts["evaluate"] == n_models
     assert counts["baselines"] == config["folds"]["n"]
     assert counts["hyperopt_worker"] == len(config["training"]["algos"]) * config["hyperopt"]["workers"]
@@ -93,6 +98,22 @@ def test_files_glob_matching_nothing_fails_naming_key(tmp_path: Path) -> None:
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "config key 'data.files'" in output and "matched no files" in output
+
+
+def test_definitions_are_merged_at_dag_parse(tmp_path: Path, dbn_samples: Path) -> None:
+    """rules/common.smk reads data.definitions before any job: a real ESU4/NQU4 definition file that disagrees with
+    an explicit costs.instruments entry stops the dry-run with one line naming both."""
+    definitions = dbn_samples / "nautilus_trader/historical_bars_catalog/databento/futures_definition.dbn.zst"
+    config = yaml.safe_load(TINY.read_text())
+    config["data"]["definitions"] = str(definitions)
+    config["costs"] = {"instruments": {"NQ": {"tick_size": 0.25, "tick_value": 12.5}}}  # NQ is $5.00 a tick
+    result = snakemake("-n", cwd=workdir_with_config(tmp_path, config))
+    assert result.returncode == 1
+    assert (
+        "marketrl config error: config key 'costs.instruments.NQ': tick 0.25 / 12.5 disagrees with NQU4 in "
+        f"{definitions} (0.25 / 5); fix or remove one of them"
+    ) in result.stderr.splitlines()
+    assert not (tmp_path / "results").exists()
 
 
 @pytest.mark.parametrize("rule_file", sorted((REPO_ROOT / "rules").glob("*.smk")))

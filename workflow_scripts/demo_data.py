@@ -1,16 +1,17 @@
-"""Snakemake script: write the synthetic demo DBN.zst files."""
+"""Snakemake script: write the synthetic demo DBN.zst files (ohlcv-1m per UTC day, and the definition file)."""
 
 from pathlib import Path
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.data.demo import generate_demo_files
+from marketrl.data.demo import demo_definition_path, generate_demo_files
 from marketrl.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
     out_dir = Path(snakemake.output[0]).parent
     demo = snakemake.params.config["data"]["demo"]
     written = generate_demo_files(out_dir, demo["start"], demo["days"], demo["seed"], edge=demo["edge"])
+    written.append(demo_definition_path(out_dir, demo["start"], demo["days"]))
     expected = {Path(p).resolve() for p in snakemake.output}
     if {p.resolve() for p in written} != expected:
         raise RuntimeError("demo_data: generated files differ from the rule's declared outputs")

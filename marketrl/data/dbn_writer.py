@@ -54,11 +54,13 @@ def encode_dbn(
     mappings: Sequence[SymbolMapping] | None = None,
     dataset: str = "GLBX.MDP3",
     compress: bool = True,
+    stype_in: str = "raw_symbol",
 ) -> bytes:
     """Header + records as DBN bytes (zstd-compressed unless ``compress=False``).
 
     ``symbols`` maps raw symbol → instrument_id for the whole [start, end] date range; pass ``mappings`` for
-    anything finer (e.g. an instrument_id that changes symbol between days).
+    anything finer (e.g. an instrument_id that changes symbol between days); ``stype_in`` is the symbology of
+    the mappings' raw symbols ("continuous" for ES.c.0-style symbols).
     """
     if mappings is None:
         first, last = _utc_date(start_ns), _utc_date(end_ns) + dt.timedelta(days=1)
@@ -70,7 +72,7 @@ def encode_dbn(
         dataset=dataset,
         start=start_ns,
         end=end_ns,
-        stype_in=dbn.SType.RAW_SYMBOL,
+        stype_in=dbn.SType(stype_in),
         stype_out=dbn.SType.INSTRUMENT_ID,
         schema=dbn.Schema.from_str(schema),
         symbols=[m.raw_symbol for m in mappings],
