@@ -306,6 +306,7 @@ def _oracle_sharpe(n_days: int, seed: int, edge: float) -> float:
     from marketrl.data.demo import EDGE_LOOKBACK, simulate_demo_bars
     from marketrl.datasets import cost_model_from_config
     from marketrl.env import MarketData, evaluate_positions
+    from marketrl.env.market_data import series_order
     from marketrl.metrics import performance_summary
 
     columns: dict[str, list] = {
@@ -336,6 +337,11 @@ def _oracle_sharpe(n_days: int, seed: int, edge: float) -> float:
     ret_15 = np.zeros(df.height)
     ret_15[EDGE_LOOKBACK:] = log_close[EDGE_LOOKBACK:] - log_close[:-EDGE_LOOKBACK]
     positions = np.where(known, np.sign(ret_15), 0.0)
+    ts_ns = df["ts_event"].dt.epoch("ns").to_numpy()
+    # MarketData keeps each continuous symbol's contracts in time order (series order): align the oracle with it
+    order, _ = series_order(instrument, ts_ns, df["symbol"].to_numpy())
+    if order is not None:
+        positions = positions[order]
     costs = cost_model_from_config(yaml.safe_load((REPO_ROOT / "config.yaml").read_text())["costs"])
     data = MarketData.from_arrays(
         np.zeros((df.height, 1)),
