@@ -29,7 +29,6 @@ class CalibrationSettings:
     validation_days: int
     models: tuple[str, ...]
     seeds: int
-    hparams: Mapping[str, Mapping[str, Any]]
     random_traders: int
     worlds_per_job: int
 
@@ -48,7 +47,6 @@ class CalibrationSettings:
             validation_days=int(section["validation_days"]),
             models=tuple(section["models"]),
             seeds=int(section["seeds"]),
-            hparams={name: dict(values) for name, values in (section.get("hparams") or {}).items()},
             random_traders=int(section["random_traders"]),
             worlds_per_job=int(section["worlds_per_job"]),
         )

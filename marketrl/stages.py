@@ -121,7 +121,6 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         *_ENV,
         "calibration.edges",
         "calibration.folds",
-        "calibration.hparams",
         "calibration.models",
         "calibration.random_traders",
         "calibration.seeds",
@@ -139,7 +138,6 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
     "calibration": (
         "calibration.edges",
         "calibration.folds",
-        "calibration.hparams",
         "calibration.models",
         "calibration.random_traders",
         "calibration.seeds",
@@ -226,8 +224,8 @@ def _in_all_keys(key: str) -> bool:
     return key.split(".", 1)[0] not in NOT_IN_ALL_KEYS
 
 
-# Mappings that a stage reads as one value (their keys are the user's: symbol roots, calendar fields, models).
-WHOLE_VALUE_KEYS = ("costs.instruments", "data.session", "calibration.hparams")
+# Mappings that a stage reads as one value (their keys are the user's: symbol roots, calendar fields).
+WHOLE_VALUE_KEYS = ("costs.instruments", "data.session")
 
 
 def config_keys(config: Mapping[str, Any], prefix: str = "") -> Iterator[str]:

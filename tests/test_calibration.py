@@ -125,7 +125,6 @@ TINY_CALIBRATION = {
         "seeds": 2,
         "random_traders": 3,
         "worlds_per_job": 2,
-        "hparams": {"lightgbm": {"window": 1, "n_estimators": 5, "num_leaves": 4, "bagging_fraction": 0.8}},
     },
 }
 
