@@ -79,6 +79,21 @@ def _tables(result: Mapping[str, Any]) -> str:
             f"False-positive rate (edge 0, all test-day counts): {100 * fp['rate']:.1f}% "
             f"[{100 * fp['ci'][0]:.1f}, {100 * fp['ci'][1]:.1f}] ({fp['k']}/{fp['n']}); target ≤ 5%.",
         ]
+    lines += [
+        "",
+        "| edge | test days | baseline | some model family-wise better [95% CI] | "
+        + " | ".join(f"mean Sharpe diff {m}" for m in models)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(models),
+    ]
+    for arm in summary["arms"]:
+        for name, rate in (arm["better_than"] or {}).items():
+            lines.append(
+                f"| {arm['edge']:g} | {arm['test_days']} | {name} | {100 * rate['rate']:.1f}% "
+                f"[{100 * rate['ci'][0]:.1f}, {100 * rate['ci'][1]:.1f}] | "
+                + " | ".join(f"{rate['mean_diff'][m]:.2f}" for m in models)
+                + " |"
+            )
     lines += ["", "| test days | edge at 80% power | Sharpe difference at 80% power |", "|---|---|---|"]
     for row in summary["detectable"]:
         edge = "not reached" if row["edge_at_80_power"] is None else f"{row['edge_at_80_power']:.2f}"

@@ -185,10 +185,10 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
         baseline_runs += fixed
         random_runs += random
         for model in settings.models:
-            spec_ = MODELS[model]
+            zoo_model = MODELS[model]
             for seed_index in range(settings.seeds):
                 seed = derive_seed(world["seed"], "train", model, fold, seed_index)
-                trained = spec_.train(
+                trained = zoo_model.train(
                     train, validation, run_settings, model_hparams(model), "fp32", "cpu", seed
                 )
                 positions = trained.positions(test)
@@ -219,6 +219,8 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
                     "beats": v.beats,
                     "enough_data": v.enough_data,
                     "worse_than": [c.baseline for c in v.comparisons if c.worse],
+                    "better_than": [c.baseline for c in v.comparisons if c.beats],
+                    "diffs": {c.baseline: c.diff for c in v.comparisons},
                     "min_diff": min((c.diff for c in v.comparisons), default=math.nan),
                     "max_p_beats": max((c.p_beats for c in v.comparisons), default=math.nan),
                 }
@@ -312,6 +314,7 @@ def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings
             arms.append(
                 {
                     "edge": edge,
+                    "better_than": _better_than_rates(members),
                     "test_days": days,
                     "worlds": len(members),
                     "beats": _rate(counts["beats"], len(members)),
@@ -348,6 +351,27 @@ def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings
         "detectable": detectable,
         "power_target": TARGET_POWER,
         "ci_level": CI_LEVEL,
+    }
+
+
+def _better_than_rates(members: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Per baseline, the share of worlds where some model is family-wise better than it (None for worlds
+    recorded before the per-baseline claims were)."""
+    if not members or any("better_than" not in m for w in members for m in w["models"].values()):
+        return None
+    baselines = sorted({b for w in members for m in w["models"].values() for b in m["diffs"]})
+    return {
+        baseline: {
+            **_rate(
+                sum(any(baseline in m["better_than"] for m in w["models"].values()) for w in members),
+                len(members),
+            ),
+            "mean_diff": {
+                model: float(np.nanmean([_nan(w["models"][model]["diffs"].get(baseline)) for w in members]))
+                for model in members[0]["models"]
+            },
+        }
+        for baseline in baselines
     }
 
 
@@ -429,6 +453,14 @@ def render_html(result: Mapping[str, Any]) -> str:
         f"<td>{_number(d['sharpe_difference_at_80_power'])}</td></tr>"
         for d in summary["detectable"]
     )
+    per_baseline = "".join(
+        f"<tr><td>{a['edge']:g}</td><td>{a['test_days']}</td><td>{esc(name)}</td><td>{_pct(rate)}</td>"
+        + "".join(f"<td>{_number(rate['mean_diff'][m])}</td>" for m in settings["models"])
+        + "</tr>"
+        for a in summary["arms"]
+        for name, rate in (a["better_than"] or {}).items()
+    )
+    diff_heads = "".join(f"<th>mean Sharpe difference {esc(m)}</th>" for m in settings["models"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>marketrl verdict calibration</title>
 <style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}table{{border-collapse:collapse}}
@@ -446,6 +478,11 @@ K = {settings["worlds"]} worlds per arm; intervals are exact binomial (Clopper�
 <table><tr><th>edge</th><th>test days</th><th>worlds</th><th>"beats" (power at edge &gt; 0, false positives at 0)</th>
 <th>worse</th><th>no claim</th><th>not enough data</th>{model_heads}<th>mean best model − baseline (min)</th>
 <th>formula detectable</th></tr>{rows}</table>
+<h2>Against each baseline</h2>
+<p>Share of worlds where some model is family-wise better than the baseline (one of the claims "beats every
+baseline" needs), and the models' mean annualised Sharpe difference to it.</p>
+<table><tr><th>edge</th><th>test days</th><th>baseline</th><th>some model better</th>{diff_heads}</tr>
+{per_baseline}</table>
 <h2>Detectable at {100 * summary["power_target"]:.0f}% power</h2>
 <table><tr><th>test days</th><th>edge (oracle Sharpe)</th><th>Sharpe difference</th></tr>{detect_rows}</table>
 <p>"—": the power curve does not reach {100 * summary["power_target"]:.0f}% within the edges tried.</p>

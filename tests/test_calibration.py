@@ -97,6 +97,7 @@ def test_summary_counts_rates_and_reads_the_80_percent_crossing() -> None:
     assert fp["ci"] == pytest.approx(list(clopper_pearson(1, 10)))
     assert [a["beats"]["k"] for a in summary["power"]] == [6, 10]
     assert all(set(a["outcomes"]) == set(OUTCOMES) for a in summary["arms"])
+    assert all(a["better_than"] is None for a in summary["arms"])  # worlds without per-baseline claims
     (detect,) = summary["detectable"]
     assert detect["edge_at_80_power"] == pytest.approx(6.0)
     assert detect["sharpe_difference_at_80_power"] == pytest.approx(5.0)  # the min_diff curve at edge 6
@@ -150,8 +151,14 @@ def test_tiny_calibration_target_runs_end_to_end(tmp_path: Path) -> None:
     fp = summary["false_positive"]
     assert fp["n"] == 2 and fp["ci"] == pytest.approx(list(clopper_pearson(fp["k"], 2)))
     assert [row["test_days"] for row in summary["detectable"]] == [4]
+    for arm in summary["arms"]:
+        assert set(arm["better_than"]) == {"buy_and_hold", "flat", "momentum", "random", "matched_random"}
+        assert all(
+            rate["n"] == 2 and 0 <= rate["ci"][0] <= rate["ci"][1] <= 1
+            for rate in arm["better_than"].values()
+        )
     page = (workdir / paths.CALIBRATION_HTML).read_text()
-    assert "Verdict calibration" in page and "False &#x27;beats&#x27;" not in page and "K = 2" in page
+    assert "Verdict calibration" in page and "False 'beats' in no-edge worlds" in page and "K = 2" in page
     assert not list((workdir / "results" / "calibration").rglob("*.tmp*"))  # atomic writes leave no temp file
     config = yaml.safe_load((workdir / "config.yaml").read_text())
     assert config["calibration"]["worlds"] == 2
