@@ -1,6 +1,6 @@
 """The plan of the verdict's calibration: its settings (the `calibration` config slice), its worlds and how they
-are split into jobs. Free of heavy imports: rules/calibration.smk reads it at every DAG parse; the worlds
-themselves run in `marketrl.calibration`.
+are split into jobs. Free of heavy imports: rules/common.smk reads it at every DAG parse; the worlds themselves
+run in `marketrl.calibration` (which also checks the model names against the zoo's registry).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class CalibrationSettings:
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> CalibrationSettings:
         """Read `config["calibration"]`; every test-day count and the seed count must clear the verdict's
-        minimums (a world below them could only say "not enough data"), and every model must exist."""
+        minimums (a world below them could only say "not enough data")."""
         section = config["calibration"]
         evaluation = config["evaluation"]
         settings = cls(
