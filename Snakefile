@@ -17,6 +17,7 @@ include: "rules/hyperopt.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"
+include: "rules/calibration.smk"
 
 
 rule all:

@@ -1,6 +1,6 @@
 """Every path under results/: one template per file kind, shared by rules/*.smk, workflow_scripts and the library.
 
-Templates use Snakemake's wildcard syntax ({algo}, {fold}, {seed}, {worker}, {stem}); `format` fills them the same
+Templates use Snakemake's wildcard syntax ({algo}, {fold}, {seed}, {worker}, {stem}, {job}); `format` fills them the same
 way outside a rule. The library never derives one path from another: each job gets every path it reads or writes
 from its rule (declared input, output or, for the undeclared side files below, params).
 
@@ -36,6 +36,11 @@ BASELINE_METRICS = "results/eval/baselines/fold_{fold}/metrics.json"
 BASELINE_BARS = "results/eval/baselines/fold_{fold}/bars.parquet"
 
 REPORT = "results/eval_report.html"
+
+# The verdict's calibration (not part of `all`): one chunk of worlds per job, then the summary.
+CALIBRATION_CHUNK = "results/calibration/chunks/job_{job}.json"
+CALIBRATION_JSON = "results/calibration/calibration.json"
+CALIBRATION_HTML = "results/calibration/calibration.html"
 
 
 def log(name: str) -> str:

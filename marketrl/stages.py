@@ -50,7 +50,9 @@ _FOLDS = tuple(
         "validation_days",
     )
 )
-ALL_KEYS = "*"  # the report prints the whole config in its provenance section, so it reads every key
+ALL_KEYS = "*"  # the report prints the whole config in its provenance section, so it reads every key...
+# ...but those of the calibration, a separate target the pipeline's report neither runs nor shows.
+NOT_IN_ALL_KEYS = ("calibration",)
 
 # The config keys each stage's job reads, key by key (stage = rule name = workflow_scripts/{stage}.py). Keys that
 # only shape the DAG (data.source, training.algos, hyperopt.workers, ...; see DAG_KEYS) change which jobs exist,
@@ -111,6 +113,43 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.n_envs",
     ),
     "report": ALL_KEYS,
+    # The verdict's calibration (marketrl/calibration.py): synthetic worlds, each with its own data, folds and
+    # models from the calibration slice, scored like the report scores a run.
+    "calibration_worlds": (
+        "seed",
+        *_COSTS,
+        *_ENV,
+        "calibration.edges",
+        "calibration.folds",
+        "calibration.models",
+        "calibration.random_traders",
+        "calibration.seeds",
+        "calibration.test_days",
+        "calibration.train_days",
+        "calibration.validation_days",
+        "calibration.worlds",
+        "calibration.worlds_per_job",
+        "evaluation.bootstrap_samples",
+        "evaluation.min_seeds",
+        "evaluation.min_test_days",
+        "evaluation.momentum_lookback",
+        "training.n_envs",
+    ),
+    "calibration": (
+        "calibration.edges",
+        "calibration.folds",
+        "calibration.models",
+        "calibration.random_traders",
+        "calibration.seeds",
+        "calibration.test_days",
+        "calibration.train_days",
+        "calibration.validation_days",
+        "calibration.worlds",
+        "calibration.worlds_per_job",
+        "evaluation.bootstrap_samples",
+        "evaluation.min_seeds",
+        "evaluation.min_test_days",
+    ),
 }
 
 # Keys that decide which jobs (and files) exist, or how they are scheduled (rules/common.smk; a few a job reads too).
@@ -124,6 +163,10 @@ DAG_KEYS: dict[str, str] = {
     "data.databento.end": "input files",
     "data.databento.dataset": "input file names",
     "data.databento.schema": "input file names",
+    "calibration.edges": "calibration jobs",
+    "calibration.test_days": "calibration jobs",
+    "calibration.worlds": "calibration jobs",
+    "calibration.worlds_per_job": "calibration jobs",
     "folds.n": "fold jobs",
     "hyperopt.workers": "worker jobs",
     "training.algos": "algorithm jobs",
@@ -145,6 +188,8 @@ DOWNSTREAM: dict[str, tuple[str, ...]] = {
     "evaluate": ("report",),
     "baselines": ("report",),
     "report": (),
+    "calibration_worlds": ("calibration",),
+    "calibration": (),
 }
 STAGES = tuple(DOWNSTREAM)
 
@@ -164,7 +209,7 @@ def stage_config(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     """The part of a validated config that `stage` reads: nested like the config, keys in sorted order."""
     keys = _keys_of(stage)
     if keys == ALL_KEYS:
-        keys = tuple(config_keys(config))
+        keys = tuple(k for k in config_keys(config) if _in_all_keys(k))
     sliced: dict[str, Any] = {}
     for dotted in sorted(keys):
         *sections, leaf = dotted.split(".")
@@ -174,6 +219,10 @@ def stage_config(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
             target = target.setdefault(section, {})
         target[leaf] = copy.deepcopy(source[leaf])
     return sliced
+
+
+def _in_all_keys(key: str) -> bool:
+    return key.split(".", 1)[0] not in NOT_IN_ALL_KEYS
 
 
 # Mappings that a stage reads as one value (their keys are the user's: symbol roots, calendar fields).
@@ -191,7 +240,11 @@ def config_keys(config: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
 
 def readers(key: str) -> list[str]:
     """The stages whose slice holds `key` (a dotted config key)."""
-    return [stage for stage in STAGES if STAGE_KEYS[stage] == ALL_KEYS or key in STAGE_KEYS[stage]]
+    return [
+        stage
+        for stage in STAGES
+        if (STAGE_KEYS[stage] == ALL_KEYS and _in_all_keys(key)) or key in STAGE_KEYS[stage]
+    ]
 
 
 def downstream_closure(stages: list[str]) -> list[str]:

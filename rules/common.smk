@@ -2,6 +2,7 @@
 import sys
 
 from marketrl import paths, pipeline, stages
+from marketrl.calibration_plan import CalibrationError, CalibrationSettings, n_jobs
 from marketrl.config import ConfigError, validate_config
 from marketrl.data.definitions import resolve_definitions
 
@@ -11,7 +12,8 @@ try:
     config.update(validate_config(config))
     config.update(resolve_definitions(config))  # data.definitions -> costs.instruments
     RAW_FILES = pipeline.raw_data_files(config)
-except ConfigError as err:
+    CALIBRATION_JOBS = n_jobs(CalibrationSettings.from_config(config))
+except (ConfigError, CalibrationError) as err:
     print(f"marketrl config error: {err}", file=sys.stderr)
     sys.exit(1)
 
@@ -25,6 +27,7 @@ wildcard_constraints:
     fold=r"\d+",
     seed=r"\d+",
     worker=r"\d+",
+    job=r"\d+",
 
 
 def stage_config(stage):
@@ -35,6 +38,11 @@ def stage_config(stage):
 def code_hash(stage):
     """Hash of the library code `stage` imports (in params, so that changing that code reruns the stage)."""
     return stages.code_hash(stage)
+
+
+def calibration_chunks():
+    """The chunk files of the calibration's world jobs (calibration.worlds_per_job worlds each)."""
+    return [paths.CALIBRATION_CHUNK.format(job=job) for job in range(CALIBRATION_JOBS)]
 
 
 def feature_inputs(wildcards):

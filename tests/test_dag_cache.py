@@ -210,7 +210,9 @@ def test_slices_hold_only_their_keys() -> None:
     assert set(hyperopt["training"]) == {"check_every", "device", "n_envs", "precision"}
     assert "total_steps" not in hyperopt["training"]
     assert stages.stage_config(config, "feature_manifest") == {}
-    assert stages.stage_config(config, "report") == config
+    # the report reads every key but the calibration's (a separate target it neither runs nor shows)
+    assert stages.stage_config(config, "report") == {k: v for k, v in config.items() if k != "calibration"}
+    assert stages.readers("calibration.worlds") == ["calibration_worlds", "calibration"]
     with pytest.raises(stages.StageError, match="unknown stage 'nope'"):
         stages.stage_config(config, "nope")
 

@@ -1,0 +1,511 @@
+"""Calibration of the out-of-sample verdict: how often it claims an edge that is not there (false-positive rate)
+and how often it finds one that is (power), measured end to end on synthetic worlds (docs/METRICS.md,
+"Calibration").
+
+A *world* is one cheap run of the pipeline's own pieces: demo data generated with its own seed and planted edge
+(`marketrl.data.demo`), the feature tables (`marketrl.features`), walk-forward folds (`marketrl.folds`), fixed
+hyperparameters (no hyperopt), a few fast models of the supervised zoo (`marketrl.models`) trained per fold and
+seed, the baselines and turnover-matched random traders of the evaluation stage, and the report's verdict
+(`marketrl.report.analysis.agent_verdicts`, the family-wise test over every model × baseline × direction). A
+world's outcome is "beats" (some model beats every baseline), "worse", "none" (no claim) or "not enough data".
+
+An *arm* is one (edge, pooled test days) pair with `calibration.worlds` worlds. Rates carry exact binomial
+(Clopper–Pearson) intervals; the minimum detectable edge at 80% power is read off each test-day count's power
+curve by linear interpolation between the edges tried.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import html
+import json
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+from scipy.stats import beta
+
+from marketrl.calibration_plan import (
+    CalibrationError,
+    CalibrationSettings,
+    WorldSpec,
+    job_worlds,
+    world_specs,
+)
+from marketrl.config import derive_seed
+from marketrl.data.demo import generate_demo_files
+from marketrl.datasets import env_config_from_config, fold_window, load_feature_tables
+from marketrl.env import MarketData, evaluate_positions, matched_random_positions, position_change_rate
+from marketrl.evaluation import BAR_COLUMNS, baseline_positions
+from marketrl.features import MAX_LOOKBACK, build_feature_file
+from marketrl.folds import FoldConfig, make_fold_plan
+from marketrl.io import atomic_write, write_json_atomic
+from marketrl.metrics import daily_returns, portfolio_bars, to_json_safe
+from marketrl.models import MODELS, RunSettings
+from marketrl.report.analysis import (
+    AgentVerdict,
+    VerdictRules,
+    agent_verdicts,
+    baseline_order,
+    build_strategies,
+)
+from marketrl.report.inputs import DETERMINISTIC_BASELINES, RANDOM_BASELINE, MatchedRandom, ReportInputs, Run
+
+FORMAT = "marketrl-calibration"
+VERSION = 1
+OUTCOMES = ("beats", "worse", "none", "not enough data")
+TARGET_POWER = 0.8
+TARGET_FALSE_POSITIVE_RATE = 0.05
+CI_LEVEL = 0.95
+WORLD_START = "2024-01-02"
+# Fixed hyperparameters (no hyperopt), chosen for speed: the planted signal is the last 15 minutes' return, one
+# feature row (window 1) carries it; LightGBM subsamples rows and features so that its seeds differ.
+FIXED_HPARAMS: dict[str, dict[str, Any]] = {
+    "linear": {"window": 1},
+    "lightgbm": {
+        "window": 1,
+        "n_estimators": 40,
+        "num_leaves": 15,
+        "feature_fraction": 0.8,
+        "bagging_fraction": 0.8,
+    },
+}
+
+
+def _world_config(
+    config: Mapping[str, Any], settings: CalibrationSettings, spec: WorldSpec
+) -> dict[str, Any]:
+    """The config a world runs with: its own root seed, its folds and its number of random traders."""
+    world = copy.deepcopy(dict(config))
+    world["seed"] = spec.seed(int(config["seed"]))
+    world["evaluation"] = {**world["evaluation"], "random_baseline_seeds": settings.random_traders}
+    return world
+
+
+def _fold_config(settings: CalibrationSettings, spec: WorldSpec) -> FoldConfig:
+    """Expanding folds ending at the last day; the tuning window is unused (no hyperopt) but must exist."""
+    return FoldConfig(
+        n=settings.folds,
+        scheme="expanding",
+        train_days=settings.train_days,
+        test_days=spec.test_days // settings.folds,
+        validation_days=settings.validation_days,
+        embargo_bars=MAX_LOOKBACK,
+        tuning_days=settings.train_days,
+        tuning_validation_days=settings.validation_days,
+    )
+
+
+def _world_features(spec: WorldSpec, n_days: int, seed: int, workdir: Path) -> pl.DataFrame:
+    """Demo DBN files for the world, featurized day by day with the previous day as context, in one table."""
+    raw = generate_demo_files(workdir / "raw", WORLD_START, n_days, seed, edge=spec.edge)
+    tables, previous = [], None
+    for path in raw:
+        out = workdir / "features" / f"{path.name}.parquet"
+        build_feature_file(path, out, prev_src=previous)
+        tables.append(out)
+        previous = path
+    return load_feature_tables(tables)
+
+
+def model_hparams(model: str) -> dict[str, Any]:
+    """The fixed hyperparameters of `model` in every world (FIXED_HPARAMS; the model's defaults otherwise)."""
+    return dict(FIXED_HPARAMS.get(model, {}))
+
+
+def _matched_traders(
+    data: MarketData, positions: torch.Tensor, world: Mapping[str, Any], key: tuple[str, int, int]
+) -> MatchedRandom:
+    """The turnover-matched random traders of one model run, seeded as the evaluation stage seeds them
+    (`marketrl.evaluation.matched_random_traders`), keeping only the daily returns the verdict reads (the
+    per-trader summaries that stage also writes are most of its cost)."""
+    env_config = env_config_from_config(world)
+    rate = position_change_rate(data, positions)
+    days, daily = np.array([], dtype="datetime64[D]"), []
+    for i in range(world["evaluation"]["random_baseline_seeds"]):
+        seed = derive_seed(world["seed"], "matched_random", *key, i)
+        bars = evaluate_positions(data, matched_random_positions(data, rate, seed=seed), env_config)
+        portfolio = portfolio_bars(bars)
+        trader_days, returns = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])
+        days = np.asarray(trader_days).astype("datetime64[D]")
+        daily.append(returns)
+    return MatchedRandom(rate, days, np.array(daily, dtype=np.float64))
+
+
+def _baseline_runs(fold: int, per_strategy: Mapping[str, pl.DataFrame]) -> tuple[list[Run], list[Run]]:
+    source = Path(f"<calibration baselines fold {fold}>")
+    fixed = [Run(name, False, fold, None, per_strategy[name], source) for name in DETERMINISTIC_BASELINES]
+    random = [
+        Run(RANDOM_BASELINE, False, fold, int(name.removeprefix("random_")), frame, source)
+        for name, frame in per_strategy.items()
+        if name.startswith("random_")
+    ]
+    return fixed, sorted(random, key=lambda run: run.seed_index or 0)
+
+
+def _classify(verdicts: Sequence[AgentVerdict]) -> str:
+    """The world's outcome: any model's family-wise "beats" first, then "not enough data", then "worse"."""
+    if any(v.beats for v in verdicts):
+        return "beats"
+    if not all(v.enough_data for v in verdicts):
+        return "not enough data"
+    if any(c.worse for v in verdicts for c in v.comparisons):
+        return "worse"
+    return "none"
+
+
+def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: WorldSpec) -> dict[str, Any]:
+    """Run one world end to end and score it with the report's verdict; returns its outcome and, per model,
+    the mean seed Sharpe, the claims and the smallest Sharpe difference to a baseline (all annualised)."""
+    world = _world_config(config, settings, spec)
+    cfg = _fold_config(settings, spec)
+    env_config = env_config_from_config(world)
+    run_settings = RunSettings(costs=world["costs"], fill=env_config.fill)
+    with tempfile.TemporaryDirectory(prefix="marketrl-calibration-") as tmp:
+        table = _world_features(spec, cfg.required_days, world["seed"], Path(tmp))
+    plan = make_fold_plan(table["trading_day"].unique().to_list(), cfg)
+
+    agent_runs: list[Run] = []
+    baseline_runs: list[Run] = []
+    random_runs: list[Run] = []
+    for fold in range(settings.folds):
+        window = fold_window(table, plan, fold, world, "cpu", splits=("train", "validation", "test"))
+        train, validation, test = (window.splits[s] for s in ("train", "validation", "test"))
+        per_strategy = {
+            name: evaluate_positions(test, positions, env_config).select(BAR_COLUMNS)
+            for name, positions in baseline_positions(test, world, fold).items()
+        }
+        fixed, random = _baseline_runs(fold, per_strategy)
+        baseline_runs += fixed
+        random_runs += random
+        for model in settings.models:
+            zoo_model = MODELS[model]
+            for seed_index in range(settings.seeds):
+                seed = derive_seed(world["seed"], "train", model, fold, seed_index)
+                trained = zoo_model.train(
+                    train, validation, run_settings, model_hparams(model), "fp32", "cpu", seed
+                )
+                positions = trained.positions(test)
+                bars = evaluate_positions(test, positions, env_config).select(BAR_COLUMNS)
+                matched = _matched_traders(test, positions, world, (model, fold, seed_index))
+                source = Path(f"<calibration {model} fold {fold} seed {seed_index}>")
+                agent_runs.append(Run(model, True, fold, seed_index, bars, source, None, matched))
+
+    inputs = ReportInputs(agent_runs, baseline_runs, random_runs, {}, [], plan)
+    agents = build_strategies(agent_runs, pooled_summary=False)
+    baselines = baseline_order(build_strategies(baseline_runs, pooled_summary=False))
+    random_seeds = build_strategies(random_runs, pooled_summary=False)
+    rules = VerdictRules.from_config(world)
+    verdicts, family = agent_verdicts(inputs, agents, baselines, random_seeds, rules, world["seed"])
+    return to_json_safe(
+        {
+            "edge": spec.edge,
+            "test_days": spec.test_days,
+            "index": spec.index,
+            "seed": world["seed"],
+            "n_days": family.n_days,
+            "outcome": _classify(verdicts),
+            "detectable": family.detectable,
+            "critical": family.critical,
+            "models": {
+                v.algo: {
+                    "sharpe": v.sharpe.point,
+                    "beats": v.beats,
+                    "enough_data": v.enough_data,
+                    "worse_than": [c.baseline for c in v.comparisons if c.worse],
+                    "better_than": [c.baseline for c in v.comparisons if c.beats],
+                    "diffs": {c.baseline: c.diff for c in v.comparisons},
+                    "min_diff": min((c.diff for c in v.comparisons), default=math.nan),
+                    "max_p_beats": max((c.p_beats for c in v.comparisons), default=math.nan),
+                }
+                for v in verdicts
+            },
+        }
+    )
+
+
+def checked_settings(config: Mapping[str, Any]) -> CalibrationSettings:
+    """The calibration settings, with every model name checked against the zoo's registry."""
+    settings = CalibrationSettings.from_config(config)
+    unknown = [m for m in settings.models if m not in MODELS]
+    if unknown:
+        raise CalibrationError(
+            f"config key 'calibration.models': unknown model {unknown[0]!r} (known: {', '.join(MODELS)})"
+        )
+    return settings
+
+
+def run_job(config: Mapping[str, Any], job: int, out_path: str | Path) -> dict[str, Any]:
+    """Run the worlds of one job and write them atomically as one chunk JSON."""
+    settings = checked_settings(config)
+    worlds = [run_world(config, settings, spec) for spec in job_worlds(settings, job)]
+    chunk = {"format": FORMAT, "version": VERSION, "job": job, "worlds": worlds}
+    write_json_atomic(out_path, chunk)
+    return chunk
+
+
+# -------------------------------------------------------------------------------------------------- aggregation
+
+
+def clopper_pearson(successes: int, trials: int, level: float = CI_LEVEL) -> tuple[float, float]:
+    """Exact (Clopper–Pearson) two-sided interval of a binomial proportion: never below the nominal level."""
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(
+            f"clopper_pearson: need 0 <= successes <= trials, trials >= 1; got {successes}/{trials}"
+        )
+    tail = (1.0 - level) / 2.0
+    lo = 0.0 if successes == 0 else float(beta.ppf(tail, successes, trials - successes + 1))
+    hi = 1.0 if successes == trials else float(beta.ppf(1.0 - tail, successes + 1, trials - successes))
+    return lo, hi
+
+
+def _rate(successes: int, trials: int) -> dict[str, Any]:
+    lo, hi = clopper_pearson(successes, trials)
+    return {"k": successes, "n": trials, "rate": successes / trials, "ci": [lo, hi]}
+
+
+def _best_min_diff(world: Mapping[str, Any]) -> float:
+    """The world's best model's smallest Sharpe difference to a baseline: what "beats every baseline" tests."""
+    diffs = [m["min_diff"] for m in world["models"].values() if m["min_diff"] is not None]
+    return max(diffs) if diffs else math.nan
+
+
+def _crossing(xs: Sequence[float], ys: Sequence[float], level: float) -> float | None:
+    """First x where the piecewise-linear curve through (xs, ys) reaches `level` (None if it never does)."""
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if y >= level:
+            if i == 0:
+                return float(x)
+            x0, y0 = xs[i - 1], ys[i - 1]
+            return float(x0 + (level - y0) * (x - x0) / (y - y0))
+    return None
+
+
+def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings) -> dict[str, Any]:
+    """Rates per arm with Clopper–Pearson intervals, the false-positive rate of the no-edge worlds, and per
+    test-day count the edge and the Sharpe difference detectable at 80% power (None above every edge tried)."""
+    expected = {(s.edge, s.test_days, s.index) for s in world_specs(settings)}
+    got = [(float(w["edge"]), int(w["test_days"]), int(w["index"])) for w in worlds]
+    if sorted(got) != sorted(expected):
+        missing = sorted(expected - set(got))
+        raise CalibrationError(
+            f"calibration: the chunks hold {len(got)} worlds, the config asks for {len(expected)}"
+            + (
+                f" (missing e.g. edge {missing[0][0]:g}, {missing[0][1]} test days, world {missing[0][2]})"
+                if missing
+                else ""
+            )
+        )
+    arms = []
+    for edge in settings.edges:
+        for days in settings.test_days:
+            members = [w for w in worlds if float(w["edge"]) == edge and int(w["test_days"]) == days]
+            counts = {outcome: sum(w["outcome"] == outcome for w in members) for outcome in OUTCOMES}
+            sharpes = {
+                model: float(np.nanmean([_nan(w["models"][model]["sharpe"]) for w in members]))
+                for model in settings.models
+            }
+            arms.append(
+                {
+                    "edge": edge,
+                    "better_than": _better_than_rates(members),
+                    "test_days": days,
+                    "worlds": len(members),
+                    "beats": _rate(counts["beats"], len(members)),
+                    "outcomes": counts,
+                    "mean_sharpe": sharpes,
+                    "mean_best_min_diff": float(np.nanmean([_best_min_diff(w) for w in members])),
+                    "mean_formula_detectable": float(np.nanmean([_nan(w["detectable"]) for w in members])),
+                }
+            )
+    null_arms = [a for a in arms if a["edge"] == 0.0]
+    false_positive = (
+        _rate(sum(a["beats"]["k"] for a in null_arms), sum(a["worlds"] for a in null_arms))
+        if null_arms
+        else None
+    )
+    detectable = []
+    for days in settings.test_days:
+        curve = sorted((a for a in arms if a["test_days"] == days), key=lambda a: a["edge"])
+        edges = [a["edge"] for a in curve]
+        power = [a["beats"]["rate"] for a in curve]
+        edge_80 = _crossing(edges, power, TARGET_POWER)
+        diff_80 = None
+        if edge_80 is not None:
+            diffs = [a["mean_best_min_diff"] for a in curve]
+            diff_80 = float(np.interp(edge_80, edges, diffs))
+        detectable.append(
+            {"test_days": days, "edge_at_80_power": edge_80, "sharpe_difference_at_80_power": diff_80}
+        )
+    return {
+        "arms": arms,
+        "false_positive": false_positive,
+        "false_positive_target": TARGET_FALSE_POSITIVE_RATE,
+        "power": [a for a in arms if a["edge"] > 0.0],
+        "detectable": detectable,
+        "power_target": TARGET_POWER,
+        "ci_level": CI_LEVEL,
+    }
+
+
+def _better_than_rates(members: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Per baseline, the share of worlds where some model is family-wise better than it (None for worlds
+    recorded before the per-baseline claims were)."""
+    if not members or any("better_than" not in m for w in members for m in w["models"].values()):
+        return None
+    baselines = sorted({b for w in members for m in w["models"].values() for b in m["diffs"]})
+    return {
+        baseline: {
+            **_rate(
+                sum(any(baseline in m["better_than"] for m in w["models"].values()) for w in members),
+                len(members),
+            ),
+            "mean_diff": {
+                model: float(np.nanmean([_nan(w["models"][model]["diffs"].get(baseline)) for w in members]))
+                for model in members[0]["models"]
+            },
+        }
+        for baseline in baselines
+    }
+
+
+def _nan(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def read_chunks(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Every world of the chunk files, checked for format."""
+    worlds = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise CalibrationError(f"{path}: cannot read calibration chunk ({err})".splitlines()[0]) from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
+            raise CalibrationError(f"{path}: not a calibration chunk (format {FORMAT!r} version {VERSION})")
+        worlds += data["worlds"]
+    return worlds
+
+
+def calibration_result(
+    worlds: Sequence[Mapping[str, Any]], config: Mapping[str, Any], command: str
+) -> dict[str, Any]:
+    """The calibration JSON: settings, the verdict rules in force, every world and the summary."""
+    settings = CalibrationSettings.from_config(config)
+    evaluation = config["evaluation"]
+    return to_json_safe(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "command": command,
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "settings": {**config["calibration"]},
+            "hparams": {model: model_hparams(model) for model in settings.models},
+            "verdict_rules": {
+                "min_test_days": evaluation["min_test_days"],
+                "min_seeds": evaluation["min_seeds"],
+                "bootstrap_samples": evaluation["bootstrap_samples"],
+                "alpha": VerdictRules.from_config(config).alpha,
+            },
+            "summary": summarize(worlds, settings),
+            "worlds": sorted(worlds, key=lambda w: (w["edge"], w["test_days"], w["index"])),
+        }
+    )
+
+
+def _pct(rate: Mapping[str, Any]) -> str:
+    lo, hi = rate["ci"]
+    return f"{100 * rate['rate']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] ({rate['k']}/{rate['n']})"
+
+
+def _number(value: Any, digits: int = 2) -> str:
+    return "—" if value is None or not math.isfinite(float(value)) else f"{float(value):.{digits}f}"
+
+
+def render_html(result: Mapping[str, Any]) -> str:
+    """A self-contained HTML page of the calibration: false-positive rate, power per arm, detectable edges."""
+    summary = result["summary"]
+    settings = result["settings"]
+    esc = html.escape
+    fp = summary["false_positive"]
+    fp_line = (
+        f"False 'beats' in no-edge worlds: <b>{_pct(fp)}</b> (target ≤ {100 * summary['false_positive_target']:.0f}%)"
+        if fp
+        else "No no-edge arm (edge 0) was run: the false-positive rate is not measured."
+    )
+    rows = "".join(
+        "<tr>"
+        f"<td>{a['edge']:g}</td><td>{a['test_days']}</td><td>{a['worlds']}</td><td>{_pct(a['beats'])}</td>"
+        f"<td>{a['outcomes']['worse']}</td><td>{a['outcomes']['none']}</td><td>{a['outcomes']['not enough data']}</td>"
+        + "".join(f"<td>{_number(a['mean_sharpe'][m])}</td>" for m in settings["models"])
+        + f"<td>{_number(a['mean_best_min_diff'])}</td><td>{_number(a['mean_formula_detectable'])}</td></tr>"
+        for a in summary["arms"]
+    )
+    model_heads = "".join(f"<th>mean Sharpe {esc(m)}</th>" for m in settings["models"])
+    detect_rows = "".join(
+        f"<tr><td>{d['test_days']}</td><td>{_number(d['edge_at_80_power'])}</td>"
+        f"<td>{_number(d['sharpe_difference_at_80_power'])}</td></tr>"
+        for d in summary["detectable"]
+    )
+    per_baseline = "".join(
+        f"<tr><td>{a['edge']:g}</td><td>{a['test_days']}</td><td>{esc(name)}</td><td>{_pct(rate)}</td>"
+        + "".join(f"<td>{_number(rate['mean_diff'][m])}</td>" for m in settings["models"])
+        + "</tr>"
+        for a in summary["arms"]
+        for name, rate in (a["better_than"] or {}).items()
+    )
+    diff_heads = "".join(f"<th>mean Sharpe difference {esc(m)}</th>" for m in settings["models"])
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>marketrl verdict calibration</title>
+<style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:right}}code{{background:#f4f4f4}}</style></head><body>
+<h1>Verdict calibration</h1>
+<p>{fp_line}.</p>
+<p>Each world: synthetic demo data with its own seed and planted edge (the oracle's annualised net Sharpe),
+{settings["folds"]} expanding folds ({settings["train_days"]} first training days), models
+{esc(", ".join(settings["models"]))} with fixed hyperparameters and {settings["seeds"]} seeds each,
+{settings["random_traders"]} random and turnover-matched random traders, scored by the report's family-wise
+verdict ({result["verdict_rules"]["bootstrap_samples"]} bootstrap samples, α = {result["verdict_rules"]["alpha"]}).
+K = {settings["worlds"]} worlds per arm; intervals are exact binomial (Clopper–Pearson) at
+{100 * summary["ci_level"]:.0f}%.</p>
+<h2>Outcome per arm</h2>
+<table><tr><th>edge</th><th>test days</th><th>worlds</th><th>"beats" (power at edge &gt; 0, false positives at 0)</th>
+<th>worse</th><th>no claim</th><th>not enough data</th>{model_heads}<th>mean best model − baseline (min)</th>
+<th>formula detectable</th></tr>{rows}</table>
+<h2>Against each baseline</h2>
+<p>Share of worlds where some model is family-wise better than the baseline (one of the claims "beats every
+baseline" needs), and the models' mean annualised Sharpe difference to it.</p>
+<table><tr><th>edge</th><th>test days</th><th>baseline</th><th>some model better</th>{diff_heads}</tr>
+{per_baseline}</table>
+<h2>Detectable at {100 * summary["power_target"]:.0f}% power</h2>
+<table><tr><th>test days</th><th>edge (oracle Sharpe)</th><th>Sharpe difference</th></tr>{detect_rows}</table>
+<p>"—": the power curve does not reach {100 * summary["power_target"]:.0f}% within the edges tried.</p>
+<p>Command: <code>{esc(result["command"])}</code>; created {esc(result["created"])}.</p>
+</body></html>
+"""
+
+
+def write_outputs(result: Mapping[str, Any], json_path: str | Path, html_path: str | Path) -> None:
+    """Write the calibration JSON and HTML, each atomically."""
+    write_json_atomic(json_path, result)
+    with atomic_write(html_path) as tmp:
+        Path(tmp).write_text(render_html(result), encoding="utf-8")
+
+
+def summarize_job(
+    chunk_paths: Sequence[str | Path],
+    config: Mapping[str, Any],
+    json_path: str | Path,
+    html_path: str | Path,
+    command: str,
+) -> dict[str, Any]:
+    """The `calibration` rule: every world of the chunk files, summarized into the JSON and the HTML page."""
+    result = calibration_result(read_chunks(chunk_paths), config, command)
+    write_outputs(result, json_path, html_path)
+    return result

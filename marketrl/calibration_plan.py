@@ -1,0 +1,109 @@
+"""The plan of the verdict's calibration: its settings (the `calibration` config slice), its worlds and how they
+are split into jobs. Free of heavy imports: rules/common.smk reads it at every DAG parse; the worlds themselves
+run in `marketrl.calibration` (which also checks the model names against the zoo's registry).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from marketrl.config import derive_seed
+
+
+class CalibrationError(ValueError):
+    """A bad `calibration` config value or a malformed calibration chunk; the message names the key or file."""
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """The `calibration` config slice, checked against the verdict's minimums."""
+
+    worlds: int  # K per arm
+    edges: tuple[float, ...]
+    test_days: tuple[int, ...]  # pooled out-of-sample days per world, split evenly over `folds`
+    folds: int
+    train_days: int
+    validation_days: int
+    models: tuple[str, ...]
+    seeds: int
+    random_traders: int
+    worlds_per_job: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> CalibrationSettings:
+        """Read `config["calibration"]`; every test-day count and the seed count must clear the verdict's
+        minimums (a world below them could only say "not enough data")."""
+        section = config["calibration"]
+        evaluation = config["evaluation"]
+        settings = cls(
+            worlds=int(section["worlds"]),
+            edges=tuple(float(e) for e in section["edges"]),
+            test_days=tuple(int(t) for t in section["test_days"]),
+            folds=int(section["folds"]),
+            train_days=int(section["train_days"]),
+            validation_days=int(section["validation_days"]),
+            models=tuple(section["models"]),
+            seeds=int(section["seeds"]),
+            random_traders=int(section["random_traders"]),
+            worlds_per_job=int(section["worlds_per_job"]),
+        )
+        for days in settings.test_days:
+            if days % settings.folds:
+                raise CalibrationError(
+                    f"config key 'calibration.test_days': {days} is not a multiple of calibration.folds "
+                    f"({settings.folds})"
+                )
+            if days < evaluation["min_test_days"]:
+                raise CalibrationError(
+                    f"config key 'calibration.test_days': {days} is below evaluation.min_test_days "
+                    f"({evaluation['min_test_days']}); such a world can reach no verdict"
+                )
+        if settings.seeds < evaluation["min_seeds"]:
+            raise CalibrationError(
+                f"config key 'calibration.seeds': {settings.seeds} is below evaluation.min_seeds "
+                f"({evaluation['min_seeds']}); such a world can reach no verdict"
+            )
+        if settings.validation_days >= settings.train_days:
+            raise CalibrationError(
+                "config key 'calibration.validation_days': must be smaller than calibration.train_days"
+            )
+        return settings
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """One world: its arm (planted edge, pooled test days) and its index within the arm."""
+
+    edge: float
+    test_days: int
+    index: int
+
+    def seed(self, root_seed: int) -> int:
+        """The world's own seed: its data, models, random traders and bootstraps all derive from it."""
+        return derive_seed(root_seed, "calibration", f"{self.edge:g}", self.test_days, self.index)
+
+
+def world_specs(settings: CalibrationSettings) -> list[WorldSpec]:
+    """Every world of the calibration, arm by arm (edges, then test-day counts), in a fixed order."""
+    return [
+        WorldSpec(edge, days, k)
+        for edge in settings.edges
+        for days in settings.test_days
+        for k in range(settings.worlds)
+    ]
+
+
+def n_jobs(settings: CalibrationSettings) -> int:
+    """Jobs the worlds are split into (`calibration.worlds_per_job` worlds each, the last one may hold fewer)."""
+    return math.ceil(len(world_specs(settings)) / settings.worlds_per_job)
+
+
+def job_worlds(settings: CalibrationSettings, job: int) -> list[WorldSpec]:
+    """The worlds of job `job` (0-based)."""
+    if not 0 <= job < n_jobs(settings):
+        raise CalibrationError(f"calibration job {job} does not exist (0..{n_jobs(settings) - 1})")
+    size = settings.worlds_per_job
+    return world_specs(settings)[job * size : (job + 1) * size]

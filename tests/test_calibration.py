@@ -1,0 +1,164 @@
+"""The verdict's calibration: the exact binomial interval, the aggregation, the settings checks, and a tiny
+end-to-end run of the Snakemake target (the machinery, not the rates: bench/calibration.py measures those)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from scipy.stats import binomtest
+
+from marketrl import paths
+from marketrl.calibration import (
+    OUTCOMES,
+    CalibrationError,
+    CalibrationSettings,
+    checked_settings,
+    clopper_pearson,
+    summarize,
+    world_specs,
+)
+from marketrl.calibration_plan import job_worlds, n_jobs
+from marketrl.config import validate_config
+from tests.test_workflow import job_counts, snakemake, workdir_with_config
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 60), (3, 60), (30, 60), (60, 60), (1, 2), (0, 1), (7, 180)])
+def test_clopper_pearson_matches_scipy(k: int, n: int) -> None:
+    expected = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    lo, hi = clopper_pearson(k, n)
+    assert lo == pytest.approx(expected.low, abs=1e-12) and hi == pytest.approx(expected.high, abs=1e-12)
+    assert 0.0 <= lo <= k / n <= hi <= 1.0
+
+
+def test_clopper_pearson_rejects_impossible_counts() -> None:
+    with pytest.raises(ValueError, match="successes <= trials"):
+        clopper_pearson(3, 2)
+
+
+def _config(**calibration: Any) -> dict[str, Any]:
+    return validate_config({"calibration": calibration})
+
+
+def test_settings_refuse_worlds_that_cannot_reach_a_verdict() -> None:
+    with pytest.raises(
+        CalibrationError, match=r"'calibration.test_days': 6 is below evaluation.min_test_days"
+    ):
+        CalibrationSettings.from_config(_config(test_days=[6]))
+    with pytest.raises(CalibrationError, match=r"'calibration.test_days': 11 is not a multiple"):
+        CalibrationSettings.from_config(_config(test_days=[11]))
+    with pytest.raises(CalibrationError, match=r"'calibration.seeds': 2 is below evaluation.min_seeds"):
+        CalibrationSettings.from_config(_config(seeds=2))
+    with pytest.raises(CalibrationError, match=r"'calibration.models': unknown model 'xgboost'"):
+        checked_settings(_config(models=["xgboost"]))
+
+
+def test_worlds_are_split_into_jobs_without_loss_or_overlap() -> None:
+    settings = CalibrationSettings.from_config(
+        _config(worlds=5, edges=[0, 2.0], test_days=[10], worlds_per_job=3)
+    )
+    specs = world_specs(settings)
+    assert n_jobs(settings) == 4 and len(specs) == 10
+    assert [w for job in range(n_jobs(settings)) for w in job_worlds(settings, job)] == specs
+    assert len({s.seed(1) for s in specs}) == len(specs)  # every world has its own data and models
+    with pytest.raises(CalibrationError, match="calibration job 4 does not exist"):
+        job_worlds(settings, 4)
+
+
+def _world(edge: float, days: int, index: int, outcome: str, sharpe: float) -> dict[str, Any]:
+    model = {"sharpe": sharpe, "min_diff": sharpe - 1.0, "beats": outcome == "beats"}
+    return {
+        "edge": edge,
+        "test_days": days,
+        "index": index,
+        "outcome": outcome,
+        "detectable": 20.0,
+        "models": {"linear": model, "lightgbm": model},
+    }
+
+
+def test_summary_counts_rates_and_reads_the_80_percent_crossing() -> None:
+    settings = CalibrationSettings.from_config(_config(worlds=10, edges=[0, 4.0, 8.0], test_days=[10]))
+    beats = {0.0: 1, 4.0: 6, 8.0: 10}  # power 0.6 at edge 4 and 1.0 at 8: 80% is reached at edge 6
+    worlds = [
+        _world(edge, 10, k, "beats" if k < beats[edge] else "none", sharpe=edge)
+        for edge in settings.edges
+        for k in range(10)
+    ]
+    summary = summarize(worlds, settings)
+    fp = summary["false_positive"]
+    assert (fp["k"], fp["n"], fp["rate"]) == (1, 10, 0.1)
+    assert fp["ci"] == pytest.approx(list(clopper_pearson(1, 10)))
+    assert [a["beats"]["k"] for a in summary["power"]] == [6, 10]
+    assert all(set(a["outcomes"]) == set(OUTCOMES) for a in summary["arms"])
+    assert all(a["better_than"] is None for a in summary["arms"])  # worlds without per-baseline claims
+    (detect,) = summary["detectable"]
+    assert detect["edge_at_80_power"] == pytest.approx(6.0)
+    assert detect["sharpe_difference_at_80_power"] == pytest.approx(5.0)  # the min_diff curve at edge 6
+    with pytest.raises(CalibrationError, match="the chunks hold 29 worlds, the config asks for 30"):
+        summarize(worlds[:-1], settings)
+
+
+def test_summary_says_when_power_never_reaches_80_percent() -> None:
+    settings = CalibrationSettings.from_config(_config(worlds=2, edges=[0, 4.0], test_days=[10]))
+    worlds = [_world(edge, 10, k, "none", 0.0) for edge in settings.edges for k in range(2)]
+    (detect,) = summarize(worlds, settings)["detectable"]
+    assert detect["edge_at_80_power"] is None and detect["sharpe_difference_at_80_power"] is None
+
+
+TINY_CALIBRATION = {
+    "seed": 11,
+    "evaluation": {"min_test_days": 4, "min_seeds": 2, "bootstrap_samples": 200},
+    "calibration": {
+        "worlds": 2,
+        "edges": [0, 10.0],
+        "test_days": [4],
+        "folds": 1,
+        "train_days": 3,
+        "validation_days": 1,
+        "models": ["linear", "lightgbm"],
+        "seeds": 2,
+        "random_traders": 3,
+        "worlds_per_job": 2,
+    },
+}
+
+
+@pytest.mark.slow
+def test_tiny_calibration_target_runs_end_to_end(tmp_path: Path) -> None:
+    """K = 2 worlds per arm through Snakemake: 2 world jobs and the summary; JSON fields, CIs and the page."""
+    workdir = workdir_with_config(tmp_path, TINY_CALIBRATION)
+    dry = snakemake("-n", paths.CALIBRATION_HTML, "--quiet", "rules", cwd=workdir)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert job_counts(dry.stdout + dry.stderr) == {"calibration_worlds": 2, "calibration": 1}
+
+    run = snakemake(paths.CALIBRATION_HTML, "--cores", "2", cwd=workdir, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((workdir / paths.CALIBRATION_JSON).read_text())
+    assert result["format"] == "marketrl-calibration" and len(result["worlds"]) == 4
+    for world in result["worlds"]:
+        assert world["outcome"] in OUTCOMES and world["n_days"] == 4
+        assert set(world["models"]) == {"linear", "lightgbm"}
+        assert all(math.isfinite(m["sharpe"]) for m in world["models"].values())
+    summary = result["summary"]
+    assert [(a["edge"], a["test_days"], a["worlds"]) for a in summary["arms"]] == [(0.0, 4, 2), (10.0, 4, 2)]
+    fp = summary["false_positive"]
+    assert fp["n"] == 2 and fp["ci"] == pytest.approx(list(clopper_pearson(fp["k"], 2)))
+    assert [row["test_days"] for row in summary["detectable"]] == [4]
+    for arm in summary["arms"]:
+        assert set(arm["better_than"]) == {"buy_and_hold", "flat", "momentum", "random", "matched_random"}
+        assert all(
+            rate["n"] == 2 and 0 <= rate["ci"][0] <= rate["ci"][1] <= 1
+            for rate in arm["better_than"].values()
+        )
+    page = (workdir / paths.CALIBRATION_HTML).read_text()
+    assert "Verdict calibration" in page and "False 'beats' in no-edge worlds" in page and "K = 2" in page
+    assert not list((workdir / "results" / "calibration").rglob("*.tmp*"))  # atomic writes leave no temp file
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    assert config["calibration"]["worlds"] == 2
