@@ -53,7 +53,7 @@ _FOLDS = tuple(
 ALL_KEYS = "*"  # the report prints the whole config in its provenance section, so it reads every key
 
 # The config keys each stage's job reads, key by key (stage = rule name = workflow_scripts/{stage}.py). Keys that
-# only shape the DAG (data.source, training.algos, hyperopt.workers, ...; see DAG_KEYS) change which jobs exist,
+# only shape the DAG (data.source, training.models, hyperopt.workers, ...; see DAG_KEYS) change which jobs exist,
 # not what a job computes, and are in no slice but the report's.
 STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
     "demo_data": ("data.demo.days", "data.demo.edge", "data.demo.seed", "data.demo.start"),
@@ -75,11 +75,16 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "hyperopt.heartbeat_seconds",
         "hyperopt.n_trials",
         "hyperopt.pruner_warmup_evals",
+        "hyperopt.seeds_per_trial",
         "hyperopt.storage",
         "hyperopt.trial_steps",
+        "hyperopt.trial_updates",
         "training.check_every",
         "training.device",
+        "training.epochs",
+        "training.horizon",
         "training.n_envs",
+        "training.patience",
         "training.precision",
     ),
     "hyperopt_best": ("seed", "hyperopt.n_trials", "hyperopt.pruner_warmup_evals", "hyperopt.storage"),
@@ -90,7 +95,11 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.check_every",
         "training.checkpoint_every",
         "training.device",
+        "training.epochs",
+        "training.horizon",
+        "training.max_updates",
         "training.n_envs",
+        "training.patience",
         "training.precision",
         "training.total_steps",
     ),
@@ -125,7 +134,7 @@ DAG_KEYS: dict[str, str] = {
     "data.databento.schema": "input file names",
     "folds.n": "fold jobs",
     "hyperopt.workers": "worker jobs",
-    "training.algos": "algorithm jobs",
+    "training.models": "model jobs",
     "training.seeds": "seed jobs",
     "training.gpu_jobs": "gpu resource only",
     "training.device": "gpu resource",

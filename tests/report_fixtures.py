@@ -401,7 +401,7 @@ def write_pipeline_outputs(
                 train_logs.append(str(path))
 
     config = load_config(REPO_ROOT / "config.yaml")
-    config["training"]["algos"] = list(algos)
+    config["training"]["models"] = list(algos)
     config["training"]["seeds"] = n_seeds
     config["folds"] = {**config["folds"], "n": n_folds, "test_days": test_days}
     config["evaluation"]["bootstrap_samples"] = bootstrap_samples

@@ -119,7 +119,7 @@ def test_costs_rerun_everything_after_the_folds(
     finished_run: Path, run_config: dict[str, Any], tmp_path: Path
 ) -> None:
     changes = {"costs": {"commission_per_contract": run_config["costs"]["commission_per_contract"] + 0.5}}
-    algos = run_config["training"]["algos"]
+    algos = run_config["training"]["models"]
     n_folds = run_config["folds"]["n"]
     assert planned_jobs(finished_run, changes, config_dir=tmp_path) == {
         "hyperopt_worker": len(algos) * run_config["hyperopt"]["workers"],
@@ -205,9 +205,17 @@ def test_slices_hold_only_their_keys() -> None:
     config = validate_config({})
     train = stages.stage_config(config, "train")
     assert train["training"]["total_steps"] == config["training"]["total_steps"]
-    assert "algos" not in train["training"] and "evaluation" not in train and "hyperopt" not in train
+    assert "models" not in train["training"] and "evaluation" not in train and "hyperopt" not in train
     hyperopt = stages.stage_config(config, "hyperopt_worker")
-    assert set(hyperopt["training"]) == {"check_every", "device", "n_envs", "precision"}
+    assert set(hyperopt["training"]) == {
+        "check_every",
+        "device",
+        "epochs",
+        "horizon",
+        "n_envs",
+        "patience",
+        "precision",
+    }
     assert "total_steps" not in hyperopt["training"]
     assert stages.stage_config(config, "feature_manifest") == {}
     assert stages.stage_config(config, "report") == config
@@ -368,8 +376,9 @@ def test_misspelt_key_fails_with_one_line_naming_it(tmp_path: Path) -> None:
     framing = "Using workflow specific profile"  # Snakemake's own line, printed before the Snakefile runs
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(framing)]
     assert lines == [
-        "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: algos, "
-        "check_every, checkpoint_every, device, gpu_jobs, n_envs, precision, seeds, total_steps"
+        "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: "
+        "check_every, checkpoint_every, device, epochs, gpu_jobs, horizon, max_updates, models, n_envs, "
+        "patience, precision, seeds, total_steps"
     ]
     assert result.stdout.strip() == ""
     assert not (tmp_path / "results").exists()

@@ -46,12 +46,12 @@ def test_full_dag_dry_run_default_config(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout + result.stderr)
     config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
-    n_models = len(config["training"]["algos"]) * config["folds"]["n"] * config["training"]["seeds"]
+    n_models = len(config["training"]["models"]) * config["folds"]["n"] * config["training"]["seeds"]
     assert counts["demo_data"] == 1
     assert counts["features"] == config["data"]["demo"]["days"]
     assert counts["train"] == counts["evaluate"] == n_models
     assert counts["baselines"] == config["folds"]["n"]
-    assert counts["hyperopt_worker"] == len(config["training"]["algos"]) * config["hyperopt"]["workers"]
+    assert counts["hyperopt_worker"] == len(config["training"]["models"]) * config["hyperopt"]["workers"]
     assert counts["report"] == 1
 
 
