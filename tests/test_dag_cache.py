@@ -308,6 +308,48 @@ def test_every_stage_runs_on_exactly_its_slice(
         metrics_path=str(tmp_path / "metrics.json"),
         bars_path=str(tmp_path / "bars.parquet"),
     )
+    # A forecaster reads its own run settings (horizon, epochs, patience, max_updates, trial_updates...).
+    linear_worker = study_root / "hyperopt" / "linear" / "worker_0.json"
+    run_worker(
+        algo="linear",
+        worker=0,
+        manifest_path=manifest,
+        folds_path=folds,
+        config=sliced("hyperopt_worker", hyperopt={"n_trials": 1}),
+        out_path=str(linear_worker),
+        results_dir=study_root,
+    )
+    write_study_summary(
+        algo="linear",
+        worker_summaries=[str(linear_worker)],
+        folds_path=folds,
+        config=sliced("hyperopt_best", hyperopt={"n_trials": 1}),
+        out_path=str(tmp_path / "linear.json"),
+        results_dir=study_root,
+    )
+    train_job(
+        algo="linear",
+        fold=0,
+        seed_index=0,
+        manifest_path=manifest,
+        folds_path=folds,
+        hparams_path=str(tmp_path / "linear.json"),
+        config=sliced("train"),
+        model_path=str(tmp_path / "linear.pt"),
+        log_path=str(tmp_path / "linear_log.json"),
+        resume_path=str(tmp_path / "linear_resume.pt"),
+    )
+    evaluate_job(
+        algo="linear",
+        fold=0,
+        seed_index=0,
+        manifest_path=manifest,
+        folds_path=folds,
+        model_path=str(tmp_path / "linear.pt"),
+        config=sliced("evaluate"),
+        metrics_path=str(tmp_path / "linear_metrics.json"),
+        bars_path=str(tmp_path / "linear_bars.parquet"),
+    )
     baselines_job(
         fold=0,
         manifest_path=manifest,
