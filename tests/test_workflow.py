@@ -78,6 +78,16 @@ def test_unknown_config_key_fails_before_any_job(tmp_path: Path) -> None:
     assert not (workdir / "results").exists()
 
 
+def test_old_algos_key_fails_in_one_line_naming_training_models(tmp_path: Path) -> None:
+    config = yaml.safe_load(TINY.read_text())
+    config["training"]["algos"] = config["training"].pop("models")
+    result = snakemake("-n", cwd=workdir_with_config(tmp_path, config))
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "marketrl config error" in line]
+    assert len(errors) == 1 and "'training.algos': renamed to 'training.models'" in errors[0]
+    assert not (tmp_path / "results").exists()
+
+
 def test_impossible_value_fails_naming_key(tmp_path: Path) -> None:
     config = yaml.safe_load(TINY.read_text())
     config["folds"]["test_days"] = 0
