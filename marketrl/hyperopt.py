@@ -305,6 +305,7 @@ def write_study_summary(
     }
     summary = {
         "algo": algo,
+        "kind": get_entry(algo).kind,
         "objective": OBJECTIVE,
         "direction": "maximize",
         "best_params": best.params,
@@ -318,6 +319,7 @@ def write_study_summary(
         "trial_sharpe_daily": [
             t.user_attrs["val_sharpe_daily"] for t in complete if "val_sharpe_daily" in t.user_attrs
         ],
+        "seeds_per_trial": config["hyperopt"]["seeds_per_trial"],
         "sampler": {
             "name": "TPESampler",
             "seed": derive_seed(config["seed"], "hyperopt", algo),

@@ -87,7 +87,13 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.patience",
         "training.precision",
     ),
-    "hyperopt_best": ("seed", "hyperopt.n_trials", "hyperopt.pruner_warmup_evals", "hyperopt.storage"),
+    "hyperopt_best": (
+        "seed",
+        "hyperopt.n_trials",
+        "hyperopt.pruner_warmup_evals",
+        "hyperopt.seeds_per_trial",
+        "hyperopt.storage",
+    ),
     "train": (
         "seed",
         *_COSTS,

@@ -290,3 +290,27 @@ def test_periodic_validation_scores_reach_the_pruner(inputs: dict, algo: str) ->
     pruned = trial_value(inputs, algo, 1, optuna.pruners.ThresholdPruner(lower=1e9))
     assert pruned.state == optuna.trial.TrialState.PRUNED
     assert len(pruned.intermediate_values) == 1
+
+
+@pytest.mark.parametrize("algo", ["mlp", "lightgbm"])
+def test_forecaster_train_job_saves_and_removes_its_resume_file(inputs: dict, algo: str) -> None:
+    config = copy.deepcopy(inputs["config"])
+    config["training"]["checkpoint_every"] = 4  # in the model's own steps: optimizer steps / boosting rounds
+    out = inputs["root"] / f"resume_{algo}"
+    out.mkdir()
+    hparams = out / "hparams.json"
+    hparams.write_text(json.dumps({"algo": algo, "best_params": HPARAMS[algo]}), encoding="utf-8")
+    log = train_job(
+        algo=algo,
+        fold=0,
+        seed_index=0,
+        manifest_path=inputs["manifest_path"],
+        folds_path=inputs["folds_path"],
+        hparams_path=str(hparams),
+        config=config,
+        model_path=str(out / "model.pt"),
+        log_path=str(out / "train_log.json"),
+        resume_path=str(out / "resume.pt"),
+    )
+    assert log["checkpoints_saved"] >= 1 and log["resumed_from_step"] is None
+    assert (out / "model.pt").is_file() and not (out / "resume.pt").exists()
