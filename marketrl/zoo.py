@@ -2,7 +2,7 @@
 (`marketrl.models`), behind one protocol, so that hyperopt, training and evaluation dispatch by name.
 
     entry = ZOO[name]                               # or get_entry(name): one-line error naming the known models
-    space = entry.search_space(budget, window)      # once per hyperopt worker -> space(trial) -> hparams
+    space = entry.search_space(budget, window, config)  # once per hyperopt worker; space(trial) -> hparams
     trained = entry.train(request)                  # TrainRequest: splits, config slice, hparams, seed, hooks
     trained.save(path, window, extra)               # a checkpoint torch.load(weights_only=True) reads back
     loaded = entry.load(path, device)               # -> LoadedModel: positions(data, env_config), predictions
