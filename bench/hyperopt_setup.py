@@ -19,13 +19,14 @@ from pathlib import Path
 import optuna
 import torch
 
-from gpu_utils import detect_precision
+from gpu_utils import HardwareBudget, detect_precision
 from marketrl.config import validate_config
 from marketrl.data.demo import generate_demo_files
 from marketrl.datasets import load_features, tuning_window, write_feature_manifest
 from marketrl.features import build_feature_file
 from marketrl.folds import write_fold_plan
 from marketrl.hyperopt import run_trial
+from marketrl.zoo import ZOO
 
 
 def build_inputs(workdir: Path, days: int) -> tuple[Path, Path]:
@@ -47,13 +48,14 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5000)
-    parser.add_argument("--algo", default="dqn", choices=("dqn", "ppo"))
+    parser.add_argument("--algo", default="dqn", choices=tuple(ZOO))
     args = parser.parse_args()
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     config = validate_config({"hyperopt": {"trial_steps": args.steps}, "training": {"device": "cpu"}})
     device = torch.device("cpu")
     precision = detect_precision(device, "auto")
+    budget = HardwareBudget.detect(device)
     with tempfile.TemporaryDirectory() as tmp:
         manifest, folds_path = build_inputs(Path(tmp), args.days)
         from marketrl.folds import FoldPlan
@@ -70,7 +72,8 @@ def main() -> None:
                 if mode == "reload":
                     window = tuning_window(load_features(manifest), plan, config, device)
                 reload_s = time.perf_counter() - started
-                value = run_trial(trial, args.algo, window, config, device, precision, (64, 512))
+                space = lambda t, w=window: ZOO[args.algo].search_space(budget, w, config)(t)  # noqa: E731
+                value = run_trial(trial, args.algo, window, config, device, precision, space, budget)
                 wall = time.perf_counter() - started
                 results[mode].append((reload_s + trial.user_attrs["setup_s"], wall))
                 study.tell(trial, value)

@@ -12,6 +12,13 @@ import yaml
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 
+#: Every model `training.models` may list, in the default order: the RL agents, then the forecasters. Kept here,
+#: free of torch, because the workflow validates the config at every DAG parse; `marketrl.zoo.ZOO` (the registry)
+#: is tested to hold exactly these names.
+AGENT_NAMES = ("dqn", "ppo")
+FORECASTER_NAMES = ("linear", "lightgbm", "mlp", "lstm", "gru", "alstm", "tcn", "transformer", "dlinear")
+MODEL_NAMES = AGENT_NAMES + FORECASTER_NAMES
+
 
 class ConfigError(ValueError):
     """A configuration value is missing, misspelt or impossible; the message names the key."""
@@ -58,8 +65,28 @@ def _fill_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, 
     return config
 
 
+def check_renamed_keys(config: dict[str, Any]) -> None:
+    """Keys of older configs that were renamed: one line naming the new key (before the schema's generic error)."""
+    training = config.get("training")
+    if isinstance(training, dict) and "algos" in training:
+        raise ConfigError(
+            "config key 'training.algos': renamed to 'training.models' (agents and forecasters in one list, "
+            f"any of: {', '.join(MODEL_NAMES)})"
+        )
+
+
+def check_models(models: list[str]) -> None:
+    """Every name of training.models is a known model (one line listing the known ones)."""
+    unknown = [name for name in models if name not in MODEL_NAMES]
+    if unknown:
+        raise ConfigError(
+            f"config key 'training.models': unknown model {unknown[0]!r}; known models: {', '.join(MODEL_NAMES)}"
+        )
+
+
 def check_semantics(config: dict[str, Any]) -> None:
     """Cross-key checks that a JSON schema cannot express; raise ConfigError naming the key."""
+    check_models(config["training"]["models"])
     data = config["data"]
     if data["source"] == "files" and not data["files"].strip():
         raise ConfigError(
@@ -90,6 +117,7 @@ def check_semantics(config: dict[str, Any]) -> None:
 
 def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     """Return a copy of `config` with defaults filled in; raise ConfigError on the first problem."""
+    check_renamed_keys(config)
     errors = schema_errors(config)
     if errors:
         raise ConfigError(errors[0])

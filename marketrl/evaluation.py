@@ -1,9 +1,9 @@
-"""Out-of-sample evaluation of trained agents and of the baselines, on each fold's test days.
+"""Out-of-sample evaluation of trained models (agents and forecasters) and of the baselines on each fold's test days.
 
-Agents and baselines see exactly the same test rows, environment semantics and cost model; every output carries
-per-bar positions, gross returns, costs and net returns (docs/OUTPUTS.md), plus a performance summary. A trained
-model is scored with the env settings and costs recorded in its checkpoint. Also home of the validation objective
-that hyperopt maximizes and training reports (`validation_sharpe`), so neither of those imports the other.
+Every model and baseline sees exactly the same test rows, environment semantics and cost model; every output
+carries per-bar positions, gross returns, costs and net returns (docs/OUTPUTS.md), plus a performance summary. A
+trained model is scored with the env settings and costs recorded in its checkpoint. `validation_sharpe` is the
+agents' form of the validation objective (`marketrl.zoo.positions_sharpe`) that hyperopt maximizes.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import torch
 
 from gpu_utils import resolve_device
-from marketrl.agents.checkpoint import load_policy
 from marketrl.config import derive_seed
 from marketrl.costs import Costs, costs_from_record
 from marketrl.datasets import (
@@ -36,7 +36,6 @@ from marketrl.env import (
     evaluate_positions,
     format_duration,
     matched_random_positions,
-    policy_positions,
     position_change_rate,
     rule_positions,
 )
@@ -51,6 +50,7 @@ from marketrl.metrics import (
 )
 from marketrl.normalize import FeatureNormalizer
 from marketrl.provenance import collect
+from marketrl.zoo import get_entry
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,24 @@ def _test_span(bars: pl.DataFrame) -> dict[str, str | None]:
     }
 
 
+def forecast_columns(data: MarketData, predictions: torch.Tensor, horizon: int) -> pl.DataFrame:
+    """Per decision bar t (the rows of `evaluate_positions`): ``prediction``, the forecaster's predicted forward
+    return known at t, and ``forward_return``, the realized close_{t+h}/close_t - 1 inside t's segment (null where
+    t+h is past the segment's last bar)."""
+    rows = torch.arange(data.n_rows, device=data.device)
+    ahead = (rows + horizon).clamp(max=data.n_rows - 1)
+    inside = (rows + horizon < data.n_rows) & (data.segment_id.index_select(0, ahead) == data.segment_id)
+    realized = data.close.index_select(0, ahead).double() / data.close.double() - 1.0
+    decision_rows = np.flatnonzero(data.is_decision.cpu().numpy())
+    inside_host = inside.cpu().numpy()[decision_rows]
+    return pl.DataFrame(
+        {
+            "prediction": predictions.double().cpu().numpy()[decision_rows],
+            "forward_return": np.where(inside_host, realized.cpu().numpy()[decision_rows], np.nan),
+        }
+    ).with_columns(pl.col("forward_return").fill_nan(None))
+
+
 def evaluate_job(
     *,
     algo: str,
@@ -141,9 +159,15 @@ def evaluate_job(
     metrics_path: str,
     bars_path: str,
 ) -> dict[str, Any]:
-    """Score one trained model on its fold's test days with its deterministic (greedy) policy."""
+    """Score one trained model on its fold's test days: an agent by its greedy policy, a forecaster by its
+    trading rule; both through `evaluate_positions` with the env settings and costs of the checkpoint.
+
+    The metrics JSON records ``kind`` ("agent" | "forecaster"); a forecaster's also records ``horizon``, and its
+    bars carry the ``prediction`` and ``forward_return`` columns (`forecast_columns`).
+    """
     device = resolve_device(config["training"]["device"])
-    policy, meta = load_policy(model_path, device)
+    loaded = get_entry(algo).load(model_path, device)
+    meta = loaded.meta
     normalizer = FeatureNormalizer.from_state_dict(meta["normalizer"])
     plan = FoldPlan.load(folds_path)
     env_config, cost_model = trained_settings(meta, config, model_path)
@@ -152,8 +176,14 @@ def evaluate_job(
         test_rows, normalizer.feature_names, normalizer, cost_model, device, max_gap=env_config.max_gap
     )
     with torch.inference_mode():
-        positions = policy_positions(policy, data, env_config)
+        positions = loaded.positions(data, env_config)
     bars = evaluate_positions(data, positions, env_config).select(BAR_COLUMNS)
+    extra: dict[str, Any] = {}
+    if loaded.predictions is not None and loaded.horizon is not None:
+        with torch.inference_mode():
+            predictions = loaded.predictions(data)
+        bars = pl.concat([bars, forecast_columns(data, predictions, loaded.horizon)], how="horizontal")
+        extra["horizon"] = loaded.horizon
     summary = performance_summary(bars)
     log.info(
         "%s fold %d seed %d: test Sharpe %s over %d bars",
@@ -165,6 +195,8 @@ def evaluate_job(
     )
     result = {
         "algo": algo,
+        "kind": loaded.kind,
+        **extra,
         "fold": fold,
         "seed_index": seed_index,
         "seed": derive_seed(config["seed"], "train", algo, fold, seed_index),
@@ -173,11 +205,7 @@ def evaluate_job(
         "matched_random": matched_random_traders(
             data, positions, env_config, config, (algo, fold, seed_index)
         ),
-        "model": {
-            "path": str(model_path),
-            "precision": meta.get("precision"),
-            "hidden": meta["architecture"]["hidden"],
-        },
+        "model": {"path": str(model_path), **loaded.info},
         "provenance": collect(dict(config), device=str(device)),
     }
     _write_bars(bars, bars_path)

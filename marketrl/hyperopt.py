@@ -1,5 +1,7 @@
-"""One Optuna study per algorithm on the tuning window, shared by any number of worker jobs.
+"""One Optuna study per model (each name of training.models) on the tuning window, shared by any number of workers.
 
+- Every model is tuned the same way (`marketrl.zoo` dispatches by name): its own search space, the same objective
+  (validation Sharpe, the median over hyperopt.seeds_per_trial seeds), the same summary JSON.
 - Data are loaded and moved to the device once per worker process; every trial reuses them.
 - The tuning window ends before the first test day of any fold (marketrl.folds); trials train on its inner train
   rows and are scored on its validation tail, net of costs. Costs are never tuned.
@@ -15,18 +17,17 @@ import copy
 import hashlib
 import json
 import logging
+import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
 
 from gpu_utils import HardwareBudget, PrecisionPlan, detect_precision, resolve_device
-from marketrl.agents.memory import batch_size_bounds
 from marketrl.config import derive_seed
 from marketrl.datasets import WindowData, env_config_from_config, load_features, tuning_window
-from marketrl.evaluation import validation_sharpe
 from marketrl.folds import FoldPlan
 from marketrl.hyperopt_storage import (  # claims, storage and recovery; the rest is re-exported for callers
     INTERRUPTED,  # noqa: F401
@@ -49,64 +50,22 @@ from marketrl.metrics import to_json_safe
 from marketrl.provenance import collect, package_versions, sha256_file
 from marketrl.stats import ANNUALIZER
 from marketrl.testing_hooks import hold_point
-from marketrl.training import run_training
+from marketrl.zoo import (  # the search spaces live with the registry; re-exported for callers
+    HIDDEN_DIM_BASES,  # noqa: F401
+    REWARD_SCALES,  # noqa: F401
+    SearchSpace,
+    TrainRequest,
+    get_entry,
+    positions_sharpe,
+    suggest_dqn,  # noqa: F401
+    suggest_ppo,  # noqa: F401
+)
 
 log = logging.getLogger(__name__)
 
 OBJECTIVE = (
     "annualized Sharpe ratio of daily net returns (after costs) on the tuning window's validation tail"
 )
-HIDDEN_DIM_BASES = (64, 128, 256, 512)
-# Per-bar returns are ~1e-4: rewards are multiplied by this before the losses (the objective is unaffected).
-REWARD_SCALES = (1.0, 10.0, 100.0, 1000.0)
-
-# ----------------------------------------------------------------------------------------------- search spaces
-
-
-def _batch_choices(low: int, high: int, candidates: Sequence[int]) -> list[int]:
-    chosen = [size for size in candidates if low <= size <= high]
-    return chosen or [max(low, min(candidates))]
-
-
-def suggest_dqn(trial: optuna.Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
-    """DQN search space (docs/HYPEROPT.md)."""
-    return {
-        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", HIDDEN_DIM_BASES),
-        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-3, log=True),
-        "gamma": trial.suggest_float("gamma", 0.9, 0.999),
-        "batch_size": trial.suggest_categorical(
-            "batch_size", _batch_choices(*batch_bounds, (64, 128, 256, 512))
-        ),
-        "exploration_fraction": trial.suggest_float("exploration_fraction", 0.05, 0.5),
-        "exploration_final_eps": trial.suggest_float("exploration_final_eps", 0.01, 0.1),
-        "target_update": trial.suggest_categorical("target_update", (250, 500, 1000, 2000)),
-        "gradient_steps": trial.suggest_categorical("gradient_steps", (1, 2, 4)),
-        "reward_scale": trial.suggest_categorical("reward_scale", REWARD_SCALES),
-    }
-
-
-def suggest_ppo(trial: optuna.Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
-    """PPO search space (docs/HYPEROPT.md)."""
-    return {
-        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", HIDDEN_DIM_BASES),
-        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-3, log=True),
-        "gamma": trial.suggest_float("gamma", 0.9, 0.999),
-        "gae_lambda": trial.suggest_float("gae_lambda", 0.8, 0.99),
-        "n_steps": trial.suggest_categorical("n_steps", (32, 64, 128)),
-        "n_epochs": trial.suggest_int("n_epochs", 2, 8),
-        "batch_size": trial.suggest_categorical(
-            "batch_size", _batch_choices(*batch_bounds, (256, 512, 1024, 2048))
-        ),
-        "clip_range": trial.suggest_float("clip_range", 0.1, 0.3),
-        "ent_coef": trial.suggest_float("ent_coef", 1e-4, 5e-2, log=True),
-        "reward_scale": trial.suggest_categorical("reward_scale", REWARD_SCALES),
-    }
-
-
-SEARCH_SPACES: dict[str, Callable[[optuna.Trial, tuple[int, int]], dict[str, Any]]] = {
-    "dqn": suggest_dqn,
-    "ppo": suggest_ppo,
-}
 
 
 # ------------------------------------------------------------------------------------------------------ storage
@@ -168,42 +127,64 @@ def run_trial(
     config: Mapping[str, Any],
     device: Any,
     precision: PrecisionPlan,
-    batch_bounds: tuple[int, int],
+    space: SearchSpace,
+    budget: HardwareBudget | None = None,
 ) -> float:
-    """Train one configuration on the tuning train rows, report validation scores, return the final one."""
-    started = time.perf_counter()
-    hparams = SEARCH_SPACES[algo](trial, batch_bounds)
-    trial.set_user_attr(SAMPLED, True)
-    seed = derive_seed(config["seed"], "hyperopt-trial", algo, trial.user_attrs.get(SLOT, trial.number))
-    reports = 0
-    env_config = env_config_from_config(config)
+    """Train one configuration on the tuning train rows with hyperopt.seeds_per_trial seeds; report validation
+    scores for pruning; return the median of the seeds' final validation Sharpe ratios.
 
-    def on_eval(step: int, policy: Callable) -> float:
+    The report index runs on across the seeds (seed 1's first report follows seed 0's last), so the pruner
+    compares the same seed's scores between trials. The per-seed scores are the trial's user attribute
+    ``seed_scores``; `space` is the model's search space (`marketrl.zoo`, built once per worker).
+    """
+    started = time.perf_counter()
+    entry = get_entry(algo)
+    hparams = space(trial)
+    trial.set_user_attr(SAMPLED, True)
+    slot = trial.user_attrs.get(SLOT, trial.number)
+    n_seeds = config["hyperopt"]["seeds_per_trial"]
+    reports = 0
+
+    def on_score(step: int, score: float) -> None:
         nonlocal reports
-        score = validation_sharpe(policy, window.splits["validation"], env_config)
         trial.report(score, reports)
         hold_point(f"hyperopt_trial_reported:{algo}:{trial.number}")
         reports += 1
         if trial.should_prune():
             raise optuna.TrialPruned(f"pruned at step {step} with validation Sharpe {score:.3f}")
-        return score
 
     setup_s = time.perf_counter() - started
     trial.set_user_attr("setup_s", setup_s)
-    result = run_training(
-        algo,
-        train_data=window.splits["train"],
-        env_config=env_config,
-        hparams=hparams,
-        precision=precision,
-        device=device,
-        seed=seed,
-        total_steps=config["hyperopt"]["trial_steps"],
-        on_eval=on_eval,
-        check_every=config["training"]["check_every"],
-    )
+    scores = []
+    for seed_number in range(n_seeds):
+        # seed 0 keeps the seed of a one-seed trial, so hyperopt.seeds_per_trial=1 is the earlier objective
+        parts = (slot,) if seed_number == 0 else (slot, seed_number)
+        trained = entry.train(
+            TrainRequest(
+                train_data=window.splits["train"],
+                validation_data=window.splits["validation"],
+                config=config,
+                hparams=hparams,
+                precision=precision,
+                device=device,
+                seed=derive_seed(config["seed"], "hyperopt-trial", algo, *parts),
+                steps=config["hyperopt"]["trial_steps"],
+                updates=config["hyperopt"]["trial_updates"],
+                on_score=on_score,
+                budget=budget,
+            )
+        )
+        validation = window.splits["validation"]
+        scores.append(
+            positions_sharpe(
+                validation,
+                trained.positions(validation, env_config_from_config(config)),
+                env_config_from_config(config),
+            )
+        )
+        trial.set_user_attr("seed_scores", list(scores))
     trial.set_user_attr("train_s", time.perf_counter() - started - setup_s)
-    score = validation_sharpe(result.policy, window.splits["validation"], env_config)
+    score = float(statistics.median(scores))
     trial.set_user_attr("val_sharpe_daily", score / ANNUALIZER)
     return score
 
@@ -225,19 +206,19 @@ def run_worker(
     Its name carries `study_key` of the config, the inputs and `code` (the stage's code hash).
     """
     started = time.perf_counter()
+    entry = get_entry(algo)
     device = resolve_device(config["training"]["device"])
     precision = detect_precision(device, config["training"]["precision"])
     plan = FoldPlan.load(folds_path)
     window = tuning_window(load_features(manifest_path), plan, config, device)
     data_setup_s = time.perf_counter() - started
-    obs_dim = window.splits["train"].n_features * config["env"]["window"] + 1
     budget = HardwareBudget.detect(device)
-    kind = "ppo" if algo == "ppo" else "dqn"
-    batch_bounds = batch_size_bounds(budget, kind, obs_dim, max(HIDDEN_DIM_BASES))
+    space = entry.search_space(budget, window, config)
     log.info(
-        "worker %d of %s: tuning data on %s in %.2fs; precision %s",
+        "worker %d of %s (%s): tuning data on %s in %.2fs; precision %s",
         worker,
         algo,
+        entry.kind,
         device,
         data_setup_s,
         precision.mode,
@@ -247,7 +228,7 @@ def run_worker(
     study = load_study(config, algo, worker, results_dir, name)
 
     def objective(trial: optuna.Trial) -> float:
-        return run_trial(trial, algo, window, config, device, precision, batch_bounds)
+        return run_trial(trial, algo, window, config, device, precision, space, budget)
 
     sampler_seed = derive_seed(config["seed"], "hyperopt", algo)
     claims = trial_claims(config, algo, results_dir)
@@ -256,13 +237,14 @@ def run_worker(
     )
     summary = {
         "algo": algo,
+        "kind": entry.kind,
         "worker": worker,
         "study": name,
         "trials_run": ran,
         "data_setup_s": data_setup_s,
         "device": str(device),
         "precision": precision.to_dict(),
-        "batch_bounds": list(batch_bounds),
+        "seeds_per_trial": config["hyperopt"]["seeds_per_trial"],
         "storage": storage_label(config, algo, results_dir),
     }
     write_json_atomic(out_path, to_json_safe(summary))
@@ -323,6 +305,7 @@ def write_study_summary(
     }
     summary = {
         "algo": algo,
+        "kind": get_entry(algo).kind,
         "objective": OBJECTIVE,
         "direction": "maximize",
         "best_params": best.params,
@@ -336,6 +319,7 @@ def write_study_summary(
         "trial_sharpe_daily": [
             t.user_attrs["val_sharpe_daily"] for t in complete if "val_sharpe_daily" in t.user_attrs
         ],
+        "seeds_per_trial": config["hyperopt"]["seeds_per_trial"],
         "sampler": {
             "name": "TPESampler",
             "seed": derive_seed(config["seed"], "hyperopt", algo),

@@ -130,7 +130,7 @@ def fold_indices(config: dict[str, Any]) -> list[int]:
 
 
 def seed_indices(config: dict[str, Any]) -> list[int]:
-    """Seed indices 0..seeds-1 per algorithm and fold."""
+    """Seed indices 0..seeds-1 per model and fold."""
     return list(range(config["training"]["seeds"]))
 
 
@@ -153,9 +153,10 @@ def gpu_units(config: dict[str, Any]) -> int:
 
 
 def _runs(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every (model, fold, seed) job of the fan-out; the wildcard `algo` holds the model name."""
     return [
         {"algo": algo, "fold": fold, "seed": seed}
-        for algo in config["training"]["algos"]
+        for algo in config["training"]["models"]
         for fold in fold_indices(config)
         for seed in seed_indices(config)
     ]
@@ -184,10 +185,10 @@ def eval_bar_files(config: dict[str, Any]) -> list[str]:
 
 
 def hyperopt_worker_files(config: dict[str, Any], algo: str) -> list[str]:
-    """Summaries of the workers of one algorithm's study."""
+    """Summaries of the workers of one model's study."""
     return [paths.HYPEROPT_WORKER.format(algo=algo, worker=w) for w in range(config["hyperopt"]["workers"])]
 
 
 def hyperopt_files(config: dict[str, Any]) -> list[str]:
-    """Every algorithm's best hyperparameters."""
-    return [paths.HYPEROPT_BEST.format(algo=algo) for algo in config["training"]["algos"]]
+    """Every model's best hyperparameters (training.models; the wildcard {algo} is the model name)."""
+    return [paths.HYPEROPT_BEST.format(algo=algo) for algo in config["training"]["models"]]

@@ -1,8 +1,9 @@
 """Per-fold, per-seed training jobs: best hyperparameters in, a checkpoint and a training log out.
 
-The network is built from the study's `hidden_dim_base` (older hyperparameter files without it fall back to
-[128, 64]); normalization is fit on the fold's inner training rows and stored in the checkpoint; the validation tail
-is scored at a fixed cadence and reported in the job log with progress, steps/s and ETA.
+Every model of `training.models` goes through the same job (`marketrl.zoo` dispatches by name): normalization is
+fit on the fold's inner training rows and stored in the checkpoint; the validation tail is scored EVALS_PER_RUN
+times and reported in the job log with progress, steps/s and ETA. Agents train for training.total_steps env
+steps; forecasters for training.epochs, capped at training.max_updates optimizer steps (boosting rounds).
 """
 
 from __future__ import annotations
@@ -11,34 +12,27 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from gpu_utils import detect_precision, resolve_device
-from marketrl.agents import dqn, ppo
-from marketrl.agents.checkpoint import save_checkpoint
-from marketrl.agents.common import TrainResult
+from gpu_utils import HardwareBudget, detect_precision, resolve_device
 from marketrl.agents.resume import TrainingCheckpoint
 from marketrl.config import derive_seed
-from marketrl.datasets import cost_model_from_config, env_config_from_config, fold_window, load_features
-from marketrl.env import EnvConfig, MarketData
-from marketrl.evaluation import validation_sharpe
+from marketrl.datasets import cost_model_from_config, fold_window, load_features
 from marketrl.folds import FoldPlan
 from marketrl.io import write_json_atomic
 from marketrl.metrics import to_json_safe
 from marketrl.provenance import collect, sha256_file
+from marketrl.zoo import EVALS_PER_RUN, Trained, TrainRequest, get_entry
+
+__all__ = ["EVALS_PER_RUN", "HparamsError", "ProgressLog", "load_hparams", "train_job", "train_log_record"]
 
 log = logging.getLogger(__name__)
 
-TRAINERS = {"dqn": dqn, "ppo": ppo}
-EVALS_PER_RUN = 10  # validation scores (and progress lines) per training run
-
 
 class HparamsError(ValueError):
-    """A hyperparameter file is missing, malformed, or does not belong to the algorithm."""
+    """A hyperparameter file is missing, malformed, or does not belong to the model."""
 
 
 def load_hparams(path: str | Path, algo: str) -> dict[str, Any]:
@@ -58,62 +52,56 @@ def load_hparams(path: str | Path, algo: str) -> dict[str, Any]:
     return dict(params)
 
 
-def run_training(
-    algo: str,
-    *,
-    train_data: MarketData,
-    env_config: EnvConfig,
-    hparams: Mapping[str, Any],
-    precision: Any,
-    device: torch.device,
-    seed: int,
-    total_steps: int,
-    on_eval: Callable[[int, Callable], float | None] | None = None,
-    check_every: int = 100,
-    checkpoint: TrainingCheckpoint | None = None,
-) -> TrainResult:
-    """Train `algo` with the given hyperparameters; the one call hyperopt and the train job share.
-
-    With `checkpoint` the run resumes from, and periodically saves, its full training state.
-    """
-    eval_every = max(1, total_steps // EVALS_PER_RUN) if on_eval is not None else 0
-    if algo == "dqn":
-        config = dqn.DQNConfig(
-            total_steps=total_steps, env=env_config, eval_every=eval_every, check_every=check_every
-        )
-    else:
-        config = ppo.PPOConfig(total_steps=total_steps, env=env_config, eval_every=eval_every)
-    return TRAINERS[algo].train(
-        train_data, config, dict(hparams), precision, device, seed, on_eval=on_eval, checkpoint=checkpoint
-    )
-
-
 class ProgressLog:
-    """Validation scores at a fixed cadence, logged with progress, steps/s and ETA for `tail -f`."""
+    """Validation scores as the run reports them, logged with progress, steps/s and ETA for `tail -f`.
 
-    def __init__(self, validation: MarketData, env_config: EnvConfig, total_steps: int) -> None:
-        # the same objective hyperopt optimizes
-        self._score = lambda policy: validation_sharpe(policy, validation, env_config)
+    `total_steps` is the run's budget in its own steps (env steps for agents, optimizer steps or boosting rounds
+    for forecasters; an upper bound where early stopping may end the run sooner).
+    """
+
+    def __init__(self, total_steps: int) -> None:
         self.total_steps = total_steps
         self.started = time.perf_counter()
         self.records: list[dict[str, float]] = []
 
-    def __call__(self, step: int, policy: Callable) -> float:
-        score = self._score(policy)
+    def __call__(self, step: int, score: float) -> None:
         elapsed = time.perf_counter() - self.started
         rate = step / elapsed if elapsed > 0 else math.nan
-        eta = (self.total_steps - step) / rate if rate and rate > 0 else math.nan
+        eta = max(0, self.total_steps - step) / rate if rate and rate > 0 else math.nan
         self.records.append({"step": step, "val_sharpe": score, "elapsed_s": elapsed})
         log.info(
             "progress: step %d/%d (%.0f%%), %.0f steps/s, ETA %.0fs, validation Sharpe %.3f",
             step,
             self.total_steps,
-            100.0 * step / self.total_steps,
+            100.0 * min(step, self.total_steps) / self.total_steps,
             rate,
             eta,
             score,
         )
-        return score
+
+
+def train_log_record(trained: Trained, total_steps: int) -> dict[str, Any]:
+    """The model-specific part of train_log.json: the trainer's log, ``total_steps`` (steps actually run for a
+    forecaster), ``steps_per_s`` and ``history`` keyed by ``step`` with the validation scores merged in
+    (docs/OUTPUTS.md)."""
+    result = trained.log
+    evals = [{"step": int(step), "val_sharpe": score} for step, score in result.get("evals", [])]
+    if trained.kind == "agent":
+        # env steps: the agents' statistics records count them as env_steps
+        history = [{**record, "step": record["env_steps"]} for record in result["history"]]
+        return {
+            **result,
+            "total_steps": total_steps,
+            "history": history + evals,
+            "steps_per_s": result["steps_per_second"],
+        }
+    return {
+        **result,
+        "total_steps": int(result.get("steps", 0)),
+        "max_steps": total_steps,
+        "history": [dict(record) for record in result.get("history", [])] + evals,
+        "steps_per_s": result.get("steps_per_second"),
+    }
 
 
 def train_job(
@@ -129,63 +117,66 @@ def train_job(
     log_path: str,
     resume_path: str,
 ) -> dict[str, Any]:
-    """Train one algorithm on one fold with one seed; write model.pt and train_log.json atomically.
+    """Train one model (`algo`: any name of training.models) on one fold with one seed; write model.pt and
+    train_log.json atomically.
 
     `resume_path` is the resumable checkpoint: an undeclared side file (marketrl.paths.RESUME), removed once
     model.pt is written.
     """
+    entry = get_entry(algo)
     hparams = load_hparams(hparams_path, algo)
-    device = resolve_device(config["training"]["device"])
-    precision = detect_precision(device, config["training"]["precision"])
-    log.info("precision %s: %s", precision.mode, precision.reason)
+    training = config["training"]
+    device = resolve_device(training["device"])
+    precision = detect_precision(device, training["precision"])
+    log.info("%s (%s), precision %s: %s", algo, entry.kind, precision.mode, precision.reason)
     seed = derive_seed(config["seed"], "train", algo, fold, seed_index)
     plan = FoldPlan.load(folds_path)
     window = fold_window(load_features(manifest_path), plan, fold, config, device)
-    total_steps = config["training"]["total_steps"]
-    env_config = env_config_from_config(config)
-    progress = ProgressLog(window.splits["validation"], env_config, total_steps)
+    # agents: env steps; forecasters: the cap on optimizer steps / boosting rounds
+    budget_steps = training["total_steps"] if entry.kind == "agent" else training["max_updates"]
+    progress = ProgressLog(budget_steps)
+    run_keys = ("total_steps",) if entry.kind == "agent" else ("horizon", "epochs", "max_updates", "patience")
     # Only a state saved by this very run (same settings and inputs) is resumed.
     checkpoint = TrainingCheckpoint(
         Path(resume_path),
-        config["training"]["checkpoint_every"],
+        training["checkpoint_every"],
         {
             "algo": algo,
             "seed": seed,
             "hparams": hparams,
-            "total_steps": total_steps,
-            "check_every": config["training"]["check_every"],
+            **{key: training[key] for key in run_keys},
+            "check_every": training["check_every"],
             "env": dict(config["env"]),
-            "n_envs": config["training"]["n_envs"],
+            "n_envs": training["n_envs"],
             "device": str(device),
             "precision": precision.mode,
             "inputs": [sha256_file(manifest_path), sha256_file(folds_path)],
         },
     )
     started = time.perf_counter()
-    result = run_training(
-        algo,
-        train_data=window.splits["train"],
-        env_config=env_config,
-        hparams=hparams,
-        precision=precision,
-        device=device,
-        seed=seed,
-        total_steps=total_steps,
-        on_eval=progress,
-        check_every=config["training"]["check_every"],
-        checkpoint=checkpoint,
+    trained = entry.train(
+        TrainRequest(
+            train_data=window.splits["train"],
+            validation_data=window.splits["validation"],
+            config=config,
+            hparams=hparams,
+            precision=precision,
+            device=device,
+            seed=seed,
+            steps=training["total_steps"],
+            updates=training["max_updates"],
+            on_score=progress,
+            on_log=lambda record: log.debug("statistics: %s", record),
+            checkpoint=checkpoint,
+            budget=HardwareBudget.detect(device) if entry.kind == "forecaster" else None,
+        )
     )
     wall_s = time.perf_counter() - started
-    save_checkpoint(
+    # the cost model the model was trained with: evaluation refuses a config that charges differently
+    trained.save(
         model_path,
-        result,
-        algo=algo,
-        normalizer_state=window.normalizer.state_dict(),
-        feature_names=window.feature_names,
-        precision=precision.to_dict(),
-        hparams=hparams,
-        # the cost model the agent was trained with: evaluation refuses a config that charges differently
-        extra={
+        window,
+        {
             "fold": fold,
             "seed_index": seed_index,
             "seed": seed,
@@ -194,23 +185,18 @@ def train_job(
     )
     train_log = {
         "algo": algo,
+        "kind": entry.kind,
         "fold": fold,
         "seed_index": seed_index,
         "seed": seed,
         "hparams": hparams,
         "precision": precision.to_dict(),
         "device": str(device),
-        "total_steps": total_steps,
         "wall_s": wall_s,
         "resumed_from_step": checkpoint.resumed_from,
         "checkpoints_saved": checkpoint.saves,
         "validation": progress.records,
-        **result.log,
-        # docs/OUTPUTS.md: history records are keyed by "step" (env steps), validation scores included.
-        "history": [{**record, "step": record["env_steps"]} for record in result.log["history"]]
-        # from the trainer's evaluation records, which a resumed run restores from its checkpoint
-        + [{"step": int(step), "val_sharpe": score} for step, score in result.log["evals"]],
-        "steps_per_s": result.log["steps_per_second"],
+        **train_log_record(trained, budget_steps),
         "provenance": collect(dict(config), device=str(device)),
     }
     write_json_atomic(log_path, to_json_safe(train_log))

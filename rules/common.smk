@@ -23,7 +23,7 @@ ENV_FILE = "../envs/pipeline.yaml"
 
 wildcard_constraints:
     stem=r"[^/]+",
-    algo="|".join(config["training"]["algos"]),
+    algo="|".join(config["training"]["models"]),
     fold=r"\d+",
     seed=r"\d+",
     worker=r"\d+",
@@ -55,12 +55,12 @@ def feature_inputs(wildcards):
 
 
 def hyperopt_worker_summaries(wildcards):
-    """Worker summaries of one algorithm's study."""
+    """Worker summaries of one model's study."""
     return pipeline.hyperopt_worker_files(config, wildcards.algo)
 
 
 def hyperopt_params(wildcards):
-    """Best hyperparameters of the algorithm being trained."""
+    """Best hyperparameters of the model being trained."""
     return paths.HYPEROPT_BEST.format(algo=wildcards.algo)
 
 

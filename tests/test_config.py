@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from marketrl.config import ConfigError, derive_seed, load_config, schema_errors, validate_config
+from marketrl.config import MODEL_NAMES, ConfigError, derive_seed, load_config, schema_errors, validate_config
 from tests.conftest import REPO_ROOT
 
 
@@ -64,7 +64,28 @@ def test_every_schema_key_has_description_and_default() -> None:
 def test_empty_config_gets_every_default() -> None:
     full = validate_config({})
     assert full["folds"]["n"] == 3
-    assert full["training"]["algos"] == ["dqn", "ppo"]
+    assert full["training"]["models"] == list(MODEL_NAMES)
+    assert full["training"]["models"][:3] == ["dqn", "ppo", "linear"] and len(MODEL_NAMES) == 11
+    assert full["hyperopt"]["seeds_per_trial"] == 1
+
+
+def test_old_algos_key_names_training_models(default_config: dict) -> None:
+    config = copy.deepcopy(default_config)
+    config["training"].pop("models")
+    config["training"]["algos"] = ["dqn", "ppo"]
+    with pytest.raises(ConfigError) as excinfo:
+        validate_config(config)
+    message = str(excinfo.value)
+    assert "\n" not in message
+    assert message.startswith("config key 'training.algos': renamed to 'training.models'")
+
+
+def test_unknown_model_lists_the_known_ones(default_config: dict) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        validate_config(_with(default_config, "training.models", ["dqn", "xgboost"]))
+    assert str(excinfo.value) == (
+        "config key 'training.models': unknown model 'xgboost'; known models: " + ", ".join(MODEL_NAMES)
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,7 +108,11 @@ def test_unknown_keys_are_named(default_config: dict, dotted: str, value: object
         ("folds.n", -1),
         ("folds.n", "three"),
         ("folds.test_days", 0),
-        ("training.algos", ["dqn", "a2c"]),
+        ("training.models", ["dqn", "a2c"]),
+        ("training.models", []),
+        ("training.horizon", 0),
+        ("training.max_updates", 0),
+        ("hyperopt.seeds_per_trial", 0),
         ("training.precision", "fp8"),
         ("training.device", "tpu"),
         ("data.source", "csv"),

@@ -119,7 +119,7 @@ def test_costs_rerun_everything_after_the_folds(
     finished_run: Path, run_config: dict[str, Any], tmp_path: Path
 ) -> None:
     changes = {"costs": {"commission_per_contract": run_config["costs"]["commission_per_contract"] + 0.5}}
-    algos = run_config["training"]["algos"]
+    algos = run_config["training"]["models"]
     n_folds = run_config["folds"]["n"]
     assert planned_jobs(finished_run, changes, config_dir=tmp_path) == {
         "hyperopt_worker": len(algos) * run_config["hyperopt"]["workers"],
@@ -205,9 +205,17 @@ def test_slices_hold_only_their_keys() -> None:
     config = validate_config({})
     train = stages.stage_config(config, "train")
     assert train["training"]["total_steps"] == config["training"]["total_steps"]
-    assert "algos" not in train["training"] and "evaluation" not in train and "hyperopt" not in train
+    assert "models" not in train["training"] and "evaluation" not in train and "hyperopt" not in train
     hyperopt = stages.stage_config(config, "hyperopt_worker")
-    assert set(hyperopt["training"]) == {"check_every", "device", "n_envs", "precision"}
+    assert set(hyperopt["training"]) == {
+        "check_every",
+        "device",
+        "epochs",
+        "horizon",
+        "n_envs",
+        "patience",
+        "precision",
+    }
     assert "total_steps" not in hyperopt["training"]
     assert stages.stage_config(config, "feature_manifest") == {}
     # the report reads every key but the calibration's (a separate target it neither runs nor shows)
@@ -302,6 +310,48 @@ def test_every_stage_runs_on_exactly_its_slice(
         metrics_path=str(tmp_path / "metrics.json"),
         bars_path=str(tmp_path / "bars.parquet"),
     )
+    # A forecaster reads its own run settings (horizon, epochs, patience, max_updates, trial_updates...).
+    linear_worker = study_root / "hyperopt" / "linear" / "worker_0.json"
+    run_worker(
+        algo="linear",
+        worker=0,
+        manifest_path=manifest,
+        folds_path=folds,
+        config=sliced("hyperopt_worker", hyperopt={"n_trials": 1}),
+        out_path=str(linear_worker),
+        results_dir=study_root,
+    )
+    write_study_summary(
+        algo="linear",
+        worker_summaries=[str(linear_worker)],
+        folds_path=folds,
+        config=sliced("hyperopt_best", hyperopt={"n_trials": 1}),
+        out_path=str(tmp_path / "linear.json"),
+        results_dir=study_root,
+    )
+    train_job(
+        algo="linear",
+        fold=0,
+        seed_index=0,
+        manifest_path=manifest,
+        folds_path=folds,
+        hparams_path=str(tmp_path / "linear.json"),
+        config=sliced("train"),
+        model_path=str(tmp_path / "linear.pt"),
+        log_path=str(tmp_path / "linear_log.json"),
+        resume_path=str(tmp_path / "linear_resume.pt"),
+    )
+    evaluate_job(
+        algo="linear",
+        fold=0,
+        seed_index=0,
+        manifest_path=manifest,
+        folds_path=folds,
+        model_path=str(tmp_path / "linear.pt"),
+        config=sliced("evaluate"),
+        metrics_path=str(tmp_path / "linear_metrics.json"),
+        bars_path=str(tmp_path / "linear_bars.parquet"),
+    )
     baselines_job(
         fold=0,
         manifest_path=manifest,
@@ -370,8 +420,9 @@ def test_misspelt_key_fails_with_one_line_naming_it(tmp_path: Path) -> None:
     framing = "Using workflow specific profile"  # Snakemake's own line, printed before the Snakefile runs
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(framing)]
     assert lines == [
-        "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: algos, "
-        "check_every, checkpoint_every, device, gpu_jobs, n_envs, precision, seeds, total_steps"
+        "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: "
+        "check_every, checkpoint_every, device, epochs, gpu_jobs, horizon, max_updates, models, n_envs, "
+        "patience, precision, seeds, total_steps"
     ]
     assert result.stdout.strip() == ""
     assert not (tmp_path / "results").exists()

@@ -32,7 +32,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def expected_outputs(config: dict) -> list[str]:
     files = [*pipeline.demo_outputs(config), *pipeline.feature_files(config)]
     files += ["results/features/manifest.json", "results/folds.json", "results/eval_report.html"]
-    files += [f"results/hyperopt/{algo}.json" for algo in config["training"]["algos"]]
+    files += [f"results/hyperopt/{algo}.json" for algo in config["training"]["models"]]
     files += pipeline.model_files(config) + pipeline.train_log_files(config)
     for path in pipeline.eval_files(config):
         files += [path, path.replace("metrics.json", "bars.parquet")]

@@ -36,7 +36,7 @@ def test_metrics_json_byte_identical() -> None:
 def test_model_weights_identical() -> None:
     first, second = model_tensors(baseline_run()), model_tensors(guarded_run()[0])
     # dqn: q; ppo: policy and value; per fold
-    assert len(first) == 3 * fast_counts()["folds"] and fast_tiny_config()["training"]["algos"] == [
+    assert len(first) == 3 * fast_counts()["folds"] and fast_tiny_config()["training"]["models"] == [
         "dqn",
         "ppo",
     ]

@@ -48,7 +48,7 @@ def test_full_dag_dry_run_default_config(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout + result.stderr)
     config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
-    n_models = len(config["training"]["algos"]) * config["folds"]["n"] * config["training"]["seeds"]
+    n_models = len(config["training"]["models"]) * config["folds"]["n"] * config["training"]["seeds"]
     assert counts["demo_data"] == 1
     # one feature job per UTC-day file: every session's weekday file plus a Sunday file per weekend crossed
     demo = config["data"]["demo"]
@@ -56,7 +56,7 @@ def test_full_dag_dry_run_default_config(tmp_path: Path) -> None:
     assert counts["features"] > demo["days"]
     assert counts["train"] == counts["evaluate"] == n_models
     assert counts["baselines"] == config["folds"]["n"]
-    assert counts["hyperopt_worker"] == len(config["training"]["algos"]) * config["hyperopt"]["workers"]
+    assert counts["hyperopt_worker"] == len(config["training"]["models"]) * config["hyperopt"]["workers"]
     assert counts["report"] == 1
 
 
@@ -81,6 +81,16 @@ def test_unknown_config_key_fails_before_any_job(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "n_folds" in result.stdout + result.stderr
     assert not (workdir / "results").exists()
+
+
+def test_old_algos_key_fails_in_one_line_naming_training_models(tmp_path: Path) -> None:
+    config = yaml.safe_load(TINY.read_text())
+    config["training"]["algos"] = config["training"].pop("models")
+    result = snakemake("-n", cwd=workdir_with_config(tmp_path, config))
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "marketrl config error" in line]
+    assert len(errors) == 1 and "'training.algos': renamed to 'training.models'" in errors[0]
+    assert not (tmp_path / "results").exists()
 
 
 def test_impossible_value_fails_naming_key(tmp_path: Path) -> None:

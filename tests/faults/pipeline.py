@@ -47,7 +47,7 @@ FAST = {
 def fast_counts() -> dict[str, int]:
     """How many models, folds and metrics files (models plus one baselines file per fold) a FAST run makes."""
     config = fast_tiny_config()
-    models = len(config["training"]["algos"]) * config["folds"]["n"] * config["training"]["seeds"]
+    models = len(config["training"]["models"]) * config["folds"]["n"] * config["training"]["seeds"]
     return {"models": models, "folds": config["folds"]["n"], "metrics": models + config["folds"]["n"]}
 
 

@@ -178,7 +178,7 @@ def expected_outputs(config: dict[str, Any]) -> list[str]:
 
     files = [*pipeline.raw_data_files(config).values(), *pipeline.feature_files(config)]
     files += ["results/features/manifest.json", "results/folds.json", "results/eval_report.html"]
-    for algo in config["training"]["algos"]:
+    for algo in config["training"]["models"]:
         files += [f"results/hyperopt/{algo}.json", *pipeline.hyperopt_worker_files(config, algo)]
     files += pipeline.model_files(config) + pipeline.train_log_files(config)
     for path in pipeline.eval_files(config):
@@ -308,8 +308,8 @@ def check_run(
         if j.state != "COMPLETED"
     ]
     gpu_jobs = [job for job in jobs if job.rule in GPU_RULES]
-    n_models = len(config["training"]["algos"]) * config["folds"]["n"] * config["training"]["seeds"]
-    n_gpu_expected = len(config["training"]["algos"]) * HYPEROPT_WORKERS + 2 * n_models
+    n_models = len(config["training"]["models"]) * config["folds"]["n"] * config["training"]["seeds"]
+    n_gpu_expected = len(config["training"]["models"]) * HYPEROPT_WORKERS + 2 * n_models
     if len(gpu_jobs) != n_gpu_expected:
         failures.append(f"expected {n_gpu_expected} GPU-rule SLURM jobs, scontrol shows {len(gpu_jobs)}")
     failures += [
@@ -351,7 +351,7 @@ def _postgres_failures(
     slurm_run: Path, local_run: Path, config: dict[str, Any], password: str, evidence: list[str]
 ) -> list[str]:
     failures = []
-    for algo in config["training"]["algos"]:
+    for algo in config["training"]["models"]:
         path = f"results/hyperopt/{algo}.json"
         if not (slurm_run / path).is_file() or not (local_run / path).is_file():
             failures.append(f"PostgreSQL vs journal: {path} missing in one run")
@@ -397,7 +397,7 @@ def _hyperopt_failures(
 ) -> list[str]:
     failures = []
     n_trials = config["hyperopt"]["n_trials"]
-    for algo in config["training"]["algos"]:
+    for algo in config["training"]["models"]:
         job_ids = {}
         trials: dict[int, list[int]] = {}
         for worker in range(HYPEROPT_WORKERS):

@@ -1,0 +1,416 @@
+"""One registry over every model the pipeline runs: the RL agents (`marketrl.agents`) and the forecasters
+(`marketrl.models`), behind one protocol, so that hyperopt, training and evaluation dispatch by name.
+
+    entry = ZOO[name]                               # or get_entry(name): one-line error naming the known models
+    space = entry.search_space(budget, window, config)  # once per hyperopt worker; space(trial) -> hparams
+    trained = entry.train(request)                  # TrainRequest: splits, config slice, hparams, seed, hooks
+    trained.save(path, window, extra)               # a checkpoint torch.load(weights_only=True) reads back
+    loaded = entry.load(path, device)               # -> LoadedModel: positions(data, env_config), predictions
+
+Both kinds report each periodic validation Sharpe (annualized, of daily net returns of the model's positions on
+the validation split, the objective hyperopt maximizes) to `TrainRequest.on_score`, which may raise
+(`optuna.TrialPruned`) to stop the run. Agents act through the env's observation (`policy_positions`), forecasters
+through their trading rule (`TrainedModel.positions`); both are then scored by `evaluate_positions` with the same
+fills and costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from gpu_utils import HardwareBudget, PrecisionPlan
+from marketrl.agents import dqn, ppo
+from marketrl.agents.checkpoint import load_policy, save_checkpoint
+from marketrl.agents.common import TrainResult, env_settings
+from marketrl.agents.memory import batch_size_bounds
+from marketrl.agents.resume import TrainingCheckpoint
+from marketrl.config import AGENT_NAMES, FORECASTER_NAMES
+from marketrl.datasets import WindowData, env_config_from_config
+from marketrl.env import EnvConfig, MarketData, evaluate_positions, policy_positions
+from marketrl.metrics import performance_summary
+from marketrl.models import MODELS, RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
+from marketrl.models.base import Trial
+
+if TYPE_CHECKING:
+    from marketrl.models.base import ModelSpec
+
+__all__ = [
+    "EVALS_PER_RUN",
+    "HIDDEN_DIM_BASES",
+    "REWARD_SCALES",
+    "ZOO",
+    "AgentEntry",
+    "ForecasterEntry",
+    "Kind",
+    "LoadedModel",
+    "TrainRequest",
+    "Trained",
+    "get_entry",
+    "positions_sharpe",
+    "run_settings",
+    "suggest_dqn",
+    "suggest_ppo",
+]
+
+Kind = Literal["agent", "forecaster"]
+EVALS_PER_RUN = 10  # validation scores (and progress lines) per training run, for every model
+HIDDEN_DIM_BASES = (64, 128, 256, 512)
+# Per-bar returns are ~1e-4: rewards are multiplied by this before the losses (the objective is unaffected).
+REWARD_SCALES = (1.0, 10.0, 100.0, 1000.0)
+
+#: on_score(step, validation Sharpe): progress logging and hyperopt pruning (may raise to stop the run)
+ScoreHook = Callable[[int, float], None]
+#: trial -> hyperparameters
+SearchSpace = Callable[[Trial], dict[str, Any]]
+
+
+def positions_sharpe(data: MarketData, positions: torch.Tensor, env_config: EnvConfig) -> float:
+    """Annualized Sharpe of daily net returns of `positions` on `data` (0 when flat): the validation objective."""
+    sharpe = performance_summary(evaluate_positions(data, positions, env_config))["sharpe"]
+    return 0.0 if sharpe is None or not math.isfinite(sharpe) else float(sharpe)
+
+
+# ----------------------------------------------------------------------------------------------- search spaces
+
+
+def _batch_choices(low: int, high: int, candidates: Sequence[int]) -> list[int]:
+    chosen = [size for size in candidates if low <= size <= high]
+    return chosen or [max(low, min(candidates))]
+
+
+def suggest_dqn(trial: Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
+    """DQN search space (docs/HYPEROPT.md)."""
+    return {
+        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", HIDDEN_DIM_BASES),
+        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-3, log=True),
+        "gamma": trial.suggest_float("gamma", 0.9, 0.999),
+        "batch_size": trial.suggest_categorical(
+            "batch_size", _batch_choices(*batch_bounds, (64, 128, 256, 512))
+        ),
+        "exploration_fraction": trial.suggest_float("exploration_fraction", 0.05, 0.5),
+        "exploration_final_eps": trial.suggest_float("exploration_final_eps", 0.01, 0.1),
+        "target_update": trial.suggest_categorical("target_update", (250, 500, 1000, 2000)),
+        "gradient_steps": trial.suggest_categorical("gradient_steps", (1, 2, 4)),
+        "reward_scale": trial.suggest_categorical("reward_scale", REWARD_SCALES),
+    }
+
+
+def suggest_ppo(trial: Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
+    """PPO search space (docs/HYPEROPT.md)."""
+    return {
+        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", HIDDEN_DIM_BASES),
+        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-3, log=True),
+        "gamma": trial.suggest_float("gamma", 0.9, 0.999),
+        "gae_lambda": trial.suggest_float("gae_lambda", 0.8, 0.99),
+        "n_steps": trial.suggest_categorical("n_steps", (32, 64, 128)),
+        "n_epochs": trial.suggest_int("n_epochs", 2, 8),
+        "batch_size": trial.suggest_categorical(
+            "batch_size", _batch_choices(*batch_bounds, (256, 512, 1024, 2048))
+        ),
+        "clip_range": trial.suggest_float("clip_range", 0.1, 0.3),
+        "ent_coef": trial.suggest_float("ent_coef", 1e-4, 5e-2, log=True),
+        "reward_scale": trial.suggest_categorical("reward_scale", REWARD_SCALES),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ the protocol
+
+
+@dataclass
+class TrainRequest:
+    """Everything one training run needs, whichever the model.
+
+    config: a stage's config slice with `env`, `costs` and the `training` run settings (check_every, n_envs, and
+      for forecasters horizon, epochs, patience). steps: env steps of an agent's run; updates: a forecaster's
+      cap on optimizer steps / boosting rounds (each kind ignores the other's budget).
+    on_score: each periodic validation Sharpe on `validation_data` (EVALS_PER_RUN per run); on_log: each
+      statistics record of a forecaster; checkpoint: the run's resume file; budget: the device's memory budget.
+    """
+
+    train_data: MarketData
+    validation_data: MarketData | None
+    config: Mapping[str, Any]
+    hparams: Mapping[str, Any]
+    precision: PrecisionPlan
+    device: torch.device
+    seed: int
+    steps: int
+    updates: int
+    on_score: ScoreHook | None = None
+    on_log: Callable[[dict[str, Any]], None] | None = None
+    checkpoint: TrainingCheckpoint | None = None
+    budget: HardwareBudget | None = None
+
+    @property
+    def env_config(self) -> EnvConfig:
+        """The env settings of the run (evaluation and scoring use the same)."""
+        return env_config_from_config(self.config)
+
+    def score(self, positions: Callable[[MarketData], torch.Tensor]) -> float:
+        """Validation Sharpe of a model's positions on the validation split."""
+        if self.validation_data is None:
+            raise ValueError("validation_data: this run has no validation split to score")
+        return positions_sharpe(self.validation_data, positions(self.validation_data), self.env_config)
+
+
+@dataclass
+class Trained:
+    """A trained model of either kind, as the stages use it.
+
+    log: the trainer's log (`evals` [[step, score], ...], `history` of statistics records, steps, ...).
+    """
+
+    name: str
+    kind: Kind
+    hparams: dict[str, Any]
+    log: dict[str, Any]
+    positions: Callable[[MarketData, EnvConfig], torch.Tensor]
+    _save: Callable[[str, WindowData, Mapping[str, Any]], None]
+    predictions: Callable[[MarketData], torch.Tensor] | None = None
+
+    def save(self, path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
+        """Write the checkpoint atomically with the window's normalizer and feature names and ``extra``
+        (plain data: fold, seed, costs...)."""
+        self._save(path, window, extra)
+
+
+@dataclass
+class LoadedModel:
+    """A checkpoint read back for evaluation.
+
+    meta: what `marketrl.evaluation.trained_settings` checks (``env`` settings, ``extra.costs``), the
+      ``normalizer`` state and ``precision``; info: what the evaluation JSON records about the model.
+    predictions: a forecaster's predicted forward return per row (None for agents); horizon: its target's.
+    """
+
+    name: str
+    kind: Kind
+    meta: dict[str, Any]
+    positions: Callable[[MarketData, EnvConfig], torch.Tensor]
+    info: dict[str, Any] = field(default_factory=dict)
+    predictions: Callable[[MarketData], torch.Tensor] | None = None
+    horizon: int | None = None
+
+
+# ------------------------------------------------------------------------------------------------------ agents
+
+
+@dataclass(frozen=True)
+class AgentEntry:
+    """DQN or PPO: trained on the TradingEnv for `TrainRequest.steps` env steps."""
+
+    name: str
+    kind: Kind = "agent"
+
+    @property
+    def trainer(self) -> Any:
+        """The agent's module (`dqn` or `ppo`)."""
+        return {"dqn": dqn, "ppo": ppo}[self.name]
+
+    def search_space(
+        self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
+    ) -> SearchSpace:
+        """The agent's space with batch sizes the device's memory holds (for the widest network)."""
+        obs_dim = window.splits["train"].n_features * config["env"]["window"] + 1
+        bounds = batch_size_bounds(budget, self.name, obs_dim, max(HIDDEN_DIM_BASES))
+        suggest = suggest_dqn if self.name == "dqn" else suggest_ppo
+        return lambda trial: suggest(trial, bounds)
+
+    def train(self, request: TrainRequest) -> Trained:
+        """Train on the training split; validation Sharpe EVALS_PER_RUN times (when there is a validation split)."""
+        env_config = request.env_config
+        on_eval = None
+        if request.validation_data is not None:
+
+            def on_eval(step: int, policy: Callable) -> float:
+                score = request.score(lambda data: policy_positions(policy, data, env_config))
+                if request.on_score is not None:
+                    request.on_score(step, score)
+                return score
+
+        eval_every = max(1, request.steps // EVALS_PER_RUN) if on_eval is not None else 0
+        if self.name == "dqn":
+            run_config: Any = dqn.DQNConfig(
+                total_steps=request.steps,
+                env=env_config,
+                eval_every=eval_every,
+                check_every=request.config["training"]["check_every"],
+            )
+        else:
+            run_config = ppo.PPOConfig(total_steps=request.steps, env=env_config, eval_every=eval_every)
+        result: TrainResult = self.trainer.train(
+            request.train_data,
+            run_config,
+            dict(request.hparams),
+            request.precision,
+            request.device,
+            request.seed,
+            on_eval=on_eval,
+            checkpoint=request.checkpoint,
+        )
+
+        def save(path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
+            save_checkpoint(
+                path,
+                result,
+                algo=self.name,
+                normalizer_state=window.normalizer.state_dict(),
+                feature_names=window.feature_names,
+                precision=request.precision.to_dict(),
+                hparams=dict(request.hparams),
+                extra=dict(extra),
+            )
+
+        return Trained(
+            name=self.name,
+            kind=self.kind,
+            hparams=dict(request.hparams),
+            log=dict(result.log),
+            positions=lambda data, env: policy_positions(result.policy, data, env),
+            _save=save,
+        )
+
+    def load(self, path: str, device: torch.device) -> LoadedModel:
+        """The greedy policy of an agent checkpoint."""
+        policy, meta = load_policy(path, device)
+        return LoadedModel(
+            name=self.name,
+            kind=self.kind,
+            meta=meta,
+            positions=lambda data, env: policy_positions(policy, data, env),
+            info={"precision": meta.get("precision"), "hidden": meta["architecture"]["hidden"]},
+        )
+
+
+# ------------------------------------------------------------------------------------------------- forecasters
+
+
+def run_settings(config: Mapping[str, Any], updates: int) -> RunSettings:
+    """A forecaster's run settings from a config slice: horizon, epochs, patience, check_every, env.fill, with
+    `updates` (training.max_updates or hyperopt.trial_updates) as the step cap and EVALS_PER_RUN validations.
+
+    Costs stay empty: the trading rule then charges the `MarketData`'s own per-row cost fractions, which are
+    built from the run's cost model per instrument (the checkpoint records that cost model in ``extra``).
+    """
+    training = config["training"]
+    return RunSettings(
+        fill=config["env"]["fill"],
+        horizon=training["horizon"],
+        epochs=training["epochs"],
+        max_steps=updates,
+        check_every=training["check_every"],
+        eval_every=max(1, updates // EVALS_PER_RUN),
+        patience=training["patience"],
+    )
+
+
+@dataclass(frozen=True)
+class ForecasterEntry:
+    """A zoo model of `marketrl.models`: it learns the forward return; its trading rule makes the positions."""
+
+    name: str
+    kind: Kind = "forecaster"
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model's `ModelSpec` (hyperparameters, space, train, load)."""
+        return MODELS[self.name]
+
+    def search_space(
+        self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
+    ) -> SearchSpace:
+        """The model's own space (the trainer caps the batch size by the memory budget itself)."""
+        return self.spec.search_space
+
+    def train(self, request: TrainRequest) -> Trained:
+        """Train with the config's run settings; each validation's Sharpe goes to ``on_score``."""
+        on_validation = None
+        if request.validation_data is not None:
+
+            def on_validation(step: int, model: TrainedModel) -> float:
+                score = request.score(model.positions)
+                if request.on_score is not None:
+                    request.on_score(step, score)
+                return score
+
+        hooks = TrainHooks(
+            log=request.on_log,
+            on_validation=on_validation,
+            checkpoint=request.checkpoint,
+            budget=request.budget,
+        )
+        model = self.spec.train(
+            request.train_data,
+            request.validation_data,
+            run_settings(request.config, request.updates),
+            dict(request.hparams),
+            request.precision,
+            request.device,
+            request.seed,
+            hooks,
+        )
+
+        def save(path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
+            save_model(
+                path,
+                model,
+                normalizer=window.normalizer.state_dict(),
+                feature_names=list(window.feature_names),
+                # the env settings evaluation checks against the config, as in an agent's checkpoint
+                env=env_settings(request.env_config),
+                **dict(extra),
+            )
+
+        return Trained(
+            name=self.name,
+            kind=self.kind,
+            hparams=dict(model.hparams),
+            log=dict(model.log),
+            positions=lambda data, env: model.positions(data),
+            _save=save,
+            predictions=model.predict,
+        )
+
+    def load(self, path: str, device: torch.device) -> LoadedModel:
+        """The model and its trading rule from a `save_model` checkpoint."""
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        model = model_from_checkpoint(checkpoint, device)
+        extra = dict(checkpoint["extra"])
+        if model.name != self.name:
+            raise ValueError(f"{path}: a {model.name} checkpoint, expected {self.name}")
+        meta = {
+            "env": extra.get("env"),
+            "extra": extra,
+            "normalizer": extra.get("normalizer"),
+            "precision": model.precision,
+        }
+        return LoadedModel(
+            name=self.name,
+            kind=self.kind,
+            meta=meta,
+            positions=lambda data, env: model.positions(data),
+            info={"precision": model.precision, "hparams": dict(model.hparams)},
+            predictions=model.predict,
+            horizon=int(model.settings["horizon"]),
+        )
+
+
+Entry = AgentEntry | ForecasterEntry
+
+#: Every model, in config order (marketrl.config.MODEL_NAMES; tests/test_zoo.py checks both agree).
+ZOO: dict[str, Entry] = {
+    **{name: AgentEntry(name) for name in AGENT_NAMES},
+    **{name: ForecasterEntry(name) for name in FORECASTER_NAMES},
+}
+
+
+def get_entry(name: str) -> Entry:
+    """The registry entry of a model, or a one-line error naming the known ones."""
+    if name not in ZOO:
+        raise KeyError(f"training.models: unknown model {name!r} (known: {', '.join(ZOO)})")
+    return ZOO[name]
