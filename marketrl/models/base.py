@@ -103,7 +103,7 @@ def common_space(trial: Trial, max_window: int = 32) -> dict[str, Any]:
     }
 
 
-def neural_space(trial: Trial, max_window: int = 64) -> dict[str, Any]:
+def neural_space(trial: Trial, max_window: int = 32) -> dict[str, Any]:
     """`common_space` plus the shared neural hyperparameters (width, optimizer, batch, regularization)."""
     return {
         **common_space(trial, max_window),

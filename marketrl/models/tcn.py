@@ -39,7 +39,7 @@ def search_space(trial: Trial) -> dict[str, Any]:
     return {
         **neural_space(trial),
         "kernel_size": trial.suggest_int("kernel_size", 2, 5),
-        "levels": trial.suggest_int("levels", 1, 4),
+        "levels": trial.suggest_int("levels", 1, 3),
     }
 
 
