@@ -57,8 +57,17 @@ def demo_outputs(config: dict[str, Any]) -> list[str]:
     ]
 
 
+def batch_file_days(dataset: str, start: dt.date, end: dt.date) -> list[dt.date]:
+    """The UTC days in [start, end) a daily batch download of `dataset` has files for: CME Globex (GLBX.*)
+    opens on Sunday evening, so its Sunday UTC days hold data; other datasets trade on weekdays only."""
+    if not dataset.upper().startswith("GLBX"):
+        return weekdays(start, end=end)
+    n_days = (end - start).days
+    return [day for day in (start + dt.timedelta(days=i) for i in range(n_days)) if day.weekday() != 5]
+
+
 def databento_files(config: dict[str, Any]) -> list[str]:
-    """Paths the optional download writes: one file per weekday in [start, end)."""
+    """Paths the optional download writes: one file per UTC day with data in [start, end) (`batch_file_days`)."""
     spec = config["data"]["databento"]
     start, end = dt.date.fromisoformat(spec["start"]), dt.date.fromisoformat(spec["end"])
     if end <= start:
@@ -68,7 +77,7 @@ def databento_files(config: dict[str, Any]) -> list[str]:
     dataset = spec["dataset"].lower().replace(".", "-")
     return [
         f"{paths.DATABENTO_DIR}/{dataset}-{d:%Y%m%d}.{spec['schema']}{DBN_SUFFIX}"
-        for d in weekdays(start, end=end)
+        for d in batch_file_days(spec["dataset"], start, end)
     ]
 
 

@@ -80,3 +80,16 @@ def test_downloads_each_day_and_never_logs_the_key(
     assert all(path.read_bytes() == b"dbn" for path in outputs(tmp_path))
     assert SENTINEL not in caplog.text and SENTINEL not in capsys.readouterr().out
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_glbx_downloads_include_sunday_files_and_equities_do_not() -> None:
+    import datetime as dt
+
+    from marketrl.pipeline import batch_file_days
+
+    start, end = dt.date(2024, 3, 8), dt.date(2024, 3, 12)  # Friday .. Monday (end exclusive)
+    glbx = batch_file_days("GLBX.MDP3", start, end)
+    # the Sunday evening open has a file, Saturday has none
+    assert [d.isoformat() for d in glbx] == ["2024-03-08", "2024-03-10", "2024-03-11"]
+    equities = batch_file_days("XNAS.ITCH", start, end)
+    assert [d.isoformat() for d in equities] == ["2024-03-08", "2024-03-11"]
