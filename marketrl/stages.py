@@ -57,6 +57,23 @@ NOT_IN_ALL_KEYS = ("calibration",)
 # The config keys each stage's job reads, key by key (stage = rule name = workflow_scripts/{stage}.py). Keys that
 # only shape the DAG (data.source, training.models, hyperopt.workers, ...; see DAG_KEYS) change which jobs exist,
 # not what a job computes, and are in no slice but the report's.
+# What every calibration stage reads: its own slice and the verdict's rules.
+_CALIBRATION = (
+    "calibration.edges",
+    "calibration.folds",
+    "calibration.models",
+    "calibration.random_traders",
+    "calibration.seeds",
+    "calibration.test_days",
+    "calibration.train_days",
+    "calibration.validation_days",
+    "calibration.worlds",
+    "calibration.worlds_per_job",
+    "evaluation.bootstrap_samples",
+    "evaluation.min_seeds",
+    "evaluation.min_test_days",
+)
+
 STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
     "demo_data": ("data.demo.days", "data.demo.edge", "data.demo.seed", "data.demo.start"),
     "download_databento": (
@@ -134,37 +151,11 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "seed",
         *_COSTS,
         *_ENV,
-        "calibration.edges",
-        "calibration.folds",
-        "calibration.models",
-        "calibration.random_traders",
-        "calibration.seeds",
-        "calibration.test_days",
-        "calibration.train_days",
-        "calibration.validation_days",
-        "calibration.worlds",
-        "calibration.worlds_per_job",
-        "evaluation.bootstrap_samples",
-        "evaluation.min_seeds",
-        "evaluation.min_test_days",
+        *_CALIBRATION,
         "evaluation.momentum_lookback",
         "training.n_envs",
     ),
-    "calibration": (
-        "calibration.edges",
-        "calibration.folds",
-        "calibration.models",
-        "calibration.random_traders",
-        "calibration.seeds",
-        "calibration.test_days",
-        "calibration.train_days",
-        "calibration.validation_days",
-        "calibration.worlds",
-        "calibration.worlds_per_job",
-        "evaluation.bootstrap_samples",
-        "evaluation.min_seeds",
-        "evaluation.min_test_days",
-    ),
+    "calibration": _CALIBRATION,
 }
 
 # Keys that decide which jobs (and files) exist, or how they are scheduled (rules/common.smk; a few a job reads too).
