@@ -323,7 +323,7 @@ def guarded_run() -> tuple[Path, Path]:
 # ------------------------------------------------------------------------------------------------- load run
 
 XSS_SYMBOL = "<script>alert(1)</script>"
-# Many small jobs: 2 folds x 2 algos x 1 seed with two hyperopt workers per study (24 jobs), on 5 days of demo-like
+# Many small jobs: 2 folds x 2 models x 1 seed with two hyperopt workers per study (25 jobs), on 5 days of demo-like
 # data whose first instrument is named XSS_SYMBOL (the report must show it as text).
 LOAD = {
     "data": {"source": "files"},
