@@ -41,12 +41,12 @@ from marketrl.calibration_plan import (
 from marketrl.config import derive_seed
 from marketrl.data.demo import generate_demo_files
 from marketrl.datasets import env_config_from_config, fold_window, load_feature_tables
-from marketrl.env import MarketData, evaluate_positions, matched_random_positions, position_change_rate
-from marketrl.evaluation import BAR_COLUMNS, baseline_positions
+from marketrl.env import MarketData, evaluate_positions
+from marketrl.evaluation import BAR_COLUMNS, baseline_positions, matched_trader_bars, trader_daily_returns
 from marketrl.features import MAX_LOOKBACK, build_feature_file
 from marketrl.folds import FoldConfig, make_fold_plan
 from marketrl.io import atomic_write, write_json_atomic
-from marketrl.metrics import daily_returns, portfolio_bars, to_json_safe
+from marketrl.metrics import to_json_safe
 from marketrl.models import MODELS, RunSettings
 from marketrl.report.analysis import (
     AgentVerdict,
@@ -122,18 +122,13 @@ def model_hparams(model: str) -> dict[str, Any]:
 def _matched_traders(
     data: MarketData, positions: torch.Tensor, world: Mapping[str, Any], key: tuple[str, int, int]
 ) -> MatchedRandom:
-    """The turnover-matched random traders of one model run, seeded as the evaluation stage seeds them
-    (`marketrl.evaluation.matched_random_traders`), keeping only the daily returns the verdict reads (the
+    """The turnover-matched random traders of one model run, as the evaluation stage makes them
+    (`marketrl.evaluation.matched_trader_bars`), keeping only the daily returns the verdict reads (the
     per-trader summaries that stage also writes are most of its cost)."""
-    env_config = env_config_from_config(world)
-    rate = position_change_rate(data, positions)
+    rate, traders = matched_trader_bars(data, positions, env_config_from_config(world), world, key)
     days, daily = np.array([], dtype="datetime64[D]"), []
-    for i in range(world["evaluation"]["random_baseline_seeds"]):
-        seed = derive_seed(world["seed"], "matched_random", *key, i)
-        bars = evaluate_positions(data, matched_random_positions(data, rate, seed=seed), env_config)
-        portfolio = portfolio_bars(bars)
-        trader_days, returns = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])
-        days = np.asarray(trader_days).astype("datetime64[D]")
+    for bars in traders:
+        days, returns = trader_daily_returns(bars)
         daily.append(returns)
     return MatchedRandom(rate, days, np.array(daily, dtype=np.float64))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -213,6 +213,33 @@ def evaluate_job(
     return result
 
 
+def matched_trader_bars(
+    data: MarketData,
+    positions: torch.Tensor,
+    env_config: EnvConfig,
+    config: Mapping[str, Any],
+    key: tuple[str, int, int],
+) -> tuple[float, Iterator[pl.DataFrame]]:
+    """The change rate of one run's positions and the per-bar frames of its turnover-matched random traders
+    (`evaluation.random_baseline_seeds` of them, seeded from `config["seed"]` and `key`): each changes position
+    as often as the run did on these test days, in a random direction, and is scored like the run."""
+    rate = position_change_rate(data, positions)
+
+    def traders() -> Iterator[pl.DataFrame]:
+        for i in range(config["evaluation"]["random_baseline_seeds"]):
+            seed = derive_seed(config["seed"], "matched_random", *key, i)
+            yield evaluate_positions(data, matched_random_positions(data, rate, seed=seed), env_config)
+
+    return rate, traders()
+
+
+def trader_daily_returns(bars: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(session days as datetime64[D], daily net portfolio returns) of one trader's per-bar frame."""
+    portfolio = portfolio_bars(bars)
+    days, returns = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])
+    return np.asarray(days).astype("datetime64[D]"), returns
+
+
 def matched_random_traders(
     data: MarketData,
     positions: torch.Tensor,
@@ -220,19 +247,15 @@ def matched_random_traders(
     config: Mapping[str, Any],
     key: tuple[str, int, int],
 ) -> dict[str, Any]:
-    """The turnover-matched random traders of one agent run (`evaluation.random_baseline_seeds` of them): each
-    changes position as often as the agent did on these test days, in a random direction, and is scored like
-    the agent. Their daily net returns let the report test skill against cost drag (docs/METRICS.md)."""
-    rate = position_change_rate(data, positions)
+    """The turnover-matched random traders of one run (`matched_trader_bars`) as the metrics JSON stores them:
+    their daily net returns let the report test skill against cost drag (docs/METRICS.md)."""
+    rate, traders = matched_trader_bars(data, positions, env_config, config, key)
     days: list[str] = []
     per_seed, daily = [], []
-    for i in range(config["evaluation"]["random_baseline_seeds"]):
-        seed = derive_seed(config["seed"], "matched_random", *key, i)
-        bars = evaluate_positions(data, matched_random_positions(data, rate, seed=seed), env_config)
+    for bars in traders:
         per_seed.append(performance_summary(bars))
-        portfolio = portfolio_bars(bars)
-        trader_days, returns = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])
-        days = [str(day) for day in trader_days.astype("datetime64[D]")]
+        trader_days, returns = trader_daily_returns(bars)
+        days = [str(day) for day in trader_days]
         daily.append(returns.tolist())
     return {"change_rate": rate, "days": days, "daily_net_returns": daily, "per_seed": per_seed}
 
