@@ -19,7 +19,13 @@ import torch
 
 from marketrl.costs import Costs, costs_from_config, is_continuous
 from marketrl.env import EnvConfig, MarketData, parse_duration
-from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns, skipped_reason
+from marketrl.features import (
+    BOOK_FEATURE_NAMES,
+    FEATURE_NAMES,
+    non_finite_columns,
+    skipped_reason,
+    warmup_only_note,
+)
 from marketrl.folds import FoldPlan, select_rows, select_tuning_rows
 from marketrl.io import write_json_atomic
 from marketrl.normalize import FeatureNormalizer
@@ -73,7 +79,8 @@ def _check_finite(frame: pl.DataFrame, path: str | Path) -> None:
 
 def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | Path) -> dict[str, Any]:
     """results/features/manifest.json: every feature table with its sha256, rows, days, source file, bars dropped
-    outside the session (and in the daily halt) and skip reason, and the rolls of every continuous symbol.
+    outside the session (and in the daily halt), skip reason and warm-up-only note, and the rolls of every
+    continuous symbol.
 
     The fan-out jobs depend on this one file instead of on every feature table, which keeps the DAG small
     (thousands of jobs x hundreds of files would be hundreds of thousands of edges).
@@ -94,6 +101,7 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
                 "dropped_outside_session": _metadata_count(metadata, "dropped_outside_session"),
                 "dropped_in_halt": _metadata_count(metadata, "dropped_in_halt"),
                 "skipped": skipped_reason(path),  # data.on_bad_file: skip; None for a featurized file
+                "warmup_only": warmup_only_note(path),  # the first file(s): all bars warm-up, context only
             }
         )
         spans.append(contract_spans(frame))

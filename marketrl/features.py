@@ -30,7 +30,7 @@ import functools
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from marketrl.data.reader import (
     DEFAULT_MAX_PRICE_JUMP,
     NS_PER_DAY,
+    BarFile,
     DataConfigError,
     DataFileError,
     chunked_like,
@@ -68,6 +69,7 @@ __all__ = [
     "feature_options",
     "non_finite_columns",
     "skipped_reason",
+    "warmup_only_note",
 ]
 
 FEATURE_SET_VERSION = "1.0.0"
@@ -762,7 +764,7 @@ def feature_chunks(
     table in chunks of ``chunk_bars`` (default ``CHUNK_BARS``) bars.
 
     An instrument left with no rows is an error (``DataFileError`` naming ``path``), or, with
-    ``drop_short=True``, left out and listed in ``dropped``.
+    ``drop_short=True``, left out and listed in ``dropped`` (then every instrument may be, giving no rows).
     """
     _check_positive_prices(bars, path)
     bars = bars.hstack([chunked_like(bars.select(_BAR_INDEX).to_series(), bars["ts_event"])])
@@ -786,7 +788,7 @@ def feature_chunks(
             f"too few bars for the lookbacks: instrument {row['symbol']} ({row['instrument_id']}) has "
             f"{row['total']} bar(s) (with context), a feature row needs {MAX_LOOKBACK} earlier bars (MAX_LOOKBACK)",
         )
-    if counts.height == short.height:
+    if counts.height == short.height and not drop_short:
         raise DataFileError(
             path, f"too few bars for the lookbacks: no instrument has {MAX_LOOKBACK + 1} bars"
         )
@@ -940,32 +942,43 @@ def build_feature_file(
     dst: Path,
     *,
     bar_size: str = "1m",
+    context_srcs: Sequence[Path] = (),
     prev_src: Path | None = None,
-    drop_short: bool = False,
     session: SessionCalendar | Mapping[str, Any] | None = None,
     max_price_jump: float = DEFAULT_MAX_PRICE_JUMP,
     on_bad_file: OnBadFile = "error",
 ) -> dict[str, Any]:
     """Decode ``src`` once, featurize it and atomically write ``dst`` (zstd Parquet with provenance metadata).
 
-    ``prev_src`` is the previous file of the same dataset/schema (e.g. the previous day): it is decoded as
-    context so lookbacks run across the file boundary; only ``src``'s bars are written. ``session`` (the
-    ``data.session`` config; None: the dataset's calendar) sets ``trading_day``; ``max_price_jump`` bounds
-    price moves within a file and across the boundary with ``prev_src``. Returns a summary (rows,
-    instruments, schema, dbn_version, sha256, skipped, ...).
+    ``context_srcs`` are the files before ``src`` of the same dataset/schema, in time order (e.g. the previous
+    days; ``prev_src`` is shorthand for one): decoded newest first, only as many as the lookbacks need (see
+    ``_read_context``), they let lookbacks run across file boundaries; only ``src``'s bars are written.
+    ``session`` (the ``data.session`` config; None: the dataset's calendar) sets ``trading_day``;
+    ``max_price_jump`` bounds price moves within a file and across each file boundary. Returns a summary
+    (rows, instruments, schema, dbn_version, sha256, context, skipped, warmup_only, ...).
+
+    Rows need ``MAX_LOOKBACK`` earlier bars of their instrument, context included: an instrument whose bars
+    are all warm-up (a contract first seen near the end of the file, or the start of the data) is left out
+    and listed in ``warmup_instruments``; a file with no row at all (the first file(s) of the data) gives an
+    empty table whose metadata (``marketrl.warmup_only``, see ``warmup_only_note``) and summary
+    (``warmup_only``) say so: its bars only serve as the next file's context.
 
     A bad or untradable ``src`` raises ``DataFileError`` (nothing is written) with ``on_bad_file="error"``;
     with ``"skip"`` it yields an empty feature table whose metadata (``marketrl.skipped``, see
-    ``skipped_reason``) and summary (``skipped``) say why, and an unreadable ``prev_src`` only loses the context.
-    Features are computed and written in chunks of ``CHUNK_BARS`` bars, so memory beyond the bars stays
-    bounded however long the file is.
+    ``skipped_reason``) and summary (``skipped``) say why, and an unreadable context file only loses the
+    context from it on back. Features are computed and written in chunks of ``CHUNK_BARS`` bars, so memory
+    beyond the bars stays bounded however long the file is.
     """
     src, dst = Path(src), Path(dst)
     if on_bad_file not in ("error", "skip"):
         raise ValueError(f"{ON_BAD_FILE_KEY}: expected 'error' or 'skip', got {on_bad_file!r}")
+    if prev_src is not None:
+        if context_srcs:
+            raise ValueError("build_feature_file: give context_srcs or prev_src, not both")
+        context_srcs = [prev_src]
     options = {"session": session, "max_price_jump": max_price_jump}
     try:
-        return _build_feature_file(src, dst, bar_size, prev_src, drop_short, options, on_bad_file)
+        return _build_feature_file(src, dst, bar_size, [Path(p) for p in context_srcs], options, on_bad_file)
     except DataFileError as exc:
         if on_bad_file == "error" or exc.path != src or isinstance(exc, DataConfigError):
             raise
@@ -991,6 +1004,7 @@ def _write_skipped(src: Path, dst: Path, bar_size: str, exc: DataFileError) -> d
         "instruments": 0,
         "features": len(FEATURE_NAMES),
         "bar_size": bar_size,
+        "warmup_only": None,
         "skipped": reason,
     }
 
@@ -998,46 +1012,103 @@ def _write_skipped(src: Path, dst: Path, bar_size: str, exc: DataFileError) -> d
 _SKIP_HINT = f"; set {ON_BAD_FILE_KEY}: skip to skip such files"
 
 
+def warmup_only_note(feature_file: str | Path) -> str | None:
+    """Why the feature table of ``feature_file`` has no rows when every bar of its source is warm-up (the
+    first file(s) of the data, kept as context for the next), else None."""
+    metadata = pq.read_schema(feature_file).metadata or {}  # tables written elsewhere may carry none
+    return metadata.get(b"marketrl.warmup_only", b"").decode() or None
+
+
+@dataclass(frozen=True)
+class _Context:
+    """The bars of earlier files that a file's lookbacks reach, and the files they come from (time order)."""
+
+    bars: list[pl.DataFrame]  # one frame per file, oldest first, each strictly before the next file's start
+    files: list[dict[str, str]]  # {"file": name, "sha256": ...}, oldest first
+
+
+def _read_context(
+    current: BarFile,
+    context_srcs: Sequence[Path],
+    bar_size: str,
+    options: dict[str, Any],
+    on_bad_file: OnBadFile,
+) -> _Context:
+    """Decode ``context_srcs`` (in time order) newest first, stopping as soon as every instrument of
+    ``current`` seen in the context so far has ``MAX_LOOKBACK`` context bars, or the files run out.
+
+    A file contributes only its bars strictly before the first bar of the next newer one (files may overlap),
+    and each boundary is checked for a price-scale change. An unusable context file (``on_bad_file="skip"``)
+    ends the context there, with a warning: going past it would leave a hole in the lookbacks.
+    """
+    log = logging.getLogger(__name__)
+    src = current.path
+    wanted = set(current.bars["instrument_id"].unique().to_list())
+    counts: dict[int, int] = {}
+    parts: list[pl.DataFrame] = []
+    files: list[dict[str, str]] = []
+    newer, newer_path, cutoff = current.bars, src, current.bars["ts_event"].min()
+    for path in reversed(context_srcs):
+        try:
+            earlier = read_bars(path, bar_size, **options)
+        except DataFileError as exc:
+            if on_bad_file == "error" or isinstance(exc, DataConfigError):
+                raise
+            log.warning("%s: context file unusable, no context from it on back: %s", src, exc)
+            break
+        if (earlier.schema, earlier.dataset) != (current.schema, current.dataset):
+            raise DataFileError(
+                src,
+                f"context file {earlier.path} is {earlier.dataset}/{earlier.schema}, "
+                f"expected {current.dataset}/{current.schema}",
+            )
+        part = earlier.bars.filter(_c("ts_event") < cutoff)
+        try:
+            _check_scale_continuity(part, newer, newer_path, earlier.path, options["max_price_jump"])
+        except DataFileError as exc:
+            if newer_path == src or on_bad_file == "error":
+                raise
+            log.warning("%s: no context from %s on back: %s", src, earlier.path.name, exc)
+            break
+        parts.append(part)
+        files.append({"file": earlier.path.name, "sha256": earlier.sha256})
+        if part.height:
+            newer, newer_path, cutoff = part, earlier.path, part["ts_event"].min()
+        for instrument, n in part.group_by("instrument_id").len().iter_rows():
+            counts[instrument] = counts.get(instrument, 0) + n
+        seen = [counts[i] for i in wanted if i in counts]
+        if seen and min(seen) >= MAX_LOOKBACK:
+            break
+    return _Context(bars=parts[::-1], files=files[::-1])
+
+
 def _build_feature_file(
     src: Path,
     dst: Path,
     bar_size: str,
-    prev_src: Path | None,
-    drop_short: bool,
+    context_srcs: Sequence[Path],
     options: dict[str, Any],
     on_bad_file: OnBadFile,
 ) -> dict[str, Any]:
     current = read_bars(src, bar_size, **options)
-    bars, keep_from, prev = current.bars, None, None
     if current.bars.height == 0:
         raise DataFileError(
             src,
             f"no tradable bars in this {current.schema} file (a holiday, or snapshots only?)"
             + (_SKIP_HINT if on_bad_file == "error" else ""),
         )
-    if prev_src is not None:
-        try:
-            prev = read_bars(Path(prev_src), bar_size, **options)
-        except DataFileError as exc:
-            if on_bad_file == "error" or isinstance(exc, DataConfigError):
-                raise
-            logging.getLogger(__name__).warning("%s: previous file unusable, no context: %s", src, exc)
-    if prev is not None:
-        if (prev.schema, prev.dataset) != (current.schema, current.dataset):
-            raise DataFileError(
-                src,
-                f"prev_src {prev.path} is {prev.dataset}/{prev.schema}, expected {current.dataset}/{current.schema}",
-            )
+    context = _read_context(current, context_srcs, bar_size, options, on_bad_file)
+    bars, keep_from = current.bars, None
+    if context.files:
         keep_from = bars["ts_event"].min()
-        # Only the part of the previous file strictly before this one is context (files may overlap).
-        context = prev.bars.filter(_c("ts_event") < keep_from)
-        _check_scale_continuity(context, bars, src, prev.path, options["max_price_jump"])
-        bars = pl.concat([context, bars], how="vertical").sort(
+        bars = pl.concat([*context.bars, bars], how="vertical").sort(
             "instrument_id", "ts_event", maintain_order=True
         )
-        del context
+    del context.bars[:]  # the concatenation holds them from here on
+    # Instruments without a row have only warm-up bars: left out and listed, never an error (a contract
+    # first traded near the end of the file gets its rows in the next file, with this one as context).
     selection = feature_chunks(
-        bars, current.bar_ns, path=src, with_book=current.has_book, keep_from=keep_from, drop_short=drop_short
+        bars, current.bar_ns, path=src, with_book=current.has_book, keep_from=keep_from, drop_short=True
     )
     del bars  # the selection holds the bars (with _bar_index) from here on
     feature_names = list(FEATURE_NAMES) + (list(BOOK_FEATURE_NAMES) if current.has_book else [])
@@ -1055,14 +1126,32 @@ def _build_feature_file(
         "marketrl.session": json.dumps(current.calendar.to_config() if current.calendar else None),
         "marketrl.dropped_outside_session": str(current.dropped_outside_session),
         "marketrl.dropped_in_halt": str(current.dropped_in_halt),
+        "marketrl.context_files": json.dumps(context.files),
+        "marketrl.warmup_instruments": json.dumps(selection.dropped),
     }
-    if prev is not None:
-        metadata["marketrl.prev_source_file"] = prev.path.name
-        metadata["marketrl.prev_source_sha256"] = prev.sha256
+    if context.files:  # the nearest earlier file, as before multi-file context
+        metadata["marketrl.prev_source_file"] = context.files[-1]["file"]
+        metadata["marketrl.prev_source_sha256"] = context.files[-1]["sha256"]
+    warmup_only = None
+    if selection.rows == 0:
+        warmup_only = (
+            f"all {current.bars.height} bars are warm-up (fewer than {MAX_LOOKBACK} earlier bars per "
+            f"instrument with {len(context.files)} context file(s)): context for the next file"
+        )
+        metadata["marketrl.warmup_only"] = warmup_only
+        logging.getLogger(__name__).warning("%s: no feature rows, %s", src, warmup_only)
+    elif selection.dropped:
+        logging.getLogger(__name__).info(
+            "%s: only warm-up bars, no rows yet: %s", src, ", ".join(selection.dropped)
+        )
     with atomic_write(dst) as tmp:
-        written = _write_chunks(iter(selection), tmp, metadata, src)
-        if written != selection.rows:  # inside the block: a wrong file is never renamed into place
-            raise RuntimeError(f"{src}: wrote {written} feature rows, counted {selection.rows}")
+        if selection.rows == 0:
+            table = _empty_feature_table(with_book=current.has_book).to_arrow()
+            pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="zstd")
+        else:
+            written = _write_chunks(iter(selection), tmp, metadata, src)
+            if written != selection.rows:  # inside the block: a wrong file is never renamed into place
+                raise RuntimeError(f"{src}: wrote {written} feature rows, counted {selection.rows}")
     return {
         "rows": selection.rows,
         "instruments": selection.instruments,
@@ -1070,13 +1159,15 @@ def _build_feature_file(
         "dataset": current.dataset,
         "dbn_version": current.dbn_version,
         "sha256": current.sha256,
-        "prev_sha256": prev.sha256 if prev is not None else None,
+        "context": context.files,
+        "prev_sha256": context.files[-1]["sha256"] if context.files else None,
         "bar_size": bar_size,
         "features": len(feature_names),
         "records": current.records,
         "dropped_undef_ts": current.dropped_undef_ts,
         "dropped_outside_session": current.dropped_outside_session,
         "dropped_in_halt": current.dropped_in_halt,
-        "dropped_short_instruments": selection.dropped,
+        "warmup_instruments": selection.dropped,
+        "warmup_only": warmup_only,
         "skipped": None,
     }

@@ -121,11 +121,21 @@ def raw_data_files(config: dict[str, Any]) -> dict[str, str]:
     return files
 
 
-def previous_file(config: dict[str, Any], stem: str) -> str | None:
-    """The file before `stem` in time order: the lookback context of its features (None for the first)."""
-    stems = list(raw_data_files(config))
+# Files before each input file that its features job may decode as lookback context. One is not enough: a
+# Sunday UTC-day file of CME data holds only the 17:00 CT open hour (60 one-minute bars in winter, fewer than
+# MAX_LOOKBACK), so Monday needs Friday behind it; a third covers one more short or empty file (a holiday) in
+# between. The job decodes them newest first and stops once the lookbacks are covered, so the extra inputs
+# cost a DAG edge each, not a decode.
+CONTEXT_FILES = 3
+
+
+def previous_files(config: dict[str, Any], stem: str, k: int = CONTEXT_FILES) -> list[str]:
+    """The (up to) `k` files before `stem`, in time order: the lookback context of its features (none for the
+    first file)."""
+    files = raw_data_files(config)
+    stems = list(files)
     position = stems.index(stem)
-    return raw_data_files(config)[stems[position - 1]] if position > 0 else None
+    return [files[s] for s in stems[max(0, position - k) : position]]
 
 
 def feature_files(config: dict[str, Any]) -> list[str]:

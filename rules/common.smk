@@ -46,11 +46,12 @@ def calibration_chunks():
 
 
 def feature_inputs(wildcards):
-    """The DBN file of a feature table, plus the previous day's file as lookback context."""
+    """The DBN file of a feature table, plus the files before it (pipeline.CONTEXT_FILES, in time order) as
+    lookback context; the job decodes only as many of them as the lookbacks need."""
     inputs = {"src": RAW_FILES[wildcards.stem]}
-    previous = pipeline.previous_file(config, wildcards.stem)
-    if previous is not None:
-        inputs["prev"] = previous
+    context = pipeline.previous_files(config, wildcards.stem)
+    if context:
+        inputs["context"] = context
     return inputs
 
 

@@ -226,7 +226,7 @@ def test_the_dag_orders_input_files_by_header_start(tmp_path: Path) -> None:
     early = _ohlcv_file(tmp_path / "b-early.dbn.zst", _day(MONDAY, seed=13))
     config = validate_config({"data": {"source": "files", "files": str(tmp_path / "*.dbn*")}})
     assert list(pipeline.raw_data_files(config).values()) == [str(early), str(late)]
-    assert pipeline.previous_file(config, "a-late") == str(early)
+    assert pipeline.previous_files(config, "a-late") == [str(early)]
     write_dbn(tmp_path / "c-junk.dbn", b"DBN junk")
     with pytest.raises(
         ConfigError, match=r"^config key 'data.files': .*c-junk\.dbn: no complete DBN metadata header"

@@ -99,7 +99,6 @@ DBN_FAULTS: dict[str, tuple[Callable[[Path], Path], str]] = {
     "schema mismatch": BAD_INPUTS["header schema != record type"],
     "schema mismatch (same record size)": BAD_INPUTS["header schema != rtype (same size)"],
     "unsupported schema": (_unsupported_schema, "unsupported schema 'statistics'"),
-    "too few bars": (_too_few_bars, "too few bars for the lookbacks"),
 }
 
 
@@ -112,6 +111,14 @@ def test_bad_dbn_file_fails_features_without_output(tmp_path: Path, case: str) -
         build_feature_file(src, out / "table.parquet")
     assert_one_line(info.value, str(src))
     assert_nothing_written(out)
+
+
+def test_too_few_bars_without_context_is_a_warm_up_only_table_not_an_error(tmp_path: Path) -> None:
+    # The first file(s) of the data: every bar is warm-up, so the table is empty and says so (docs/FEATURES.md).
+    src = _too_few_bars(tmp_path)
+    summary = build_feature_file(src, tmp_path / "out" / "table.parquet")
+    assert summary["rows"] == 0 and summary["warmup_only"].startswith("all 30 bars are warm-up")
+    assert summary["skipped"] is None
 
 
 def test_mixed_schema_file_fails_features_without_output(dbn_samples: Path, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Feature table: the output contract, no look-ahead (every feature), honest lookbacks, instruments never mix,
-day files with prev_src context, real samples, Parquet metadata and failure without partial output."""
+day files with earlier files as context, real samples, Parquet metadata and failure without partial output."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from marketrl.features import (
     MAX_LOOKBACK,
     build_feature_file,
     feature_chunks,
+    warmup_only_note,
 )
 from tests.support.synthetic import ohlcv_messages, random_walk_bars, trade_messages
 
@@ -340,7 +341,7 @@ def test_no_look_ahead_across_day_files(tmp_path: Path) -> None:
 def test_prev_src_of_another_schema_is_refused(tmp_path: Path, dbn_samples: Path) -> None:
     bars = _three_days(seed=45)
     first, *_ = _day_files(tmp_path, bars)
-    with pytest.raises(DataFileError, match=r"prev_src .* expected GLBX\.MDP3/ohlcv-1m"):
+    with pytest.raises(DataFileError, match=r"context file .* expected GLBX\.MDP3/ohlcv-1m"):
         build_feature_file(
             first,
             tmp_path / "x.parquet",
@@ -438,20 +439,29 @@ def test_real_mbo_featurizes_with_1s_bars(tmp_path: Path, dbn_samples: Path) -> 
         (ESH4_MBO_1224, "1s"),  # no trades at all (a holiday): its own message, naming data.on_bad_file
     ],
 )
-def test_real_short_files_fail_with_too_few_bars(
+def test_real_short_files_without_context_are_warm_up_only(
     tmp_path: Path, dbn_samples: Path, name: str, bar_size: str
 ) -> None:
+    # Fewer bars than the lookbacks and nothing earlier: not an error but an empty table noting that the file
+    # is warm-up only (the next file's context); a file without a trade stays an error naming data.on_bad_file.
     dst = tmp_path / "short.parquet"
-    fault = (
-        "no tradable bars.*data.on_bad_file" if name == ESH4_MBO_1224 else "too few bars for the lookbacks"
-    )
-    with pytest.raises(DataFileError, match=fault) as info:
-        build_feature_file(dbn_samples / name, dst, bar_size=bar_size)
-    assert "\n" not in str(info.value) and Path(name).name in str(info.value)
-    assert not dst.exists()
+    if name == ESH4_MBO_1224:
+        with pytest.raises(DataFileError, match=r"no tradable bars.*data\.on_bad_file") as info:
+            build_feature_file(dbn_samples / name, dst, bar_size=bar_size)
+        assert "\n" not in str(info.value) and Path(name).name in str(info.value)
+        assert not dst.exists()
+        return
+    summary = build_feature_file(dbn_samples / name, dst, bar_size=bar_size)
+    bars = read_bars(dbn_samples / name, bar_size).bars.height
+    assert summary["rows"] == 0 and summary["skipped"] is None and summary["context"] == []
+    assert summary["warmup_only"] == warmup_only_note(dst)
+    assert summary["warmup_only"].startswith(f"all {bars} bars are warm-up")
+    assert pl.read_parquet(dst).height == 0
 
 
-def test_short_instrument_error_or_dropped(tmp_path: Path) -> None:
+def test_a_short_instrument_is_warm_up_only(tmp_path: Path) -> None:
+    # A contract that first trades near the end of a file (a roll) has only warm-up bars there: it gets no
+    # row, is listed, and the other instruments' rows are unaffected.
     long = random_walk_bars(200, {1: 100.0}, seed=51)
     short = random_walk_bars(40, {2: 100.0}, seed=52)
     bars = pl.concat([long, short])
@@ -459,17 +469,20 @@ def test_short_instrument_error_or_dropped(tmp_path: Path) -> None:
         tmp_path / "mixed.dbn.zst",
         encode_dbn(ohlcv_messages(bars), schema="ohlcv-1m", **_span(bars), symbols={"LONG": 1, "SHORT": 2}),
     )
-    with pytest.raises(DataFileError, match=r"instrument SHORT \(2\) has 40 bar"):
-        build_feature_file(src, tmp_path / "a.parquet")
-    summary = build_feature_file(src, tmp_path / "a.parquet", drop_short=True)
-    assert summary["dropped_short_instruments"] == ["SHORT"] and summary["instruments"] == 1
+    summary = build_feature_file(src, tmp_path / "a.parquet")
+    assert summary["warmup_instruments"] == ["SHORT"] and summary["instruments"] == 1
+    assert summary["rows"] == 200 - MAX_LOOKBACK and summary["warmup_only"] is None
+    meta = pl.read_parquet_metadata(tmp_path / "a.parquet")
+    assert meta["marketrl.warmup_instruments"] == '["SHORT"]' and "marketrl.warmup_only" not in meta
+    with pytest.raises(DataFileError, match=r"instrument 2 \(2\) has 40 bar"):  # the library-level check
+        feature_chunks(_prepared(bars).sort("instrument_id", "ts_event"), MINUTE_NS, path=src)
 
 
 def test_failure_leaves_previous_output_untouched(tmp_path: Path, dbn_samples: Path) -> None:
     dst = tmp_path / "out.parquet"
     dst.write_bytes(b"previous good output")
     with pytest.raises(DataFileError):
-        build_feature_file(dbn_samples / ESH4_MBO_1225, dst, bar_size="1m")  # too few bars
+        build_feature_file(dbn_samples / ESH4_MBO_1224, dst, bar_size="1m")  # no tradable bars
     with pytest.raises(DataFileError, match="empty file"):
         build_feature_file(write_dbn(tmp_path / "e.dbn.zst", b""), dst)
     assert dst.read_bytes() == b"previous good output"

@@ -1,4 +1,5 @@
-"""The report's data section from the feature manifest: rolls, skipped files and bars dropped in the halt."""
+"""The report's data section from the feature manifest: rolls, skipped and warm-up-only files and bars dropped
+in the halt."""
 
 from __future__ import annotations
 
@@ -22,16 +23,22 @@ ROLL = {
 
 
 def _entry(
-    name: str, *, halt: int | None, outside: int | None, skipped: str | None = None
+    name: str,
+    *,
+    halt: int | None,
+    outside: int | None,
+    skipped: str | None = None,
+    warmup_only: str | None = None,
 ) -> dict[str, object]:
     return {
         "path": f"results/features/{name}.parquet",
         "sha256": "0" * 64,
-        "rows": 0 if skipped else 100,
+        "rows": 0 if skipped or warmup_only else 100,
         "source_file": f"{name}.dbn.zst",
         "dropped_in_halt": halt,
         "dropped_outside_session": outside,
         "skipped": skipped,
+        "warmup_only": warmup_only,
     }
 
 
@@ -56,6 +63,8 @@ def test_data_section_lists_rolls_skipped_files_and_halt_drops(
 ) -> None:
     manifest = {
         "files": [
+            # A download starting on a Sunday: its 60 bars are all warm-up, context for Monday only.
+            _entry("glbx-mdp3-20240310", halt=0, outside=0, warmup_only="all 60 bars are warm-up (...)"),
             _entry("glbx-mdp3-20240314", halt=60, outside=60),
             _entry("glbx-mdp3-20240315", halt=58, outside=118),
             # An unreadable header under data.on_bad_file: skip: the features job recorded no counts.
@@ -64,15 +73,23 @@ def test_data_section_lists_rolls_skipped_files_and_halt_drops(
         "rolls": [ROLL],
     }
     section = _data_section(outputs, tmp_path / "eval_report.html", manifest)
-    assert re.search(r'data-metric="input-files" data-value="3"', section)
+    assert re.search(r'data-metric="input-files" data-value="4"', section)
     assert re.search(r'data-metric="skipped-files" data-value="1"', section)
+    assert re.search(r'data-metric="warmup-only-files" data-value="1"', section)
+    warmup = re.search(r'<tr data-warmup-only="glbx-mdp3-20240310.dbn.zst">(.*?)</tr>', section)
+    assert warmup and "all 60 bars are warm-up" in warmup.group(1)
+    assert 'data-skipped="glbx-mdp3-20240310.dbn.zst"' not in section  # warm-up only is not a bad file
     assert 'data-metric="dropped-in-halt" data-value="118"' in section and "178 in all" in section
     roll = re.search(r'<tr data-roll="ES.c.0" data-day="2024-03-15">(.*?)</tr>', section)
     assert roll and "11 → 5" in roll.group(1) and "2024-03-15T01:43:00+00:00" in roll.group(1)
     skipped = re.search(r'<tr data-skipped="glbx-mdp3-20240318.dbn.zst">(.*?)</tr>', section)
     assert skipped and "not a valid DBN stream" in skipped.group(1)
     halts = re.findall(r'<tr data-file="([^"]+)">.*?data-metric="file-in-halt" data-value="(\d+)"', section)
-    assert halts == [("glbx-mdp3-20240314.dbn.zst", "60"), ("glbx-mdp3-20240315.dbn.zst", "58")]
+    assert halts == [
+        ("glbx-mdp3-20240310.dbn.zst", "0"),
+        ("glbx-mdp3-20240314.dbn.zst", "60"),
+        ("glbx-mdp3-20240315.dbn.zst", "58"),
+    ]
 
 
 def test_data_section_without_rolls_or_manifest_says_so(outputs: PipelineOutputs, tmp_path: Path) -> None:
@@ -80,7 +97,7 @@ def test_data_section_without_rolls_or_manifest_says_so(outputs: PipelineOutputs
         outputs, tmp_path / "a.html", {"files": [_entry("d", halt=0, outside=0)], "rolls": []}
     )
     assert "none (no continuous symbol changed contract)" in plain and "data-roll=" not in plain
-    assert "data-skipped=" not in plain
+    assert "data-skipped=" not in plain and "data-warmup-only=" not in plain and "warm-up only" not in plain
     assert "not recorded (no feature manifest given)" in _data_section(outputs, tmp_path / "b.html", None)
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from marketrl import paths, pipeline
+from marketrl.config import validate_config
 from marketrl.data.cme_hours import demo_file_days
 from tests.conftest import REPO_ROOT
 
@@ -71,6 +73,23 @@ def test_single_fold_rerun_only_schedules_that_fold(tmp_path: Path) -> None:
     assert counts.get("hyperopt_best") == 1  # only ppo's study feeds this model
     listed = result.stdout + result.stderr
     assert "fold_0" not in listed
+
+
+def test_a_features_job_gets_the_files_before_it_as_context_inputs(tmp_path: Path) -> None:
+    # Monday 2024-03-11 of the tiny demo: its features job may read Thursday, Friday and the Sunday file
+    # (pipeline.CONTEXT_FILES) besides its own; the first file has only its own.
+    config = validate_config(yaml.safe_load(TINY.read_text()))
+    files = pipeline.raw_data_files(config)
+    stems = list(files)
+    monday, first = stems[3], stems[0]
+    assert monday.startswith("glbx-mdp3-20240311") and pipeline.CONTEXT_FILES == 3
+    targets = [paths.FEATURES.format(stem=stem) for stem in (monday, first)]
+    result = snakemake("-n", *targets, cwd=workdir_with_config(tmp_path, TINY))
+    assert result.returncode == 0, result.stderr[-2000:]
+    listed = result.stdout + result.stderr
+    jobs = re.findall(r"rule features:\n\s+input: (.*)\n\s+output: results/features/(.*)\.parquet", listed)
+    inputs = {stem: line.split(", ") for line, stem in jobs}
+    assert inputs == {monday: [files[s] for s in [monday, *stems[:3]]], first: [files[first]]}
 
 
 def test_unknown_config_key_fails_before_any_job(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Snakemake script: decode one DBN.zst file once into its Parquet feature table."""
+"""Snakemake script: decode one DBN.zst file once into its Parquet feature table (earlier files as context)."""
 
 import logging
 from pathlib import Path
@@ -9,11 +9,12 @@ from marketrl.features import build_feature_file, feature_options
 from marketrl.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
-    prev = Path(snakemake.input.prev) if "prev" in snakemake.input.keys() else None
+    context = snakemake.input.context if "context" in snakemake.input.keys() else []
+    context = [context] if isinstance(context, str) else list(context)  # one file comes as a plain string
     summary = build_feature_file(
         Path(snakemake.input.src),
         Path(snakemake.output[0]),
         **feature_options(snakemake.params.config["data"]),
-        prev_src=prev,
+        context_srcs=[Path(p) for p in context],
     )
     logging.getLogger("marketrl.features").info("wrote %s: %s", snakemake.output[0], summary)

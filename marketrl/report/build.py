@@ -201,7 +201,7 @@ def _bars_per_day(strategies: Sequence[analysis.Strategy]) -> float:
 
 def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
     """What the feature manifest says about the input files: how many, which were skipped and why
-    (`data.on_bad_file: skip`), bars dropped outside the session and inside the daily halt per file, and the
+    (`data.on_bad_file: skip`), which only served as warm-up context (the first file(s)), bars dropped outside the session and inside the daily halt per file, and the
     rolls of every continuous symbol (docs/OUTPUTS.md). A malformed manifest is a ReportInputError naming it."""
     manifest = read_json_object(manifest_path, "feature manifest")
     files, rolls = manifest.get("files"), manifest.get("rolls", [])
@@ -219,6 +219,9 @@ def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
     return {
         "n_files": len(files),
         "skipped": [{"file": name(e), "reason": str(e["skipped"])} for e in files if e.get("skipped")],
+        "warmup_only": [
+            {"file": name(e), "note": str(e["warmup_only"])} for e in files if e.get("warmup_only")
+        ],
         "dropped": [
             {"file": name(e), "in_halt": e.get("dropped_in_halt"), "outside": e["dropped_outside_session"]}
             for e in counted
