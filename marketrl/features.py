@@ -9,7 +9,7 @@ with its formula and lookback (tested against the catalog). Design points:
 
 - **finite lookback**: every feature at bar t reads bars t-L..t with ``L <= MAX_LOOKBACK``. EMAs (MACD, RSI, ATR)
   are truncated to a fixed window with renormalized weights, so a row depends on a bounded history; this makes
-  a day file featurized with its previous day as context give the same rows as one long file.
+  a day file featurized with its previous days as context give the same rows as one long file.
 - **no look-ahead**: only rolling windows that end at the current row, backward shifts and running sums.
 - **per instrument**: frames are sorted by (instrument_id, ts_event) and the rolling expressions run over the
   flat columns; every row whose window could reach into the previous instrument's bars is a warm-up row (fewer
@@ -1139,7 +1139,7 @@ def _build_feature_file(
             f"instrument with {len(context.files)} context file(s)): context for the next file"
         )
         metadata["marketrl.warmup_only"] = warmup_only
-        logging.getLogger(__name__).warning("%s: no feature rows, %s", src, warmup_only)
+        logging.getLogger(__name__).info("%s: no feature rows, %s", src, warmup_only)
     elif selection.dropped:
         logging.getLogger(__name__).info(
             "%s: only warm-up bars, no rows yet: %s", src, ", ".join(selection.dropped)

@@ -19,6 +19,7 @@ from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataFileError, read_bars
 from marketrl.datasets import load_feature_tables, write_feature_manifest
 from marketrl.features import MAX_LOOKBACK, build_feature_file, skipped_reason, warmup_only_note
+from marketrl.folds import trading_days_of
 from tests.support.synthetic import ohlcv_messages, random_walk_bars
 
 MINUTE_NS = 60_000_000_000
@@ -184,6 +185,7 @@ def test_a_download_starting_on_a_sunday_gives_a_warm_up_only_first_table(tmp_pa
     assert [e["warmup_only"] for e in manifest["files"]] == [sunday["warmup_only"], None]
     assert [e["skipped"] for e in manifest["files"]] == [None, None]
     assert_frame_equal(load_feature_tables(tables), reference.sort("instrument_id", "ts_event"))
+    assert trading_days_of(tables) == sorted(reference["trading_day"].unique().to_list())
 
 
 def test_an_unusable_context_file_ends_the_context_there(tmp_path: Path) -> None:
