@@ -9,8 +9,8 @@ from marketrl.features import build_feature_file, feature_options
 from marketrl.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
-    context = snakemake.input.context if "context" in snakemake.input.keys() else []
-    context = [context] if isinstance(context, str) else list(context)  # one file comes as a plain string
+    # rules/common.smk feature_inputs gives "context" as a list (the files before, in time order), or not at all.
+    context = list(snakemake.input.context) if "context" in snakemake.input.keys() else []
     summary = build_feature_file(
         Path(snakemake.input.src),
         Path(snakemake.output[0]),
