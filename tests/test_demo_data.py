@@ -135,7 +135,10 @@ def test_window_covers_the_dst_change(bars: pl.DataFrame) -> None:
     assert {h for d, h in hours.items() if d >= dt.date(2024, 3, 11)} == {22}  # 17:00 CDT after 2024-03-10
     closes = bars.group_by("trading_day").agg(pl.col("ts_event").max())
     local_close = {day: ts.astimezone(CHICAGO).time() for day, ts in closes.rows()}
-    assert set(local_close.values()) <= {dt.time(15, 59), dt.time(15, 58)}  # every trading day ends at 16:00 CT
+    assert set(local_close.values()) <= {
+        dt.time(15, 59),
+        dt.time(15, 58),
+    }  # every trading day ends at 16:00 CT
 
 
 def test_presidents_day_halts_early_and_clears_under_tuesday(bars: pl.DataFrame) -> None:
@@ -143,7 +146,9 @@ def test_presidents_day_halts_early_and_clears_under_tuesday(bars: pl.DataFrame)
     assert dt.date(2024, 2, 19) not in bars["trading_day"].to_list()  # a holiday is never a trading day
     holiday = local.filter(pl.col("local").dt.date() == dt.date(2024, 2, 19))
     times = holiday["local"].dt.time()
-    assert times.filter(times >= dt.time(12, 0)).min() == dt.time(17, 0)  # nothing from 12:00 until the reopen
+    assert times.filter(times >= dt.time(12, 0)).min() == dt.time(
+        17, 0
+    )  # nothing from 12:00 until the reopen
     assert holiday["trading_day"].unique().to_list() == [dt.date(2024, 2, 20)]  # before and after the halt
     # Tuesday's trading day: Sunday 17:00 CT to the 12:00 CT halt, then Monday 17:00 CT to Tuesday 16:00 CT
     tuesday = local.filter(pl.col("trading_day") == dt.date(2024, 2, 20))["local"].sort()
@@ -155,6 +160,40 @@ def test_presidents_day_halts_early_and_clears_under_tuesday(bars: pl.DataFrame)
     assert tuesday.filter(tuesday.dt.date() == dt.date(2024, 2, 20)).dt.time().max() >= dt.time(15, 55)
     per_day = bars.group_by("trading_day").len()
     assert per_day["len"].max() == per_day.filter(pl.col("trading_day") == dt.date(2024, 2, 20))["len"][0]
+
+
+def test_cme_hours_clear_holiday_sessions_under_the_next_trade_date() -> None:
+    from marketrl.data.cme_hours import cme_sessions, trading_days
+
+    def local(ns: int) -> dt.datetime:
+        return dt.datetime.fromtimestamp(ns // 10**9, tz=CHICAGO).replace(tzinfo=None)
+
+    sessions = cme_sessions(dt.date(2024, 1, 2), 250)
+    days = trading_days(dt.date(2024, 1, 2), 250)
+    assert len(days) == 250 and not set(days) & HOLIDAYS_2024 and all(d.weekday() < 5 for d in days)
+    segments: dict[dt.date, list[tuple[dt.datetime, dt.datetime]]] = {}
+    for session in sessions:
+        segments.setdefault(session.trading_day, []).append((local(session.open_ns), local(session.close_ns)))
+    assert sorted(segments) == days
+    # Thanksgiving: Wednesday 17:00 CT to Thursday 12:00 CT, then Thursday 17:00 CT to Friday 16:00 CT
+    assert segments[dt.date(2024, 11, 29)] == [
+        (dt.datetime(2024, 11, 27, 17), dt.datetime(2024, 11, 28, 12)),
+        (dt.datetime(2024, 11, 28, 17), dt.datetime(2024, 11, 29, 16)),
+    ]
+    # Christmas and Good Friday are closed: the next trade date opens at 17:00 CT on the holiday / on Sunday
+    assert segments[dt.date(2024, 12, 26)] == [(dt.datetime(2024, 12, 25, 17), dt.datetime(2024, 12, 26, 16))]
+    assert segments[dt.date(2024, 4, 1)] == [(dt.datetime(2024, 3, 31, 17), dt.datetime(2024, 4, 1, 16))]
+    two = {day for day, parts in segments.items() if len(parts) == 2}
+    assert two == {
+        dt.date(2024, m, d) for m, d in ((1, 16), (2, 20), (5, 28), (6, 20), (7, 5), (9, 3), (11, 29))
+    }
+    # the national day of mourning 2025-01-09: the overnight session to 08:30 CT belongs to Friday
+    jan_10 = cme_sessions(dt.date(2025, 1, 10), 1)
+    assert [s.trading_day for s in jan_10] == [dt.date(2025, 1, 10)] * 2
+    assert (local(jan_10[0].open_ns), local(jan_10[0].close_ns)) == (
+        dt.datetime(2025, 1, 8, 17),
+        dt.datetime(2025, 1, 9, 8, 30),
+    )
 
 
 def test_the_quarterly_roll_changes_instrument_id_once_under_each_continuous_symbol(

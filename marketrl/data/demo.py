@@ -463,7 +463,7 @@ def _merge_segments(first: list[DayBars], second: list[DayBars]) -> list[DayBars
 def generate_demo_files(
     out_dir: Path, start: dt.date | str, n_days: int, seed: int, edge: float = 0.0
 ) -> list[Path]:
-    """Write the ohlcv-1m DBN.zst files (one per UTC day with data) of `n_days` CME sessions from `start` into
+    """Write the ohlcv-1m DBN.zst files (one per UTC day with data) of `n_days` CME trading days from `start` into
     `out_dir`, and their definition file into `out_dir/definitions/`; return the ohlcv-1m paths in time order.
 
     `edge`: the oracle's annualized net Sharpe the planted signal is calibrated to (0: no planted signal)."""
