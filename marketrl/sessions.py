@@ -101,7 +101,7 @@ def _parse_dates(value: Any) -> tuple[dt.date, ...]:
     days = []
     for item in value:
         try:
-            day = item if isinstance(item, dt.date) else dt.date.fromisoformat(str(item))
+            day = dt.date.fromisoformat(str(item))  # a YAML date, or its text
         except ValueError:
             raise SessionConfigError(f"{key}: expected a date YYYY-MM-DD, got {item!r}") from None
         if day.weekday() >= 5:
@@ -210,8 +210,10 @@ class SessionCalendar:
 
     def is_closed(self, day: pl.Expr) -> pl.Expr:
         """True where the trading day ``day`` (a Date) has no session: a weekend day or a holiday."""
-        closed = day.dt.weekday() >= 6
-        return closed | day.is_in(sorted(self.holiday_dates)) if self.holiday_dates else closed
+        weekend = day.dt.weekday() >= 6
+        if not self.holiday_dates:
+            return weekend
+        return weekend | day.is_in(sorted(self.holiday_dates))
 
     def in_halt(self, ts: pl.Expr) -> pl.Expr:
         """True where the local time of ``ts`` lies inside the daily halt."""
