@@ -26,6 +26,7 @@ from marketrl.features import (
     skipped_reason,
 )
 from tests.support.synthetic import ohlcv_messages, random_walk_bars, trade_messages
+from tests.test_exchange_holidays import KNOWN
 
 MINUTE_NS = 60_000_000_000
 DAY_NS = 86_400 * 10**9
@@ -200,12 +201,17 @@ def test_daily_bars_from_an_ohlcv_1d_file(tmp_path: Path) -> None:
     )
     path = write_dbn(tmp_path / "es.ohlcv-1d.dbn.zst", data)
     daily = read_bars(path, "1d")
-    assert daily.bars.height == bars.height and daily.dropped_outside_session == 0
+    # the US holidays' bars (e.g. 2023-01-02, observed New Year) are outside every session: no trading day
+    on_holidays = (
+        bars["ts_event"].cast(pl.Datetime("ns", "UTC")).dt.date().is_in(sorted(set().union(*KNOWN.values())))
+    )
+    assert 8 <= on_holidays.sum() == daily.dropped_outside_session
+    assert daily.bars.height == bars.height - on_holidays.sum()
     assert daily.bars["trading_day"].to_list() == daily.bars["ts_event"].dt.date().to_list()
     with pytest.raises(DataFileError, match="cannot be built from ohlcv-1d"):
         read_bars(path, "1h")
     summary = build_feature_file(path, tmp_path / "es.parquet", bar_size="1d")
-    assert summary["rows"] == bars.height - MAX_LOOKBACK
+    assert summary["rows"] == daily.bars.height - MAX_LOOKBACK
 
 
 def test_files_are_ordered_by_their_header_start_and_both_suffixes_have_stems(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""Demo data: what a GLBX.MDP3 ohlcv-1m download looks like (UTC-day files, CME hours, DST, a holiday halt, the
-quarterly roll under continuous symbology, a definition file), valid DBN that databento reads back exactly,
+"""Demo data: what a GLBX.MDP3 ohlcv-1m download looks like (UTC-day files, CME hours, DST, a holiday halt cleared
+under the next trade date, the quarterly roll under continuous symbology, a definition file), valid DBN that databento reads back exactly,
 realistic enough, and byte-reproducible."""
 
 from __future__ import annotations
@@ -57,14 +57,26 @@ def bars(demo_dir: Path) -> pl.DataFrame:
     return pl.concat(frames).sort("ts_event", "instrument_id")
 
 
+# The US holidays of the demo's years, written out by hand (CME: no trade date on any of them).
+HOLIDAYS_2024 = {
+    dt.date(2024, m, d)
+    for m, d in ((1, 1), (1, 15), (2, 19), (3, 29), (5, 27), (6, 19), (7, 4), (9, 2), (11, 28), (12, 25))
+}
+
+
 def _expected_trading_day(ts_utc: dt.datetime) -> dt.date | None:
     """CME Globex by hand: the session opening at 17:00 CT belongs to the next local date, 16:00-17:00 CT is the
-    halt, and no session ends on a Saturday or Sunday (None: outside every session)."""
+    halt, no session ends on a Saturday or Sunday (None: outside every session), and a session ending on a
+    holiday is cleared under the next weekday that is not one."""
     local = ts_utc.astimezone(CHICAGO)
     if dt.time(16, 0) <= local.time() < dt.time(17, 0):
         return None
     day = local.date() + dt.timedelta(days=1 if local.time() >= dt.time(17, 0) else 0)
-    return None if day.weekday() >= 5 else day
+    if day.weekday() >= 5:
+        return None
+    while day in HOLIDAYS_2024 or day.weekday() >= 5:
+        day += dt.timedelta(days=1)
+    return day
 
 
 # --- the download's layout ----------------------------------------------------------------------------------
@@ -77,15 +89,17 @@ def test_one_file_per_utc_day_with_data_named_like_databento(demo_dir: Path, bar
     days = [dt.datetime.strptime(n[10:18], "%Y%m%d").date() for n in names]
     assert not [d for d in days if d.weekday() == 5]  # no Saturday file
     sundays = [d for d in days if d.weekday() == 6]
-    assert sundays == [dt.date(2024, 2, 18) + dt.timedelta(weeks=w) for w in range(5)]
+    assert sundays == [dt.date(2024, 2, 18) + dt.timedelta(weeks=w) for w in range(6)]
+    # 30 trading days (2024-02-12 .. 03-25: Presidents' Day is none) in 31 weekday files and 6 Sunday files
+    assert len(days) == 37 and days[-1] == dt.date(2024, 3, 25) and dt.date(2024, 2, 19) in days
     # every bar lies in its file's UTC day, and every Sunday file opens at 17:00 CT
     assert (bars["ts_event"].dt.strftime("%Y%m%d") == bars["file"].str.slice(10, 8)).all()
     for sunday in sundays:
         first = bars.filter(pl.col("file") == demo_file_name(sunday))["ts_event"].min()
         assert first.astimezone(CHICAGO).time() == dt.time(17, 0)
-    # a session spans two UTC files
-    per_day = bars.group_by("trading_day").agg(pl.col("file").n_unique())
-    assert per_day["file"].max() == 2
+    # a session spans two UTC files; the trading day after Presidents' Day three (Sunday, Monday, Tuesday)
+    per_day = dict(bars.group_by("trading_day").agg(pl.col("file").n_unique()).rows())
+    assert per_day.pop(dt.date(2024, 2, 20)) == 3 and max(per_day.values()) == 2
 
 
 def test_round_trip_through_databento_with_continuous_symbology(demo_dir: Path) -> None:
@@ -121,24 +135,65 @@ def test_window_covers_the_dst_change(bars: pl.DataFrame) -> None:
     assert {h for d, h in hours.items() if d >= dt.date(2024, 3, 11)} == {22}  # 17:00 CDT after 2024-03-10
     closes = bars.group_by("trading_day").agg(pl.col("ts_event").max())
     local_close = {day: ts.astimezone(CHICAGO).time() for day, ts in closes.rows()}
-    assert {t for d, t in local_close.items() if d != dt.date(2024, 2, 19)} <= {
+    assert set(local_close.values()) <= {
         dt.time(15, 59),
         dt.time(15, 58),
-    }
+    }  # every trading day ends at 16:00 CT
 
 
-def test_presidents_day_halts_early(bars: pl.DataFrame) -> None:
+def test_presidents_day_halts_early_and_clears_under_tuesday(bars: pl.DataFrame) -> None:
     local = bars.with_columns(pl.col("ts_event").dt.convert_time_zone("America/Chicago").alias("local"))
+    assert dt.date(2024, 2, 19) not in bars["trading_day"].to_list()  # a holiday is never a trading day
     holiday = local.filter(pl.col("local").dt.date() == dt.date(2024, 2, 19))
     times = holiday["local"].dt.time()
     assert times.filter(times >= dt.time(12, 0)).min() == dt.time(
         17, 0
     )  # nothing from 12:00 until the reopen
-    assert holiday.filter(pl.col("trading_day") == dt.date(2024, 2, 19))["local"].dt.time().max() < dt.time(
-        12, 0
+    assert holiday["trading_day"].unique().to_list() == [dt.date(2024, 2, 20)]  # before and after the halt
+    # Tuesday's trading day: Sunday 17:00 CT to the 12:00 CT halt, then Monday 17:00 CT to Tuesday 16:00 CT
+    tuesday = local.filter(pl.col("trading_day") == dt.date(2024, 2, 20))["local"].sort()
+    assert tuesday[0] == dt.datetime(2024, 2, 18, 17, 0, tzinfo=CHICAGO)
+    gaps = tuesday.diff().drop_nulls()
+    # one break inside the day: 12:00 -> 17:00 CT Monday (bar open times, 11:59 -> 17:00 unless a bar is absent)
+    assert dt.timedelta(hours=5) < gaps.max() < dt.timedelta(hours=5, minutes=10)
+    assert (gaps > dt.timedelta(minutes=30)).sum() == 1
+    assert tuesday.filter(tuesday.dt.date() == dt.date(2024, 2, 20)).dt.time().max() >= dt.time(15, 55)
+    per_day = bars.group_by("trading_day").len()
+    assert per_day["len"].max() == per_day.filter(pl.col("trading_day") == dt.date(2024, 2, 20))["len"][0]
+
+
+def test_cme_hours_clear_holiday_sessions_under_the_next_trade_date() -> None:
+    from marketrl.data.cme_hours import cme_sessions, trading_days
+
+    def local(ns: int) -> dt.datetime:
+        return dt.datetime.fromtimestamp(ns // 10**9, tz=CHICAGO).replace(tzinfo=None)
+
+    sessions = cme_sessions(dt.date(2024, 1, 2), 250)
+    days = trading_days(dt.date(2024, 1, 2), 250)
+    assert len(days) == 250 and not set(days) & HOLIDAYS_2024 and all(d.weekday() < 5 for d in days)
+    segments: dict[dt.date, list[tuple[dt.datetime, dt.datetime]]] = {}
+    for session in sessions:
+        segments.setdefault(session.trading_day, []).append((local(session.open_ns), local(session.close_ns)))
+    assert sorted(segments) == days
+    # Thanksgiving: Wednesday 17:00 CT to Thursday 12:00 CT, then Thursday 17:00 CT to Friday 16:00 CT
+    assert segments[dt.date(2024, 11, 29)] == [
+        (dt.datetime(2024, 11, 27, 17), dt.datetime(2024, 11, 28, 12)),
+        (dt.datetime(2024, 11, 28, 17), dt.datetime(2024, 11, 29, 16)),
+    ]
+    # Christmas and Good Friday are closed: the next trade date opens at 17:00 CT on the holiday / on Sunday
+    assert segments[dt.date(2024, 12, 26)] == [(dt.datetime(2024, 12, 25, 17), dt.datetime(2024, 12, 26, 16))]
+    assert segments[dt.date(2024, 4, 1)] == [(dt.datetime(2024, 3, 31, 17), dt.datetime(2024, 4, 1, 16))]
+    two = {day for day, parts in segments.items() if len(parts) == 2}
+    assert two == {
+        dt.date(2024, m, d) for m, d in ((1, 16), (2, 20), (5, 28), (6, 20), (7, 5), (9, 3), (11, 29))
+    }
+    # the national day of mourning 2025-01-09: the overnight session to 08:30 CT belongs to Friday
+    jan_10 = cme_sessions(dt.date(2025, 1, 10), 1)
+    assert [s.trading_day for s in jan_10] == [dt.date(2025, 1, 10)] * 2
+    assert (local(jan_10[0].open_ns), local(jan_10[0].close_ns)) == (
+        dt.datetime(2025, 1, 8, 17),
+        dt.datetime(2025, 1, 9, 8, 30),
     )
-    regular = local.filter(pl.col("local").dt.date() == dt.date(2024, 2, 20))["local"].dt.time()
-    assert regular.filter(regular < dt.time(16, 0)).max() >= dt.time(15, 55)  # the next day closes at 16:00
 
 
 def test_the_quarterly_roll_changes_instrument_id_once_under_each_continuous_symbol(
@@ -182,7 +237,7 @@ def test_the_quarterly_roll_changes_instrument_id_once_under_each_continuous_sym
 def test_definition_file_describes_the_contracts(demo_dir: Path) -> None:
     path = demo_definition_path(demo_dir, DEFAULT["start"], DEFAULT["days"])
     assert path.parent.name == DEFINITIONS_DIR
-    assert path.name == "glbx-mdp3-20240212-20240322.definition.dbn.zst"
+    assert path.name == "glbx-mdp3-20240212-20240325.definition.dbn.zst"
     store = db.DBNStore.from_file(path)
     assert store.schema == db.Schema.DEFINITION
     records = {r.raw_symbol: r for r in store}

@@ -1,35 +1,46 @@
-"""Session calendars: every bar's trading_day against a loop over the tz database, across CME's weekly open,
-daily halt and a DST change; US equity hours; data.session overrides and their errors."""
+"""Session calendars: every bar's trading_day against a loop over the tz database and a hand-written holiday list,
+across CME's weekly open, daily halt, DST changes and holidays (cleared under the next business day); US equity
+hours and holidays; data.session overrides, their round trip and their errors."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
+from marketrl.config import ConfigError, validate_config
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataConfigError, read_bars
 from marketrl.datasets import write_feature_manifest
 from marketrl.features import build_feature_file
 from marketrl.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
 from tests.support.synthetic import ohlcv_messages
+from tests.test_exchange_holidays import KNOWN
 
 NS = 1_000_000_000
 DAY_NS = 86_400 * NS
 CHICAGO = ZoneInfo("America/Chicago")
+HOLIDAYS = set().union(*KNOWN.values())  # 2023-2026, written out by hand
 
 
 def _cme_reference(ts_ns: int) -> dt.date | None:
-    """Independent CME rule, one bar at a time: None inside the 16:00-17:00 CT halt or on a weekend day."""
+    """Independent CME rule, one bar at a time: None inside the 16:00-17:00 CT halt or on a weekend day; a
+    session closing on a holiday is cleared under the next weekday that is not one."""
     local = dt.datetime.fromtimestamp(ts_ns / NS, tz=dt.UTC).astimezone(CHICAGO)
     if dt.time(16, 0) <= local.time() < dt.time(17, 0):
         return None
     day = local.date() + dt.timedelta(days=1) if local.time() >= dt.time(17, 0) else local.date()
-    return None if day.weekday() >= 5 else day
+    if day.weekday() >= 5:
+        return None
+    while day in HOLIDAYS or day.weekday() >= 5:
+        day += dt.timedelta(days=1)
+    return day
 
 
 def _in_cme_halt(ts_ns: int) -> bool:
@@ -97,6 +108,45 @@ def test_cme_trading_day_matches_a_per_bar_reference_across_weekend_halt_and_dst
     assert days == [dt.date(2024, 3, d) for d in (7, 8, 11, 12)] + [dt.date(2024, 3, 13)]
 
 
+@pytest.mark.parametrize(
+    ("first", "n_files", "trading_days"),
+    [
+        # Presidents' Day: Sunday 17:00 CT -> the Monday halt belongs to Tuesday, with Monday 17:00 CT onwards
+        ("2024-02-16", 6, ["2024-02-16", "2024-02-20", "2024-02-21", "2024-02-22"]),
+        # Good Friday: Thursday 17:00 CT onwards -> Monday; Friday after 17:00 CT is a Saturday, dropped
+        ("2024-03-27", 7, ["2024-03-27", "2024-03-28", "2024-04-01", "2024-04-02", "2024-04-03"]),
+        # DST ends on Sunday 2024-11-03 (the open moves from 22:00 to 23:00 UTC)
+        ("2024-11-01", 4, ["2024-11-01", "2024-11-04", "2024-11-05"]),
+        # Thanksgiving: Wednesday 17:00 CT -> Thursday's 12:00 CT halt belongs to Friday 11-29
+        ("2024-11-26", 5, ["2024-11-26", "2024-11-27", "2024-11-29"]),
+        # Christmas on a Wednesday: Tuesday 17:00 CT onwards -> Thursday
+        ("2024-12-23", 5, ["2024-12-23", "2024-12-24", "2024-12-26", "2024-12-27"]),
+    ],
+)
+def test_cme_holidays_are_cleared_under_the_next_business_day(
+    tmp_path: Path, first: str, n_files: int, trading_days: list[str]
+) -> None:
+    paths = _utc_day_files(
+        tmp_path, dt.date.fromisoformat(first), n_files, step_minutes=5, dataset="GLBX.MDP3"
+    )
+    frames = []
+    for path in paths:
+        bar_file = read_bars(path, "1m")
+        start = int(dt.datetime.fromisoformat(path.name[:10]).replace(tzinfo=dt.UTC).timestamp()) * NS
+        expected = {ts: _cme_reference(ts) for ts in range(start, start + DAY_NS, 5 * 60 * NS)}
+        kept = {ts: day for ts, day in expected.items() if day is not None}
+        got = dict(
+            zip(bar_file.bars["ts_event"].dt.epoch("ns").to_list(), bar_file.bars["trading_day"], strict=True)
+        )
+        assert got == kept, path.name
+        assert bar_file.dropped_outside_session == len(expected) - len(kept)
+        assert bar_file.dropped_in_halt == sum(_in_cme_halt(ts) for ts in expected)
+        frames.append(bar_file.bars)
+    days = pl.concat(frames)["trading_day"].unique().sort().to_list()
+    assert days == [dt.date.fromisoformat(day) for day in trading_days]
+    assert not set(days) & HOLIDAYS
+
+
 def test_cme_halt_and_sunday_open_edges() -> None:
     cme = calendar_for("GLBX.MDP3")
 
@@ -128,6 +178,51 @@ def test_us_equities_regular_hours_and_a_session_override(tmp_path: Path) -> Non
     assert utc_days.calendar == SessionCalendar("UTC", dt.time(0, 0))
 
 
+def test_us_equities_have_no_session_on_a_holiday(tmp_path: Path) -> None:
+    holiday, after = _utc_day_files(tmp_path, dt.date(2024, 7, 4), 2, step_minutes=30, dataset="XNAS.ITCH")
+    closed = read_bars(holiday, "1m")
+    assert (
+        closed.bars.height == 0 and closed.dropped_outside_session == 48
+    )  # 13 in regular hours, 35 in the halt
+    assert closed.dropped_in_halt == 35
+    assert read_bars(after, "1m").bars["trading_day"].unique().to_list() == [dt.date(2024, 7, 5)]
+    kept = read_bars(holiday, "1m", session={"holidays": "none"}).bars  # the rule set switched off
+    assert kept.height == 13 and kept["trading_day"].unique().to_list() == [dt.date(2024, 7, 4)]
+
+
+def test_holiday_overrides_keep_the_dataset_hours() -> None:
+    def day_of(utc: dt.datetime, session: dict) -> dt.date:
+        frame = pl.DataFrame({"ts_event": [utc]}).with_columns(pl.col("ts_event").dt.cast_time_unit("ns"))
+        return frame.select(calendar_for("GLBX.MDP3", session).trading_day(pl.col("ts_event"))).item()
+
+    presidents_day = dt.datetime(2024, 2, 19, 15, 0, tzinfo=dt.UTC)  # 09:00 CT on the holiday
+    assert day_of(presidents_day, {}) == dt.date(2024, 2, 20)
+    assert day_of(presidents_day, {"holidays": "none", "extra_holidays": []}) == dt.date(2024, 2, 19)
+    extra = {"extra_holidays": ["2024-03-12"]}
+    assert day_of(dt.datetime(2024, 3, 11, 23, 30, tzinfo=dt.UTC), extra) == dt.date(2024, 3, 13)
+    assert day_of(dt.datetime(2024, 3, 12, 14, 0, tzinfo=dt.UTC), extra) == dt.date(2024, 3, 13)
+    cme = calendar_for("GLBX.MDP3", extra)
+    assert (cme.timezone, cme.open, cme.holidays) == ("America/Chicago", dt.time(17, 0), "us")
+    # a calendar of its own has no holidays unless it names a rule set
+    assert calendar_for("GLBX.MDP3", {"timezone": "UTC", "open": "00:00"}).holidays == "none"
+
+
+def test_session_config_round_trips_through_json_and_the_feature_metadata(tmp_path: Path) -> None:
+    calendars = [
+        calendar_for("GLBX.MDP3"),
+        calendar_for("XNAS.ITCH"),
+        calendar_for("GLBX.MDP3", {"holidays": "none", "extra_holidays": ["2012-10-30", "2012-10-29"]}),
+        SessionCalendar.from_config({"timezone": "Europe/Berlin", "open": "08:00", "holidays": "us"}),
+    ]
+    for calendar in calendars:
+        assert SessionCalendar.from_config(json.loads(json.dumps(calendar.to_config()))) == calendar
+    assert calendars[2].extra_holidays == (dt.date(2012, 10, 29), dt.date(2012, 10, 30))
+    (path,) = _utc_day_files(tmp_path, dt.date(2024, 2, 19), 1, step_minutes=5, dataset="GLBX.MDP3")
+    build_feature_file(path, tmp_path / "mon.parquet")
+    stored = json.loads(pq.read_schema(tmp_path / "mon.parquet").metadata[b"marketrl.session"])
+    assert stored["holidays"] == "us" and SessionCalendar.from_config(stored) == calendar_for("GLBX.MDP3")
+
+
 def test_unknown_dataset_and_bad_session_config_are_one_line_errors(tmp_path: Path) -> None:
     (path,) = _utc_day_files(tmp_path, dt.date(2024, 7, 2), 1, step_minutes=60, dataset="XEUR.EOBI")
     with pytest.raises(
@@ -144,17 +239,38 @@ def test_unknown_dataset_and_bad_session_config_are_one_line_errors(tmp_path: Pa
         ({"timezone": "UTC"}, "open"),
         ({"timezone": "UTC", "open": "08:00", "halt_start": "12:00"}, "halt_start"),
         ({"timezone": "UTC", "open": "08:00", "close": "12:00"}, "close"),
+        ({"timezone": "UTC", "open": "08:00", "holidays": "uk"}, "holidays"),
     ):
         with pytest.raises(SessionConfigError, match=rf"data\.session.*{key}"):
             SessionCalendar.from_config(session)
+    for session, message in (
+        ({"holidays": "uk"}, r"data\.session\.holidays: expected one of us, none, got 'uk'"),
+        (
+            {"extra_holidays": ["2024-02-30"]},
+            r"data\.session\.extra_holidays: expected a date YYYY-MM-DD, got '2024-02-30'",
+        ),
+        (
+            {"extra_holidays": ["2024-03-09"]},
+            r"data\.session\.extra_holidays: 2024-03-09 is a Saturday; weekends",
+        ),
+        ({"extra_holidays": "2024-03-08"}, r"data\.session\.extra_holidays: expected a list of dates"),
+    ):
+        with pytest.raises(SessionConfigError, match=rf"^{message}"):
+            calendar_for("GLBX.MDP3", session)
+    with pytest.raises(ConfigError, match=r"^config key 'data\.session\.holidays': 'uk' is not one of"):
+        validate_config({"data": {"session": {"holidays": "uk"}}})
+    with pytest.raises(ConfigError, match=r"^config key 'data\.session\.extra_holidays\[0\]': '19 Feb'"):
+        validate_config({"data": {"session": {"extra_holidays": ["19 Feb"]}}})
 
 
-def test_daily_bars_keep_their_date_and_drop_weekends() -> None:
-    days = [dt.datetime(2024, 3, d, tzinfo=dt.UTC) for d in (8, 9, 10, 11)]  # Fri, Sat, Sun, Mon
+def test_daily_bars_keep_their_date_and_drop_weekends_and_holidays() -> None:
+    days = [
+        dt.datetime(2024, 2, d, tzinfo=dt.UTC) for d in (16, 17, 18, 19, 20)
+    ]  # Fri, Sat, Sun, Mon (holiday), Tue
     frame = pl.DataFrame({"ts_event": days}).with_columns(pl.col("ts_event").dt.cast_time_unit("ns"))
     out, dropped, in_halt = session_frame(frame, calendar_for("GLBX.MDP3"), daily_bars=True)
-    assert out["trading_day"].to_list() == [dt.date(2024, 3, 8), dt.date(2024, 3, 11)] and dropped == 2
-    assert in_halt == 0  # a daily bar cannot be split at the halt
+    assert out["trading_day"].to_list() == [dt.date(2024, 2, 16), dt.date(2024, 2, 20)] and dropped == 3
+    assert in_halt == 0  # a daily bar cannot be split at the halt (nor moved onto Tuesday's)
 
 
 def test_halt_drops_reach_the_feature_metadata_and_the_manifest(tmp_path: Path) -> None:

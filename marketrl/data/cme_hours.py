@@ -5,53 +5,60 @@ Standard library only (rules/common.smk calls ``demo_file_days`` at every DAG pa
 A session is named after the local (America/Chicago) date on which it closes, as marketrl.sessions names it: the
 session of trading day D opens at 17:00 CT on D-1 (Sunday for a Monday) and closes at 16:00 CT on D, followed by
 the daily 16:00-17:00 CT halt. Times are local, so the UTC open moves from 23:00 to 22:00 when US daylight saving
-time starts (2024-03-10). Holidays (2024 table below, docs/DEMO_DATA.md):
+time starts (2024-03-10). Holidays are marketrl.exchange_holidays' ``us`` rule set (docs/DEMO_DATA.md):
 
-- ``EARLY_HALTS``: on a Monday holiday (and the other US holidays listed) CME Globex halts equity index futures at
-  12:00 CT instead of 16:00 and reopens at 17:00 CT as usual. CME clears the halted session under the next trade
-  date; marketrl's calendar has no holiday table and names it after its own date, a short session;
-- ``CLOSED``: no session at all (New Year's Day, Good Friday, Christmas Day).
+- ``CLOSED_ON`` (New Year's Day, Good Friday, Christmas Day): no session trades on that date; the exchange
+  reopens at 17:00 CT that evening for the next trade date;
+- every other holiday: the session that opened at 17:00 CT the evening before halts early, at ``HOLIDAY_HALT``
+  (12:00 CT; ``ONE_OFF_HALT``, 08:30 CT, on a national day of mourning) and is cleared under the next business
+  day's trade date, together with the session that reopens at 17:00 CT on the holiday. That trading day has two
+  segments, e.g. 2024-02-20: Sunday 17:00 CT to the Presidents' Day halt, then Monday 17:00 CT to Tuesday 16:00 CT.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import zoneinfo
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+from marketrl.exchange_holidays import (
+    CHRISTMAS,
+    GOOD_FRIDAY,
+    NEW_YEARS_DAY,
+    ONE_OFF_CLOSURES,
+    is_business_day,
+    next_business_day,
+    us_holidays,
+)
+
 __all__ = [
-    "CLOSED",
-    "EARLY_HALTS",
+    "CLOSED_ON",
     "EXCHANGE_TZ",
+    "HOLIDAY_HALT",
     "DemoSession",
     "cme_sessions",
     "data_start_ns",
     "demo_file_days",
     "first_trading_day",
+    "holiday_close",
     "is_trading_day",
+    "trading_days",
 ]
 
 EXCHANGE_TZ = zoneinfo.ZoneInfo("America/Chicago")
 SESSION_OPEN = dt.time(17, 0)  # on the local date before the trading day
 SESSION_CLOSE = dt.time(16, 0)  # start of the daily halt
-# 2024 US holidays on which CME Globex halts equity index futures early (12:00 CT) and reopens at 17:00 CT.
-EARLY_HALTS: dict[dt.date, dt.time] = {
-    dt.date(2024, 1, 15): dt.time(12, 0),  # Martin Luther King Jr. Day
-    dt.date(2024, 2, 19): dt.time(12, 0),  # Presidents' Day
-    dt.date(2024, 5, 27): dt.time(12, 0),  # Memorial Day
-    dt.date(2024, 6, 19): dt.time(12, 0),  # Juneteenth
-    dt.date(2024, 7, 4): dt.time(12, 0),  # Independence Day
-    dt.date(2024, 9, 2): dt.time(12, 0),  # Labor Day
-    dt.date(2024, 11, 28): dt.time(12, 0),  # Thanksgiving
-}
-# 2024 trading days without any session (the Globex reopen is at 17:00 CT on that day, for the next trade date).
-CLOSED: frozenset[dt.date] = frozenset({dt.date(2024, 1, 1), dt.date(2024, 3, 29), dt.date(2024, 12, 25)})
+CLOSED_ON = frozenset({NEW_YEARS_DAY, GOOD_FRIDAY, CHRISTMAS})  # holidays without any equity futures session
+HOLIDAY_HALT = dt.time(12, 0)  # CME's early halt of equity index futures on the other US holidays
+ONE_OFF_HALT = dt.time(8, 30)  # the national days of mourning (CME's notices for 2018-12-05 and 2025-01-09)
 _NS = 1_000_000_000
 
 
 @dataclass(frozen=True)
 class DemoSession:
-    """One CME session: its trading day and its [open, close) in UTC nanoseconds."""
+    """One CME session segment: its trading day and its [open, close) in UTC nanoseconds. A trading day after
+    an early-halt holiday has two segments (the holiday's halted session, then the regular one)."""
 
     trading_day: dt.date
     open_ns: int
@@ -59,7 +66,7 @@ class DemoSession:
 
     @property
     def minutes(self) -> int:
-        """Length of the session in minutes (1380 on a regular day)."""
+        """Length of the segment in minutes (1380 on a regular day)."""
         return (self.close_ns - self.open_ns) // (60 * _NS)
 
 
@@ -68,9 +75,23 @@ def _utc_ns(day: dt.date, local: dt.time) -> int:
     return int(moment.timestamp()) * _NS
 
 
+def _holidays(day: dt.date) -> frozenset[dt.date]:
+    """The ``us`` holidays of ``day``'s year and the next (a roll crosses New Year)."""
+    return frozenset(us_holidays(day.year)) | frozenset(us_holidays(day.year + 1))
+
+
+def holiday_close(day: dt.date) -> dt.time | None:
+    """The local time the session trading on the weekday holiday ``day`` halts, None when no session trades on
+    it (``CLOSED_ON``); only for holidays."""
+    name = us_holidays(day.year)[day]
+    if name in CLOSED_ON:
+        return None
+    return ONE_OFF_HALT if day in ONE_OFF_CLOSURES else HOLIDAY_HALT
+
+
 def is_trading_day(day: dt.date) -> bool:
-    """A weekday with a session (not in ``CLOSED``)."""
-    return day.weekday() < 5 and day not in CLOSED
+    """A business day: a weekday that is not a holiday (holiday sessions belong to the next one)."""
+    return is_business_day(day, _holidays(day))
 
 
 def first_trading_day(start: dt.date) -> dt.date:
@@ -80,17 +101,39 @@ def first_trading_day(start: dt.date) -> dt.date:
     return start
 
 
-def cme_sessions(start: dt.date, n_sessions: int) -> list[DemoSession]:
-    """The first ``n_sessions`` sessions whose trading day is ``start`` or later."""
-    sessions: list[DemoSession] = []
-    day = first_trading_day(start)
-    while len(sessions) < n_sessions:
-        if is_trading_day(day):
-            close = EARLY_HALTS.get(day, SESSION_CLOSE)
+def _segments_from(day: dt.date) -> Iterator[DemoSession]:
+    """Every session segment, in time order, of the weekdays from ``day`` on (each trades on its weekday: it opens
+    at 17:00 CT the calendar day before)."""
+    while True:
+        if day.weekday() < 5:
             opened = _utc_ns(day - dt.timedelta(days=1), SESSION_OPEN)
-            sessions.append(DemoSession(day, opened, _utc_ns(day, close)))
+            if is_trading_day(day):
+                yield DemoSession(day, opened, _utc_ns(day, SESSION_CLOSE))
+            elif (close := holiday_close(day)) is not None:
+                yield DemoSession(next_business_day(day, _holidays(day)), opened, _utc_ns(day, close))
         day += dt.timedelta(days=1)
+
+
+def cme_sessions(start: dt.date, n_sessions: int) -> list[DemoSession]:
+    """The session segments of the first ``n_sessions`` trading days that are ``start`` or later, in time order."""
+    first = first_trading_day(start)
+    sessions: list[DemoSession] = []
+    days: set[dt.date] = set()
+    # a trading day's earliest segment trades at most a few days before it (a holiday, a weekend)
+    for segment in _segments_from(first - dt.timedelta(days=7)):
+        if segment.trading_day < first:
+            continue
+        if segment.trading_day not in days:
+            if len(days) == n_sessions:
+                break
+            days.add(segment.trading_day)
+        sessions.append(segment)
     return sessions
+
+
+def trading_days(start: dt.date, n_sessions: int) -> list[dt.date]:
+    """The first ``n_sessions`` trading days that are ``start`` or later."""
+    return sorted({session.trading_day for session in cme_sessions(start, n_sessions)})
 
 
 def _utc_date(ts_ns: int) -> dt.date:
@@ -99,14 +142,15 @@ def _utc_date(ts_ns: int) -> dt.date:
 
 def data_start_ns(sessions: list[DemoSession]) -> int:
     """Where the demo's data begin: 00:00 UTC of the first trading day, like a download requested from that date
-    (the first session's hour before it, Sunday 17:00-18:00 CT for a Monday, is not in the data)."""
+    (the first session's hour before it, Sunday 17:00-18:00 CT for a Monday, is not in the data; nor, when the
+    first trading day follows an early-halt holiday, the holiday's segment)."""
     first = sessions[0].trading_day
     return int(dt.datetime(first.year, first.month, first.day, tzinfo=dt.UTC).timestamp()) * _NS
 
 
 def demo_file_days(start: dt.date, n_sessions: int) -> list[dt.date]:
     """The UTC calendar days holding the bars of those sessions: one file each, Sundays (the 17:00 CT open)
-    included; a session spans two UTC days."""
+    included; a segment spans two UTC days."""
     sessions = cme_sessions(start, n_sessions)
     data_start = data_start_ns(sessions)
     days = set()

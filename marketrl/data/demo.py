@@ -36,7 +36,14 @@ import numpy as np
 from scipy import optimize, signal
 
 from marketrl.costs import CostModel, InstrumentCosts
-from marketrl.data.cme_hours import EXCHANGE_TZ, DemoSession, cme_sessions, data_start_ns, demo_file_days
+from marketrl.data.cme_hours import (
+    EXCHANGE_TZ,
+    DemoSession,
+    cme_sessions,
+    data_start_ns,
+    demo_file_days,
+    trading_days,
+)
 from marketrl.data.dbn_writer import (
     PRICE_SCALE,
     PUBLISHER_ID,
@@ -301,8 +308,9 @@ def expected_oracle_sharpe(innovations: np.ndarray, volatility: np.ndarray, phi:
 
 @functools.cache
 def _calibration_sample() -> tuple[np.ndarray, np.ndarray]:
-    """A fixed sample of CALIBRATION_DAYS regular sessions (no holidays or rolls: the edge's strength only)."""
-    days = [s.trading_day for s in cme_sessions(dt.date(2024, 1, 2), CALIBRATION_DAYS)]
+    """A fixed sample of CALIBRATION_DAYS regular sessions (no holiday halts or rolls: the edge's strength only)
+    on the demo's trading days from 2024-01-02 (their weekends and holidays set the gaps)."""
+    days = trading_days(dt.date(2024, 1, 2), CALIBRATION_DAYS)
     return _simulate_innovations(
         np.random.default_rng(CALIBRATION_SEED), CALIBRATION_DAYS, _gap_minutes(days)
     )
@@ -331,8 +339,9 @@ def _round_to_tick(price: np.ndarray, tick: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class DayBars:
-    """One contract's bars of one session: minute since the session's open and UTC open time of each bar (bars
-    with no trade are absent), OHLCV. ``instrument`` is the product with this contract's instrument_id."""
+    """One contract's bars of one trading day: minute since the day's first open (17:00 CT; a holiday's halt is a
+    jump) and UTC open time of each bar (bars with no trade are absent), OHLCV. ``instrument`` is the product
+    with this contract's instrument_id."""
 
     instrument: DemoInstrument
     minutes: np.ndarray
@@ -352,28 +361,33 @@ def _utc_dates(ts_ns: np.ndarray) -> np.ndarray:
 def simulate_demo_bars(
     start: dt.date | str, n_days: int, seed: int, edge: float = 0.0
 ) -> list[tuple[dt.date, list[DayBars]]]:
-    """The demo bars of the first `n_days` CME sessions whose trading day is `start` or later, per trading day
-    and contract (a session that the roll crosses has two per product), without writing files. The data begin
-    at 00:00 UTC of the first trading day, as a download from that date does."""
+    """The demo bars of the first `n_days` CME trading days that are `start` or later, per trading day and
+    contract (a session that the roll crosses has two per product), without writing files. The data begin at
+    00:00 UTC of the first trading day, as a download from that date does. A trading day after an early-halt
+    holiday is two segments (cme_hours), simulated one after the other and merged per contract."""
     if n_days < 1:
         raise ValueError(f"data.demo.days must be at least 1, got {n_days}")
     phi = edge_coefficient(edge)
     sessions = cme_sessions(dt.date.fromisoformat(start) if isinstance(start, str) else start, n_days)
     lengths = [session.minutes for session in sessions]
     rng = np.random.default_rng(seed)
-    innovations, _ = _simulate_innovations(rng, n_days, _session_gap_minutes(sessions), session_bars=lengths)
+    innovations, _ = _simulate_innovations(
+        rng, len(sessions), _session_gap_minutes(sessions), session_bars=lengths
+    )
     log_returns = _plant_momentum(innovations, phi)
     profile = _intraday_profile()
     data_start = data_start_ns(sessions)
     first_day = _utc_dates(np.array([data_start]))[0].astype(dt.date)
 
-    simulated = []
+    simulated: list[tuple[dt.date, list[DayBars]]] = []
     last_close = np.array([inst.start_price for inst in DEMO_INSTRUMENTS])
     current = [front_contract(inst.root, first_day) for inst in DEMO_INSTRUMENTS]
     offset = 0
+    day_opens: dict[dt.date, int] = {}
     for session, n in zip(sessions, lengths, strict=True):
         returns, shape = log_returns[offset : offset + n], profile[:n]
         offset += n
+        day_offset = (session.open_ns - day_opens.setdefault(session.trading_day, session.open_ns)) // BAR_NS
         ts = session.open_ns + np.arange(n, dtype=np.int64) * BAR_NS
         dates = _utc_dates(ts)
         day_bars = []
@@ -413,7 +427,7 @@ def simulate_demo_bars(
                     day_bars.append(
                         DayBars(
                             dataclasses.replace(inst, instrument_id=contract.instrument_id),
-                            np.nonzero(rows)[0],
+                            np.nonzero(rows)[0] + day_offset,
                             open_[rows],
                             high[rows],
                             low[rows],
@@ -423,14 +437,33 @@ def simulate_demo_bars(
                             contract,
                         )
                     )
-        simulated.append((session.trading_day, day_bars))
+        if simulated and simulated[-1][0] == session.trading_day:
+            simulated[-1] = (session.trading_day, _merge_segments(simulated[-1][1], day_bars))
+        else:
+            simulated.append((session.trading_day, day_bars))
     return simulated
+
+
+def _merge_segments(first: list[DayBars], second: list[DayBars]) -> list[DayBars]:
+    """One trading day's bars from its two segments: one DayBars per contract, in time order."""
+    merged = {bars.instrument.instrument_id: bars for bars in first}
+    for bars in second:
+        earlier = merged.get(bars.instrument.instrument_id)
+        if earlier is None:
+            merged[bars.instrument.instrument_id] = bars
+            continue
+        columns = ("minutes", "open", "high", "low", "close", "volume", "ts_event")
+        merged[bars.instrument.instrument_id] = dataclasses.replace(
+            earlier,
+            **{name: np.concatenate([getattr(earlier, name), getattr(bars, name)]) for name in columns},
+        )
+    return list(merged.values())
 
 
 def generate_demo_files(
     out_dir: Path, start: dt.date | str, n_days: int, seed: int, edge: float = 0.0
 ) -> list[Path]:
-    """Write the ohlcv-1m DBN.zst files (one per UTC day with data) of `n_days` CME sessions from `start` into
+    """Write the ohlcv-1m DBN.zst files (one per UTC day with data) of `n_days` CME trading days from `start` into
     `out_dir`, and their definition file into `out_dir/definitions/`; return the ohlcv-1m paths in time order.
 
     `edge`: the oracle's annualized net Sharpe the planted signal is calibrated to (0: no planted signal)."""

@@ -122,7 +122,7 @@ class BarFile:
     bar_ns: int
     records: int
     dropped_undef_ts: int
-    dropped_outside_session: int = 0  # bars in the daily halt or on a weekend trading day (marketrl.sessions)
+    dropped_outside_session: int = 0  # in the halt, or on a weekend/holiday trading day (marketrl.sessions)
     dropped_in_halt: int = 0  # of those, the bars inside the daily halt
     calendar: SessionCalendar | None = None
 
@@ -639,8 +639,8 @@ def read_bars(
     ``session`` or the dataset's default calendar, marketrl.sessions), ``instrument_id`` (UInt32), ``symbol``,
     ``open``/``high``/``low``/``close``/``volume`` (Float64), plus ``bid_px``/``ask_px``/``bid_sz``/``ask_sz``
     (last top of book in the bar, may be null) for quote schemas. Sorted by (instrument_id, ts_event). Bars
-    outside every session (the daily halt, weekend days) are dropped and counted (``dropped_outside_session``;
-    ``dropped_in_halt`` of them in the halt).
+    outside every session (the daily halt, weekend days, holidays without a session) are dropped and counted
+    (``dropped_outside_session``; ``dropped_in_halt`` of them in the halt).
     The records are decoded in chunks, each reduced to the columns the bars need before the next is decoded.
 
     Sanity checks, each a ``DataFileError``: timestamps inside the header's range, OHLCV bars in time order per
