@@ -176,3 +176,23 @@ def test_tensor_env_and_rollout_run_with_only_torch_and_numpy(tmp_path: Path) ->
     assert (
         np.abs(bars["net_return"].to_numpy()).sum() > 0
     )  # the policy trades: the comparison means something
+
+
+def test_model_jobs_do_not_load_decoding_or_scipy_stacks() -> None:
+    """Training, hyperopt and evaluation jobs (most of the DAG) start without databento, pandas or scipy: each
+    costs every job import time (~0.4 s and ~0.6 s here), and only decoding and the report need them."""
+    modules = ("marketrl.training", "marketrl.hyperopt", "marketrl.evaluation", "marketrl.zoo")
+    probe = (
+        f"import sys\nfor name in {modules!r}: __import__(name)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'databento', 'pandas', 'scipy'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

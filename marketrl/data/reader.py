@@ -32,16 +32,17 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
-import databento
 import databento_dbn
 import numpy as np
 import polars as pl
-from databento.common.error import BentoWarning
 
 from marketrl.dbn_files import DBN_SUFFIXES, dbn_stem, time_ordered
 from marketrl.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
+
+if TYPE_CHECKING:
+    import databento
 
 __all__ = [
     "BOOK_COLUMNS",
@@ -244,6 +245,11 @@ def _open_dbn(path: Path) -> _OpenedFile:
             sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
     except OSError as exc:
         raise DataFileError(path, f"cannot read file ({exc.strerror or exc})") from exc
+    # Imported here, not at module level: databento pulls in pandas (~0.4 s), which the training and
+    # evaluation jobs, importing this module only for its constants, never need.
+    import databento
+    from databento.common.error import BentoWarning
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", BentoWarning)
@@ -278,6 +284,8 @@ def _decode_fault(exc: Exception) -> str:
 
 def _record_chunks(opened: _OpenedFile) -> Iterator[np.ndarray]:
     """The file's records, ``DECODE_CHUNK_RECORDS`` at a time, each chunk checked against the header's schema."""
+    from databento.common.error import BentoWarning  # see _open_dbn: loaded only when decoding
+
     path = opened.path
     chunks = opened.store.to_ndarray(count=DECODE_CHUNK_RECORDS)
     while True:
