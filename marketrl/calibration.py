@@ -48,6 +48,7 @@ from marketrl.folds import FoldConfig, make_fold_plan
 from marketrl.io import atomic_write, write_json_atomic
 from marketrl.metrics import to_json_safe
 from marketrl.models import MODELS, RunSettings
+from marketrl.pipeline import CONTEXT_FILES
 from marketrl.report.analysis import (
     AgentVerdict,
     VerdictRules,
@@ -103,14 +104,14 @@ def _fold_config(settings: CalibrationSettings, spec: WorldSpec) -> FoldConfig:
 
 
 def _world_features(spec: WorldSpec, n_days: int, seed: int, workdir: Path) -> pl.DataFrame:
-    """Demo DBN files for the world, featurized day by day with the previous day as context, in one table."""
+    """Demo DBN files for the world, featurized file by file with the earlier files as context (as the
+    pipeline's features rule gives them), in one table."""
     raw = generate_demo_files(workdir / "raw", WORLD_START, n_days, seed, edge=spec.edge)
-    tables, previous = [], None
-    for path in raw:
+    tables = []
+    for i, path in enumerate(raw):
         out = workdir / "features" / f"{path.name}.parquet"
-        build_feature_file(path, out, prev_src=previous)
+        build_feature_file(path, out, context_srcs=raw[max(0, i - CONTEXT_FILES) : i])
         tables.append(out)
-        previous = path
     return load_feature_tables(tables)
 
 

@@ -1035,7 +1035,9 @@ def _read_context(
     on_bad_file: OnBadFile,
 ) -> _Context:
     """Decode ``context_srcs`` (in time order) newest first, stopping as soon as every instrument of
-    ``current`` seen in the context so far has ``MAX_LOOKBACK`` context bars, or the files run out.
+    ``current`` seen in the context so far has ``MAX_LOOKBACK`` context bars and the context reaches back
+    before the current file's first trading day (the day-VWAP sums the whole session, which can span three
+    UTC-day files after a Monday holiday), or the files run out.
 
     A file contributes only its bars strictly before the first bar of the next newer one (files may overlap),
     and each boundary is checked for a price-scale change. An unusable context file (``on_bad_file="skip"``)
@@ -1048,6 +1050,7 @@ def _read_context(
     parts: list[pl.DataFrame] = []
     files: list[dict[str, str]] = []
     newer, newer_path, cutoff = current.bars, src, current.bars["ts_event"].min()
+    first_day = current.bars["trading_day"].min()
     for path in reversed(context_srcs):
         try:
             earlier = read_bars(path, bar_size, **options)
@@ -1077,7 +1080,8 @@ def _read_context(
         for instrument, n in part.group_by("instrument_id").len().iter_rows():
             counts[instrument] = counts.get(instrument, 0) + n
         seen = [counts[i] for i in wanted if i in counts]
-        if seen and min(seen) >= MAX_LOOKBACK:
+        day_covered = part.height > 0 and part["trading_day"].min() < first_day
+        if seen and min(seen) >= MAX_LOOKBACK and day_covered:
             break
     return _Context(bars=parts[::-1], files=files[::-1])
 

@@ -231,3 +231,32 @@ def test_previous_files_are_the_k_files_before_in_time_order(tmp_path: Path) -> 
     assert [name[p] for p in pipeline.previous_files(config, "glbx-fri")] == ["thu"]
     assert pipeline.previous_files(config, "glbx-thu") == []
     assert pipeline.CONTEXT_FILES >= 2  # a short Sunday file needs the Friday before it
+
+
+def test_a_trading_day_over_three_files_after_a_monday_holiday_is_whole_in_its_last_file(
+    tmp_path: Path,
+) -> None:
+    # Presidents' Day 2024: Sunday 17:00 CT -> Monday 12:00 CT and the Monday 17:00 CT reopen are all cleared under
+    # Tuesday 2024-02-20, so Tuesday's session spans the Sunday, Monday and Tuesday UTC-day files. Monday alone
+    # is enough context for the lookbacks, but the day-VWAP sums the whole session: the context must reach back
+    # past Tuesday's first bar of the session, to Friday.
+    segments = [
+        ("fri", _utc(2024, 2, 16, 20), 120),
+        ("sun", _utc(2024, 2, 18, 23), 60),
+        ("mon", _utc(2024, 2, 19, 0), 150),
+        ("mon-reopen", _utc(2024, 2, 19, 23), 60),
+        ("tue", _utc(2024, 2, 20, 0), 120),
+    ]
+    bars = _segments(segments, seed=5).with_columns(pl.col("_file").replace({"mon-reopen": "mon"}))
+    files = _files(tmp_path, bars, ["fri", "sun", "mon", "tue"])
+    assert read_bars(files["sun"]).bars["trading_day"].unique().to_list() == [dt.date(2024, 2, 20)]
+    reference = _one_long_file(tmp_path, bars)
+    dst = tmp_path / "tue.parquet"
+    summary = build_feature_file(files["tue"], dst, context_srcs=[files[n] for n in ("fri", "sun", "mon")])
+    assert [entry["file"] for entry in summary["context"]] == [files[n].name for n in ("fri", "sun", "mon")]
+    assert_frame_equal(pl.read_parquet(dst), _own_rows(reference, files["tue"]), check_exact=True)
+    # Control: with Monday's file alone the lookbacks are covered but the session's Sunday hour is missing.
+    build_feature_file(files["tue"], tmp_path / "mon-only.parquet", prev_src=files["mon"])
+    partial = pl.read_parquet(tmp_path / "mon-only.parquet")
+    assert partial.height == summary["rows"]
+    assert not partial["vwap_dev_day"].equals(pl.read_parquet(dst)["vwap_dev_day"])
