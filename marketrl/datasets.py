@@ -97,9 +97,25 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
             }
         )
         spans.append(contract_spans(frame))
-    manifest = {"files": entries, "rolls": continuous_rolls(pl.concat(spans)) if spans else []}
+    manifest = {
+        "files": entries,
+        "rolls": continuous_rolls(pl.concat(spans)) if spans else [],
+        "name_order": name_order_disagreement(entries),
+    }
     write_json_atomic(out_path, manifest)
     return manifest
+
+
+def name_order_disagreement(entries: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
+    """Where the source file names, in the manifest's (time) order, first stop sorting ascending: ``{"file": F,
+    "after": E}`` with F's data later than E's but F's name sorting before E's (day-month-year names, say); None
+    when names and time agree. Files without rows (skipped, or a header that could not be read) have no place
+    in time and are left out."""
+    names = [str(e["source_file"]) for e in entries if e.get("source_file") and e.get("rows")]
+    for earlier, later in itertools.pairwise(names):
+        if later < earlier:
+            return {"file": later, "after": earlier}
+    return None
 
 
 def _metadata_value(metadata: Mapping[bytes, bytes], key: str) -> str | None:

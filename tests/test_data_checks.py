@@ -1,9 +1,11 @@
 """Sanity checks on decoded data (corrupt frames, impossible timestamps, price-scale jumps, record order), the
-data.on_bad_file decision, uncompressed .dbn files and daily bars."""
+data.on_bad_file decision, file order by header start (and a name order that disagrees), overlapping files vs a
+CME session spanning two UTC-day files, uncompressed .dbn files and daily bars."""
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,12 @@ from marketrl import pipeline
 from marketrl.config import ConfigError, validate_config
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataFileError, read_bars
-from marketrl.datasets import write_feature_manifest
+from marketrl.datasets import (
+    DatasetError,
+    load_feature_tables,
+    name_order_disagreement,
+    write_feature_manifest,
+)
 from marketrl.dbn_files import DbnHeaderError, dbn_stem, time_ordered
 from marketrl.features import (
     FEATURE_NAMES,
@@ -256,3 +263,62 @@ def test_an_unreadable_header_under_skip_is_noted_and_skipped_by_its_features_jo
     assert summary["rows"] == 0 and summary["skipped"]
     manifest = write_feature_manifest([dst], tmp_path / "manifest.json")
     assert manifest["files"][0]["skipped"] == summary["skipped"]
+
+
+def test_day_month_year_names_follow_the_data_and_the_disagreement_reaches_the_manifest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 04-03-2024 sorts before 29-02-2024 by name; its data come four days later.
+    first = _ohlcv_file(
+        tmp_path / "29-02-2024.dbn.zst", _day(dt.datetime(2024, 2, 29, tzinfo=dt.UTC), seed=17)
+    )
+    second = _ohlcv_file(tmp_path / "04-03-2024.dbn.zst", _day(MONDAY, seed=18))
+    config = validate_config({"data": {"source": "files", "files": str(tmp_path / "*.dbn.zst")}})
+    with caplog.at_level(logging.WARNING, logger="marketrl.dbn_files"):
+        assert list(pipeline.raw_data_files(config).values()) == [str(first), str(second)]
+    assert "name order disagrees with the data's time order" in caplog.text
+    tables = [tmp_path / "first.parquet", tmp_path / "second.parquet"]
+    build_feature_file(first, tables[0])
+    build_feature_file(second, tables[1], prev_src=first)
+    manifest = write_feature_manifest(tables, tmp_path / "manifest.json")
+    assert manifest["name_order"] == {"file": "04-03-2024.dbn.zst", "after": "29-02-2024.dbn.zst"}
+    # ISO names agree with time; a file without rows (skipped, unreadable header: put last) has no place in time.
+    agreeing = [
+        {"source_file": "2024-02-29.dbn.zst", "rows": 197},
+        {"source_file": "2024-03-04.dbn.zst", "rows": 300},
+        {"source_file": "0-junk.dbn", "rows": 0},
+    ]
+    assert name_order_disagreement(agreeing) is None
+
+
+def test_a_cme_session_spanning_two_utc_day_files_is_not_an_overlap_but_a_duplicate_file_is(
+    tmp_path: Path,
+) -> None:
+    # Monday's UTC file ends with the first hour of Tuesday's session (17:00 CT Monday = 23:00 UTC); Tuesday's
+    # UTC file holds the rest. Same trading day in two files, no bar in both: not an overlap.
+    evening = random_walk_bars(
+        360, {7: 4000.0}, start=MONDAY + dt.timedelta(hours=18), seed=14, gap_probability=0.0
+    )
+    mon = _ohlcv_file(tmp_path / "20240304.dbn.zst", evening)
+    tue = _ohlcv_file(tmp_path / "20240305.dbn.zst", _day(TUESDAY, seed=15))
+    tables = [tmp_path / "mon.parquet", tmp_path / "tue.parquet"]
+    build_feature_file(mon, tables[0])
+    build_feature_file(tue, tables[1], prev_src=mon)
+    session = dt.date(2024, 3, 5)
+    assert session in set(pl.read_parquet(tables[0])["trading_day"])
+    assert set(pl.read_parquet(tables[1])["trading_day"]) == {session}
+    table = load_feature_tables(tables)
+    assert table.filter(pl.col("trading_day") == session).height == 60 + 300
+    # A second download of part of Tuesday (02:00-07:00 UTC) overlaps tue's time range: duplicates, one line.
+    again = _ohlcv_file(
+        tmp_path / "20240305-again.dbn.zst",
+        random_walk_bars(
+            300, {7: 4000.0}, start=TUESDAY + dt.timedelta(hours=2), seed=16, gap_probability=0.0
+        ),
+    )
+    build_feature_file(again, tmp_path / "again.parquet", prev_src=tue)
+    with pytest.raises(
+        DatasetError, match=r"overlapping data: \S+again\.parquet and \S+tue\.parquet both hold ESH4"
+    ) as info:
+        load_feature_tables([*tables, tmp_path / "again.parquet"])
+    assert "\n" not in str(info.value)
