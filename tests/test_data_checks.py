@@ -100,6 +100,23 @@ def test_trades_stamped_1970_are_outside_the_header_range(tmp_path: Path) -> Non
     assert "\n" not in str(info.value)
 
 
+def test_records_after_the_header_end_are_an_error(tmp_path: Path) -> None:
+    # A wrong clock the other way: the last bars of a day file stamped in 2118 (the "test window in 2118").
+    bars = _day(MONDAY, seed=19)
+    late = int(dt.datetime(2118, 3, 4, tzinfo=dt.UTC).timestamp()) * 10**9 + MINUTE_NS * np.arange(5)
+    ts = bars["ts_event"].cast(pl.Int64).to_numpy().copy()
+    ts[-5:] = late
+    stamped = bars.with_columns(pl.Series("ts_event", ts).cast(bars.schema["ts_event"]))
+    data = encode_dbn(ohlcv_messages(stamped), schema="ohlcv-1m", symbols={"ESH4": 7}, **_span(bars))
+    path = write_dbn(tmp_path / "late.dbn.zst", data)
+    with pytest.raises(
+        DataFileError,
+        match=r"record timestamp 2118-03-04T00:04:00\.000000000Z outside the header.s range \[2024-03-04",
+    ) as info:
+        read_bars(path)
+    assert "\n" not in str(info.value) and str(info.value).startswith(str(path))
+
+
 def test_ohlcv_records_out_of_time_order_are_an_error(tmp_path: Path) -> None:
     bars = random_walk_bars(60, {3: 100.0}, seed=9, gap_probability=0.0)
     msgs = ohlcv_messages(bars)
