@@ -58,7 +58,34 @@ def load_feature_tables(feature_files: Sequence[str | Path]) -> pl.DataFrame:
             f"overlapping data: {row['_source'][0]} and {row['_source'][1]} both hold {row['symbol']} at "
             f"{row['ts_event']} (two files cover the same day?)"
         )
+    _check_spans_disjoint(table)
     return table.drop("_source").sort("instrument_id", "ts_event")
+
+
+def _check_spans_disjoint(table: pl.DataFrame) -> None:
+    """Per instrument, each file's bars lie before the next file's first bar: time ranges that overlap without a
+    shared bar are a partial duplicate download, or records stamped far outside their neighbours' span (a wrong
+    clock inside a header range that allows it). A CME session spanning two UTC-day files shares no bar."""
+    spans = (
+        table.group_by("instrument_id", "_source")
+        .agg(
+            pl.col("ts_event").min().alias("first"),
+            pl.col("ts_event").max().alias("last"),
+            pl.col("symbol").first(),
+        )
+        .sort("instrument_id", "first", "_source")
+        .with_columns(
+            pl.col("_source", "first").shift(-1).over("instrument_id").name.prefix("next_"),
+        )
+        .filter(pl.col("next_first") <= pl.col("last"))
+    )
+    if spans.height:
+        row = spans.sort("first").row(0, named=True)
+        raise DatasetError(
+            f"overlapping files: {row['_source']} holds {row['symbol']} from {row['first']} to {row['last']}, "
+            f"past the first bar of {row['next__source']} at {row['next_first']} (a duplicate download, or "
+            "records far outside the neighbouring files' span?)"
+        )
 
 
 def _check_finite(frame: pl.DataFrame, path: str | Path) -> None:

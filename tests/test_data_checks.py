@@ -339,3 +339,32 @@ def test_a_cme_session_spanning_two_utc_day_files_is_not_an_overlap_but_a_duplic
     ) as info:
         load_feature_tables([*tables, tmp_path / "again.parquet"])
     assert "\n" not in str(info.value)
+
+
+def test_records_far_outside_the_neighbouring_files_span_are_an_error(tmp_path: Path) -> None:
+    # Tuesday's header allows a century (a corrupt or careless end), and five of its bars are stamped 2118: inside
+    # its own header range, but far past Wednesday's file. No bar is shared, so only the spans tell.
+    wednesday = TUESDAY + dt.timedelta(days=1)
+    bars = _day(TUESDAY, seed=20)
+    ts = bars["ts_event"].cast(pl.Int64).to_numpy().copy()
+    ts[-5:] = int(dt.datetime(2118, 3, 4, tzinfo=dt.UTC).timestamp()) * 10**9 + MINUTE_NS * np.arange(5)
+    stamped = bars.with_columns(pl.Series("ts_event", ts).cast(bars.schema["ts_event"]))
+    end = int(dt.datetime(2119, 1, 1, tzinfo=dt.UTC).timestamp()) * 10**9
+    tue = write_dbn(
+        tmp_path / "tue.dbn.zst",
+        encode_dbn(
+            ohlcv_messages(stamped), schema="ohlcv-1m", symbols={"ESH4": 7}, start_ns=ts[0], end_ns=end
+        ),
+    )
+    wed = _ohlcv_file(tmp_path / "wed.dbn.zst", _day(wednesday, seed=21))
+    tables = [tmp_path / "tue.parquet", tmp_path / "wed.parquet"]
+    build_feature_file(tue, tables[0])
+    build_feature_file(wed, tables[1], prev_src=tue)
+    with pytest.raises(
+        DatasetError,
+        match=r"overlapping files: \S+tue\.parquet holds ESH4 from 2024-03-05 01:43:00\+00:00 to "
+        r"2118-03-04 00:04:00\+00:00, past the first bar of \S+wed\.parquet at 2024-03-06 00:00:00",
+    ) as info:
+        load_feature_tables(tables)
+    assert "\n" not in str(info.value)
+    assert load_feature_tables(tables[1:]).height == 300  # each file alone is fine
