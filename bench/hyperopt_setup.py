@@ -21,6 +21,7 @@ import torch
 
 from gpu_utils import HardwareBudget, detect_precision
 from marketrl.config import validate_config
+from marketrl.data.definitions import demo_run_config
 from marketrl.data.demo import generate_demo_files
 from marketrl.datasets import load_features, tuning_window, write_feature_manifest
 from marketrl.features import build_feature_file
@@ -52,12 +53,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    config = validate_config({"hyperopt": {"trial_steps": args.steps}, "training": {"device": "cpu"}})
     device = torch.device("cpu")
     precision = detect_precision(device, "auto")
     budget = HardwareBudget.detect(device)
     with tempfile.TemporaryDirectory() as tmp:
         manifest, folds_path = build_inputs(Path(tmp), args.days)
+        overrides = {"hyperopt": {"trial_steps": args.steps}, "training": {"device": "cpu"}}
+        config = demo_run_config(Path(tmp) / "raw", overrides)  # each instrument costed with its own spec
         from marketrl.folds import FoldPlan
 
         plan = FoldPlan.load(folds_path)

@@ -128,7 +128,7 @@ def _median_ratio(floor: list[float], side: list[float]) -> float:
 
 def demo_training_split(days: int, seed: int, device: torch.device) -> MarketData:
     """`days` demo days -> feature files -> one normalized training split on `device`, as the pipeline builds it."""
-    from marketrl.config import validate_config
+    from marketrl.data.definitions import demo_run_config
     from marketrl.data.demo import generate_demo_files
     from marketrl.datasets import build_window, load_feature_tables
     from marketrl.features import build_feature_file
@@ -141,7 +141,8 @@ def demo_training_split(days: int, seed: int, device: torch.device) -> MarketDat
             build_feature_file(path, out, prev_src=raw[i - 1] if i else None)
             tables.append(out)
         table = load_feature_tables(tables)
-    return build_window(table, {"train": table}, validate_config({}), device).splits["train"]
+        config = demo_run_config(Path(tmp) / "raw")  # NQ costed with its own contract spec
+    return build_window(table, {"train": table}, config, device).splits["train"]
 
 
 # ------------------------------------------------------------------------------------------------ the two sides

@@ -5,8 +5,8 @@
 
 Data: `--days` demo days with a planted edge (`marketrl.data.demo`, docs/DEMO_DATA.md), featurized with
 `build_feature_file` as the pipeline does; the last `--validation-days` are the validation split, the rest the
-training split, normalized on the training rows (`marketrl.datasets.build_window`, config.yaml's defaults for
-costs and env). The oracle holds sign(ret_15) in each instrument; its realized Sharpe on the validation split
+training split, normalized on the training rows (`marketrl.datasets.build_window`, the schema's defaults for
+env and costs, with each instrument's contract spec from the demo's definition file, as `data.definitions`). The oracle holds sign(ret_15) in each instrument; its realized Sharpe on the validation split
 (`evaluate_positions`) sets the threshold: `--fraction` (0.5) of it.
 
 Runs: the ppo-64 / dqn-64 configurations of bench/agents.py, through its `run_marketrl` and `run_sb3`, so both
@@ -42,7 +42,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from marketrl.agents import dqn, ppo
 from marketrl.agents.common import EvalSchedule
-from marketrl.config import validate_config
+from marketrl.data.definitions import demo_run_config
 from marketrl.data.demo import edge_coefficient, generate_demo_files
 from marketrl.datasets import build_window, env_config_from_config, load_feature_tables
 from marketrl.env import EnvConfig, MarketData, Policy, evaluate_positions
@@ -89,7 +89,7 @@ def build_splits(workdir: Path, days: int, validation_days: int, edge: float, se
         "train": table.filter(pl.col("trading_day") < first_validation_day),
         "validation": table.filter(pl.col("trading_day") >= first_validation_day),
     }
-    config = validate_config({})
+    config = demo_run_config(workdir / "raw")
     window = build_window(table, frames, config, "cpu")
     env = env_config_from_config(config)
     validation = window.splits["validation"]

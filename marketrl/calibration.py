@@ -162,7 +162,9 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
     world = _world_config(config, settings, spec)
     cfg = _fold_config(settings, spec)
     env_config = env_config_from_config(world)
-    run_settings = RunSettings(costs=world["costs"], fill=env_config.fill)
+    # No costs in the settings: the trading rule charges the data's own per-row cost fractions, each instrument's
+    # from its contract spec (as zoo.run_settings does; a per-instrument cost config has no single cost_fraction).
+    run_settings = RunSettings(fill=env_config.fill)
     with tempfile.TemporaryDirectory(prefix="marketrl-calibration-") as tmp:
         table = _world_features(spec, cfg.required_days, world["seed"], Path(tmp))
     plan = make_fold_plan(table["trading_day"].unique().to_list(), cfg)

@@ -64,7 +64,34 @@ def load_feature_tables(feature_files: Sequence[str | Path]) -> pl.DataFrame:
             f"overlapping data: {row['_source'][0]} and {row['_source'][1]} both hold {row['symbol']} at "
             f"{row['ts_event']} (two files cover the same day?)"
         )
+    _check_spans_disjoint(table)
     return table.drop("_source").sort("instrument_id", "ts_event")
+
+
+def _check_spans_disjoint(table: pl.DataFrame) -> None:
+    """Per instrument, each file's bars lie before the next file's first bar: time ranges that overlap without a
+    shared bar are a partial duplicate download, or records stamped far outside their neighbours' span (a wrong
+    clock inside a header range that allows it). A CME session spanning two UTC-day files shares no bar."""
+    spans = (
+        table.group_by("instrument_id", "_source")
+        .agg(
+            pl.col("ts_event").min().alias("first"),
+            pl.col("ts_event").max().alias("last"),
+            pl.col("symbol").first(),
+        )
+        .sort("instrument_id", "first", "_source")
+        .with_columns(
+            pl.col("_source", "first").shift(-1).over("instrument_id").name.prefix("next_"),
+        )
+        .filter(pl.col("next_first") <= pl.col("last"))
+    )
+    if spans.height:
+        row = spans.sort("first").row(0, named=True)
+        raise DatasetError(
+            f"overlapping files: {row['_source']} holds {row['symbol']} from {row['first']} to {row['last']}, "
+            f"past the first bar of {row['next__source']} at {row['next_first']} (a duplicate download, or "
+            "records far outside the neighbouring files' span?)"
+        )
 
 
 def _check_finite(frame: pl.DataFrame, path: str | Path) -> None:
@@ -105,9 +132,25 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
             }
         )
         spans.append(contract_spans(frame))
-    manifest = {"files": entries, "rolls": continuous_rolls(pl.concat(spans)) if spans else []}
+    manifest = {
+        "files": entries,
+        "rolls": continuous_rolls(pl.concat(spans)) if spans else [],
+        "name_order": name_order_disagreement(entries),
+    }
     write_json_atomic(out_path, manifest)
     return manifest
+
+
+def name_order_disagreement(entries: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
+    """Where the source file names, in the manifest's (time) order, first stop sorting ascending: ``{"file": F,
+    "after": E}`` with F's data later than E's but F's name sorting before E's (day-month-year names, say); None
+    when names and time agree. Files without rows (skipped, or a header that could not be read) have no place
+    in time and are left out."""
+    names = [str(e["source_file"]) for e in entries if e.get("source_file") and e.get("rows")]
+    for earlier, later in itertools.pairwise(names):
+        if later < earlier:
+            return {"file": later, "after": earlier}
+    return None
 
 
 def _metadata_value(metadata: Mapping[bytes, bytes], key: str) -> str | None:

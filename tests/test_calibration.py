@@ -24,7 +24,7 @@ from marketrl.calibration import (
 )
 from marketrl.calibration_plan import job_worlds, n_jobs
 from marketrl.config import validate_config
-from tests.test_workflow import job_counts, snakemake, workdir_with_config
+from tests.test_workflow import TINY, job_counts, snakemake, workdir_with_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -114,6 +114,7 @@ def test_summary_says_when_power_never_reaches_80_percent() -> None:
 
 TINY_CALIBRATION = {
     "seed": 11,
+    "costs": yaml.safe_load(TINY.read_text())["costs"],  # the demo worlds' ES and NQ, each with its own spec
     "evaluation": {"min_test_days": 4, "min_seeds": 2, "bootstrap_samples": 200},
     "calibration": {
         "worlds": 2,

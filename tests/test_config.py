@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from marketrl.config import MODEL_NAMES, ConfigError, derive_seed, load_config, schema_errors, validate_config
+from marketrl.costs import CostConfigError, costs_from_config
 from tests.conftest import REPO_ROOT
 
 
@@ -33,6 +34,17 @@ def test_default_and_tiny_configs_validate(default_config: dict) -> None:
     full = load_config(REPO_ROOT / "tests" / "configs" / "tiny.yaml")
     assert full["training"]["device"] == "cpu"
     assert full["costs"]["model"] == "futures"  # filled in from the schema's defaults
+
+
+@pytest.mark.parametrize("name", ["tiny.yaml", "zoo.yaml"])
+def test_test_configs_cost_each_instrument_with_its_own_spec(name: str) -> None:
+    """The end-to-end configs price NQ as NQ ($5.00 a tick), not with the flat ES keys."""
+    costs = costs_from_config(load_config(REPO_ROOT / "tests" / "configs" / name)["costs"])
+    es, nq = costs.for_symbol("ES.c.0"), costs.for_symbol("NQ.c.0")
+    assert (es.tick_size, es.tick_value / es.tick_size) == (0.25, 50.0)
+    assert (nq.tick_size, nq.tick_value / nq.tick_size) == (0.25, 20.0)
+    with pytest.raises(CostConfigError, match=r"no contract spec for instrument 'CL\.c\.0'"):
+        costs.for_symbol("CL.c.0")  # no catch-all: an instrument without a spec is an error
 
 
 def test_every_schema_key_has_description_and_default() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,8 @@ from marketrl.costs import (
     costs_from_record,
     symbol_root,
 )
+from marketrl.data.definitions import demo_run_config
+from marketrl.data.demo import generate_demo_files
 from marketrl.env import MarketData
 from marketrl.env.config import EnvDataError
 
@@ -235,3 +239,14 @@ def test_bad_instrument_spec_names_the_key(spec: object, key: str) -> None:
     with pytest.raises(CostConfigError, match=key.replace(".", r"\.")) as info:
         costs_from_config({**FLAT, "instruments": {"ES": spec}})
     assert "\n" not in str(info.value)
+
+
+def test_runs_outside_the_pipeline_cost_demo_nq_as_nq(tmp_path: Path) -> None:
+    """bench/ scripts build their config with demo_run_config: the demo's definition file, not the flat ES keys."""
+    generate_demo_files(tmp_path / "raw", "2024-03-07", 1, seed=3)
+    config = demo_run_config(tmp_path / "raw", {"seed": 5})
+    assert config["seed"] == 5 and config["data"]["definitions"].endswith("definitions/*")
+    costs = costs_from_config(config["costs"])
+    es, nq = costs.for_symbol("ES.c.0"), costs.for_symbol("NQ.c.0")
+    assert (es.tick_value, nq.tick_value, es.tick_size, nq.tick_size) == (12.5, 5.0, 0.25, 0.25)
+    assert nq.cost_fraction(18000.0) == pytest.approx((1.0 + 0.5 * 5.0) / (18000.0 * 20.0), rel=1e-12)

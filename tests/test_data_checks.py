@@ -1,9 +1,11 @@
 """Sanity checks on decoded data (corrupt frames, impossible timestamps, price-scale jumps, record order), the
-data.on_bad_file decision, uncompressed .dbn files and daily bars."""
+data.on_bad_file decision, file order by header start (and a name order that disagrees), overlapping files vs a
+CME session spanning two UTC-day files, uncompressed .dbn files and daily bars."""
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,12 @@ from marketrl import pipeline
 from marketrl.config import ConfigError, validate_config
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataFileError, read_bars
-from marketrl.datasets import write_feature_manifest
+from marketrl.datasets import (
+    DatasetError,
+    load_feature_tables,
+    name_order_disagreement,
+    write_feature_manifest,
+)
 from marketrl.dbn_files import DbnHeaderError, dbn_stem, time_ordered
 from marketrl.features import (
     FEATURE_NAMES,
@@ -92,6 +99,23 @@ def test_trades_stamped_1970_are_outside_the_header_range(tmp_path: Path) -> Non
     ) as info:
         read_bars(path)
     assert "\n" not in str(info.value)
+
+
+def test_records_after_the_header_end_are_an_error(tmp_path: Path) -> None:
+    # A wrong clock the other way: the last bars of a day file stamped in 2118 (the issue's "test window in 2118").
+    bars = _day(MONDAY, seed=19)
+    late = int(dt.datetime(2118, 3, 4, tzinfo=dt.UTC).timestamp()) * 10**9 + MINUTE_NS * np.arange(5)
+    ts = bars["ts_event"].cast(pl.Int64).to_numpy().copy()
+    ts[-5:] = late
+    stamped = bars.with_columns(pl.Series("ts_event", ts).cast(bars.schema["ts_event"]))
+    data = encode_dbn(ohlcv_messages(stamped), schema="ohlcv-1m", symbols={"ESH4": 7}, **_span(bars))
+    path = write_dbn(tmp_path / "late.dbn.zst", data)
+    with pytest.raises(
+        DataFileError,
+        match=r"record timestamp 2118-03-04T00:04:00\.000000000Z outside the header.s range \[2024-03-04",
+    ) as info:
+        read_bars(path)
+    assert "\n" not in str(info.value) and str(info.value).startswith(str(path))
 
 
 def test_ohlcv_records_out_of_time_order_are_an_error(tmp_path: Path) -> None:
@@ -262,3 +286,91 @@ def test_an_unreadable_header_under_skip_is_noted_and_skipped_by_its_features_jo
     assert summary["rows"] == 0 and summary["skipped"]
     manifest = write_feature_manifest([dst], tmp_path / "manifest.json")
     assert manifest["files"][0]["skipped"] == summary["skipped"]
+
+
+def test_day_month_year_names_follow_the_data_and_the_disagreement_reaches_the_manifest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 04-03-2024 sorts before 29-02-2024 by name; its data come four days later.
+    first = _ohlcv_file(
+        tmp_path / "29-02-2024.dbn.zst", _day(dt.datetime(2024, 2, 29, tzinfo=dt.UTC), seed=17)
+    )
+    second = _ohlcv_file(tmp_path / "04-03-2024.dbn.zst", _day(MONDAY, seed=18))
+    config = validate_config({"data": {"source": "files", "files": str(tmp_path / "*.dbn.zst")}})
+    with caplog.at_level(logging.WARNING, logger="marketrl.dbn_files"):
+        assert list(pipeline.raw_data_files(config).values()) == [str(first), str(second)]
+    assert "name order disagrees with the data's time order" in caplog.text
+    tables = [tmp_path / "first.parquet", tmp_path / "second.parquet"]
+    build_feature_file(first, tables[0])
+    build_feature_file(second, tables[1], prev_src=first)
+    manifest = write_feature_manifest(tables, tmp_path / "manifest.json")
+    assert manifest["name_order"] == {"file": "04-03-2024.dbn.zst", "after": "29-02-2024.dbn.zst"}
+    # ISO names agree with time; a file without rows (skipped, unreadable header: put last) has no place in time.
+    agreeing = [
+        {"source_file": "2024-02-29.dbn.zst", "rows": 197},
+        {"source_file": "2024-03-04.dbn.zst", "rows": 300},
+        {"source_file": "0-junk.dbn", "rows": 0},
+    ]
+    assert name_order_disagreement(agreeing) is None
+
+
+def test_a_cme_session_spanning_two_utc_day_files_is_not_an_overlap_but_a_duplicate_file_is(
+    tmp_path: Path,
+) -> None:
+    # Monday's UTC file ends with the first hour of Tuesday's session (17:00 CT Monday = 23:00 UTC); Tuesday's
+    # UTC file holds the rest. Same trading day in two files, no bar in both: not an overlap.
+    evening = random_walk_bars(
+        360, {7: 4000.0}, start=MONDAY + dt.timedelta(hours=18), seed=14, gap_probability=0.0
+    )
+    mon = _ohlcv_file(tmp_path / "20240304.dbn.zst", evening)
+    tue = _ohlcv_file(tmp_path / "20240305.dbn.zst", _day(TUESDAY, seed=15))
+    tables = [tmp_path / "mon.parquet", tmp_path / "tue.parquet"]
+    build_feature_file(mon, tables[0])
+    build_feature_file(tue, tables[1], prev_src=mon)
+    session = dt.date(2024, 3, 5)
+    assert session in set(pl.read_parquet(tables[0])["trading_day"])
+    assert set(pl.read_parquet(tables[1])["trading_day"]) == {session}
+    table = load_feature_tables(tables)
+    assert table.filter(pl.col("trading_day") == session).height == 60 + 300
+    # A second download of part of Tuesday (02:00-07:00 UTC) overlaps tue's time range: duplicates, one line.
+    again = _ohlcv_file(
+        tmp_path / "20240305-again.dbn.zst",
+        random_walk_bars(
+            300, {7: 4000.0}, start=TUESDAY + dt.timedelta(hours=2), seed=16, gap_probability=0.0
+        ),
+    )
+    build_feature_file(again, tmp_path / "again.parquet", prev_src=tue)
+    with pytest.raises(
+        DatasetError, match=r"overlapping data: \S+again\.parquet and \S+tue\.parquet both hold ESH4"
+    ) as info:
+        load_feature_tables([*tables, tmp_path / "again.parquet"])
+    assert "\n" not in str(info.value)
+
+
+def test_records_far_outside_the_neighbouring_files_span_are_an_error(tmp_path: Path) -> None:
+    # Tuesday's header allows a century (a corrupt or careless end), and five of its bars are stamped 2118: inside
+    # its own header range, but far past Wednesday's file. No bar is shared, so only the spans tell.
+    wednesday = TUESDAY + dt.timedelta(days=1)
+    bars = _day(TUESDAY, seed=20)
+    ts = bars["ts_event"].cast(pl.Int64).to_numpy().copy()
+    ts[-5:] = int(dt.datetime(2118, 3, 4, tzinfo=dt.UTC).timestamp()) * 10**9 + MINUTE_NS * np.arange(5)
+    stamped = bars.with_columns(pl.Series("ts_event", ts).cast(bars.schema["ts_event"]))
+    end = int(dt.datetime(2119, 1, 1, tzinfo=dt.UTC).timestamp()) * 10**9
+    tue = write_dbn(
+        tmp_path / "tue.dbn.zst",
+        encode_dbn(
+            ohlcv_messages(stamped), schema="ohlcv-1m", symbols={"ESH4": 7}, start_ns=ts[0], end_ns=end
+        ),
+    )
+    wed = _ohlcv_file(tmp_path / "wed.dbn.zst", _day(wednesday, seed=21))
+    tables = [tmp_path / "tue.parquet", tmp_path / "wed.parquet"]
+    build_feature_file(tue, tables[0])
+    build_feature_file(wed, tables[1], prev_src=tue)
+    with pytest.raises(
+        DatasetError,
+        match=r"overlapping files: \S+tue\.parquet holds ESH4 from 2024-03-05 01:43:00\+00:00 to "
+        r"2118-03-04 00:04:00\+00:00, past the first bar of \S+wed\.parquet at 2024-03-06 00:00:00",
+    ) as info:
+        load_feature_tables(tables)
+    assert "\n" not in str(info.value)
+    assert load_feature_tables(tables[1:]).height == 300  # each file alone is fine

@@ -62,6 +62,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     )
     make_fold_plan(frame["trading_day"].unique().to_list(), fold_config).save(folds)
     config = load_config(REPO_ROOT / "tests" / "configs" / "tiny.yaml")
+    config["costs"]["instruments"] = {}  # synthetic symbols (S0) have no contract: the flat keys price them
     config["env"] = dict(TRAINED_ENV)
     config["training"].update(total_steps=256, n_envs=4, checkpoint_every=10_000)
     hparams = root / "dqn.json"

@@ -410,6 +410,8 @@ def test_real_mbo_featurizes_with_1s_bars(tmp_path: Path, dbn_samples: Path) -> 
     table = pl.read_parquet(dst)
     assert summary["dbn_version"] == 1 and summary["schema"] == "mbo"
     assert table.height == 988 - MAX_LOOKBACK and table["symbol"].unique().to_list() == ["ESH4"]
+    # Most 1s bars of a real MBO day are flat (high == low): the windows that made parkinson_15/60 NaN.
+    assert (table["high"] == table["low"]).mean() > 0.75
     assert np.isfinite(table.select(FEATURE_NAMES).to_numpy()).all()
     assert 4500 < table["close"].min() < table["close"].max() < 5200  # ES in Dec 2023
     # The previous day's file has no trades: as context it changes nothing.

@@ -501,3 +501,9 @@ def test_threshold_follows_the_run_settings_costs(splits, trained) -> None:
     from marketrl.models.trading_rule import cost_model, round_trip_cost
 
     torch.testing.assert_close(round_trip_cost(test, cost_model(futures)), expected.float())
+    # A per-instrument config has no single cost fraction: one line, not an AttributeError deep in the rule.
+    per_root = {**futures, "instruments": {"ES": {"tick_size": 0.25, "tick_value": 12.5}}}
+    with pytest.raises(
+        ValueError, match=r"^costs: a per-instrument cost model .* leave the run settings' costs"
+    ):
+        round_trip_cost(test, cost_model(per_root))

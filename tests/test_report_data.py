@@ -1,5 +1,5 @@
-"""The report's data section from the feature manifest: rolls, skipped and warm-up-only files and bars dropped
-in the halt."""
+"""The report's data section from the feature manifest: rolls, skipped and warm-up-only files, bars dropped
+in the halt and a file-name order that disagrees with the data's time order."""
 
 from __future__ import annotations
 
@@ -71,8 +71,11 @@ def test_data_section_lists_rolls_skipped_files_and_halt_drops(
             _entry("glbx-mdp3-20240318", halt=None, outside=None, skipped="not a valid DBN stream (...)"),
         ],
         "rolls": [ROLL],
+        "name_order": {"file": "01-04-2024.dbn.zst", "after": "29-03-2024.dbn.zst"},
     }
     section = _data_section(outputs, tmp_path / "eval_report.html", manifest)
+    order = re.search(r'data-metric="name-order" data-value="disagrees">([^<]*)<', section)
+    assert order and "01-04-2024.dbn.zst holds later data than 29-03-2024.dbn.zst" in order.group(1)
     assert re.search(r'data-metric="input-files" data-value="4"', section)
     assert re.search(r'data-metric="skipped-files" data-value="1"', section)
     assert re.search(r'data-metric="warmup-only-files" data-value="1"', section)
@@ -98,6 +101,7 @@ def test_data_section_without_rolls_or_manifest_says_so(outputs: PipelineOutputs
     )
     assert "none (no continuous symbol changed contract)" in plain and "data-roll=" not in plain
     assert "data-skipped=" not in plain and "data-warmup-only=" not in plain and "warm-up only" not in plain
+    assert 'data-metric="name-order" data-value="agrees"' in plain  # no name_order key: an older manifest
     assert "not recorded (no feature manifest given)" in _data_section(outputs, tmp_path / "b.html", None)
 
 
@@ -106,5 +110,16 @@ def test_malformed_manifest_is_named(outputs: PipelineOutputs, tmp_path: Path) -
     path.write_text(json.dumps({"files": [{"rows": 3}]}))
     kwargs = outputs.report_kwargs(tmp_path / "eval_report.html") | {"manifest_path": str(path)}
     with pytest.raises(ReportInputError, match=r"manifest\.json: feature manifest: 'files' must be a list"):
+        build_report(**kwargs)
+    assert not (tmp_path / "eval_report.html").exists()
+
+
+def test_malformed_name_order_is_named(outputs: PipelineOutputs, tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"files": [_entry("d", halt=0, outside=0)], "name_order": "yes"}))
+    kwargs = outputs.report_kwargs(tmp_path / "eval_report.html") | {"manifest_path": str(path)}
+    with pytest.raises(
+        ReportInputError, match=r"manifest\.json: feature manifest: 'name_order' must be null"
+    ):
         build_report(**kwargs)
     assert not (tmp_path / "eval_report.html").exists()

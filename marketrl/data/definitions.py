@@ -26,9 +26,16 @@ from typing import Any
 import databento_dbn as dbn
 import zstandard
 
-from marketrl.config import ConfigError
+from marketrl.config import ConfigError, validate_config
+from marketrl.pipeline import DEMO_DEFINITIONS_DIR
 
-__all__ = ["ContractSpec", "definition_files", "read_contract_specs", "resolve_definitions"]
+__all__ = [
+    "ContractSpec",
+    "definition_files",
+    "demo_run_config",
+    "read_contract_specs",
+    "resolve_definitions",
+]
 
 KEY = "data.definitions"
 _UNDEF_PRICE = dbn.UNDEF_PRICE
@@ -161,3 +168,12 @@ def resolve_definitions(config: Mapping[str, Any]) -> dict[str, Any]:
         merged[str(root)] = {**base, **entry}
     costs["instruments"] = merged
     return resolved
+
+
+def demo_run_config(raw_dir: Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The full config of a run outside the pipeline (bench/) on the demo files ``generate_demo_files`` wrote to
+    ``raw_dir``: the schema's defaults and ``overrides``, every instrument's contract spec read from the demo's
+    definition file as ``data.definitions`` would (so NQ is costed as NQ, not with the flat ES keys)."""
+    config = copy.deepcopy(dict(overrides or {}))
+    config.setdefault("data", {})["definitions"] = str(Path(raw_dir) / DEMO_DEFINITIONS_DIR / "*")
+    return resolve_definitions(validate_config(config))

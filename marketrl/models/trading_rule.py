@@ -19,15 +19,15 @@ from typing import Any
 
 import torch
 
-from marketrl.costs import CostModel
+from marketrl.costs import CostModel, Costs
 from marketrl.env import MarketData
 
 __all__ = ["TradingRule", "cost_model", "round_trip_cost"]
 
 
-def cost_model(costs: Mapping[str, Any]) -> CostModel:
+def cost_model(costs: Mapping[str, Any]) -> Costs:
     """A CostModel from a `costs` config slice (`model: futures | bps`, as in config.yaml) or CostModel fields
-    (`kind: ...`)."""
+    (`kind: ...`); an InstrumentCosts where the slice has `costs.instruments` (`round_trip_cost` refuses it)."""
     if "kind" in costs:
         return CostModel.from_config(costs)
     from marketrl.datasets import cost_model_from_config  # polars is needed only there
@@ -35,11 +35,16 @@ def cost_model(costs: Mapping[str, Any]) -> CostModel:
     return cost_model_from_config(costs)
 
 
-def round_trip_cost(data: MarketData, costs: CostModel | None = None) -> torch.Tensor:
+def round_trip_cost(data: MarketData, costs: Costs | None = None) -> torch.Tensor:
     """[T] round-trip cost as a return fraction at close_t (entering and leaving one contract): from ``costs`` at
     the close prices, or, without it, the data's own per-row cost fractions (the run's cost model, per symbol)."""
     if costs is None:
         return 2.0 * data.cost_close
+    if not isinstance(costs, CostModel):  # InstrumentCosts: a spec per symbol root, which MarketData applied
+        raise ValueError(
+            "costs: a per-instrument cost model (costs.instruments) has no single cost fraction; leave the run "
+            "settings' costs empty so the trading rule uses the data's per-row cost fractions"
+        )
     return (2.0 * costs.cost_fraction(data.close)).to(torch.float32)
 
 
@@ -57,7 +62,7 @@ class TradingRule:
             raise ValueError(f"hold_band: expected a number in (0, 1], got {self.hold_band!r}")
 
     def positions(
-        self, predictions: torch.Tensor, data: MarketData, costs: CostModel | None = None
+        self, predictions: torch.Tensor, data: MarketData, costs: Costs | None = None
     ) -> torch.Tensor:
         """Target positions [T] float32 in {-1, 0, 1} on the data's device (costs: see `round_trip_cost`)."""
         threshold = self.threshold_multiplier * round_trip_cost(data, costs)

@@ -201,8 +201,14 @@ def _bars_per_day(strategies: Sequence[analysis.Strategy]) -> float:
 
 def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
     """What the feature manifest says about the input files: how many, which were skipped and why
+<<<<<<< HEAD
     (`data.on_bad_file: skip`), which only served as warm-up context (the first file(s)), bars dropped outside the session and inside the daily halt per file, and the
     rolls of every continuous symbol (docs/OUTPUTS.md). A malformed manifest is a ReportInputError naming it."""
+=======
+    (`data.on_bad_file: skip`), bars dropped outside the session and inside the daily halt per file, the
+    rolls of every continuous symbol and where the file names disagree with the data's time order
+    (docs/OUTPUTS.md). A malformed manifest is a ReportInputError naming it."""
+>>>>>>> audit
     manifest = read_json_object(manifest_path, "feature manifest")
     files, rolls = manifest.get("files"), manifest.get("rolls", [])
     if not isinstance(files, list) or not all(isinstance(entry, dict) and "path" in entry for entry in files):
@@ -211,6 +217,11 @@ def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
         )
     if not isinstance(rolls, list) or not all(isinstance(roll, dict) for roll in rolls):
         raise ReportInputError(f"{manifest_path}: feature manifest: 'rolls' must be a list of objects")
+    name_order = manifest.get("name_order")
+    if name_order is not None and not (isinstance(name_order, dict) and {"file", "after"} <= set(name_order)):
+        raise ReportInputError(
+            f"{manifest_path}: feature manifest: 'name_order' must be null or an object with file and after"
+        )
 
     def name(entry: Mapping[str, Any]) -> str:
         return str(entry.get("source_file") or Path(str(entry["path"])).name)
@@ -230,6 +241,7 @@ def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
         "in_halt": sum(int(e.get("dropped_in_halt") or 0) for e in counted),
         "outside": sum(int(e["dropped_outside_session"]) for e in counted),
         "rolls": rolls,
+        "name_order": name_order,
     }
 
 
