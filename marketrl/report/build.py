@@ -201,14 +201,9 @@ def _bars_per_day(strategies: Sequence[analysis.Strategy]) -> float:
 
 def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
     """What the feature manifest says about the input files: how many, which were skipped and why
-<<<<<<< HEAD
-    (`data.on_bad_file: skip`), which only served as warm-up context (the first file(s)), bars dropped outside the session and inside the daily halt per file, and the
-    rolls of every continuous symbol (docs/OUTPUTS.md). A malformed manifest is a ReportInputError naming it."""
-=======
-    (`data.on_bad_file: skip`), bars dropped outside the session and inside the daily halt per file, the
-    rolls of every continuous symbol and where the file names disagree with the data's time order
-    (docs/OUTPUTS.md). A malformed manifest is a ReportInputError naming it."""
->>>>>>> audit
+    (`data.on_bad_file: skip`), which only served as warm-up context (the first file(s)), bars dropped outside
+    the session and inside the daily halt per file, the rolls of every continuous symbol and where the file names
+    disagree with the data's time order (docs/OUTPUTS.md). A malformed manifest is a ReportInputError naming it."""
     manifest = read_json_object(manifest_path, "feature manifest")
     files, rolls = manifest.get("files"), manifest.get("rolls", [])
     if not isinstance(files, list) or not all(isinstance(entry, dict) and "path" in entry for entry in files):
