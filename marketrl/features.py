@@ -26,6 +26,7 @@ with its formula and lookback (tested against the catalog). Design points:
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import logging
@@ -558,6 +559,9 @@ FEATURE_NAMES: tuple[str, ...] = tuple(spec.name for spec in CATALOG)
 BOOK_FEATURE_NAMES: tuple[str, ...] = tuple(spec.name for spec in BOOK_CATALOG)
 LOOKBACKS: dict[str, int] = {spec.name: spec.lookback for spec in (*CATALOG, *BOOK_CATALOG)}
 MAX_LOOKBACK: int = max(LOOKBACKS.values())
+# Context files further back than this are not context: a lookback across a gap of weeks (data of January and
+# June) would mix unrelated markets. Longer than any exchange's closure (a weekend with a holiday: ~4 days).
+MAX_CONTEXT_GAP = dt.timedelta(days=7)
 # Cumulative since the instrument's first bar of the UTC day: their LOOKBACKS entry counts no bar before that
 # day (the day sums are bar columns), the day's earlier bars they do read.
 DAY_CUMULATIVE_FEATURES: tuple[str, ...] = tuple(spec.name for spec in CATALOG if _reads_day_sums(spec))
@@ -1066,6 +1070,11 @@ def _read_context(
                 f"expected {current.dataset}/{current.schema}",
             )
         part = earlier.bars.filter(_c("ts_event") < cutoff)
+        if part.height and cutoff - part["ts_event"].max() > MAX_CONTEXT_GAP:
+            log.info(
+                "%s: no context from %s on back: more than %s before", src, earlier.path.name, MAX_CONTEXT_GAP
+            )
+            break
         try:
             _check_scale_continuity(part, newer, newer_path, earlier.path, options["max_price_jump"])
         except DataFileError as exc:

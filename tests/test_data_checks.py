@@ -348,12 +348,13 @@ def test_a_cme_session_spanning_two_utc_day_files_is_not_an_overlap_but_a_duplic
 
 
 def test_records_far_outside_the_neighbouring_files_span_are_an_error(tmp_path: Path) -> None:
-    # Tuesday's header allows a century (a corrupt or careless end), and five of its bars are stamped 2118: inside
-    # its own header range, but far past Wednesday's file. No bar is shared, so only the spans tell.
+    # Tuesday's header allows a century (a corrupt or careless end), and five of its bars are stamped a year later
+    # (plausible on their own: not in the future): inside its own header range, but far past Wednesday's file. No
+    # bar is shared, so only the spans tell.
     wednesday = TUESDAY + dt.timedelta(days=1)
     bars = _day(TUESDAY, seed=20)
     ts = bars["ts_event"].cast(pl.Int64).to_numpy().copy()
-    ts[-5:] = int(dt.datetime(2118, 3, 4, tzinfo=dt.UTC).timestamp()) * 10**9 + MINUTE_NS * np.arange(5)
+    ts[-5:] = int(dt.datetime(2025, 3, 4, tzinfo=dt.UTC).timestamp()) * 10**9 + MINUTE_NS * np.arange(5)
     stamped = bars.with_columns(pl.Series("ts_event", ts).cast(bars.schema["ts_event"]))
     end = int(dt.datetime(2119, 1, 1, tzinfo=dt.UTC).timestamp()) * 10**9
     tue = write_dbn(
@@ -369,8 +370,30 @@ def test_records_far_outside_the_neighbouring_files_span_are_an_error(tmp_path: 
     with pytest.raises(
         DatasetError,
         match=r"overlapping files: \S+tue\.parquet holds ESH4 from 2024-03-05 01:43:00\+00:00 to "
-        r"2118-03-04 00:04:00\+00:00, past the first bar of \S+wed\.parquet at 2024-03-06 00:00:00",
+        r"2025-03-04 00:04:00\+00:00, past the first bar of \S+wed\.parquet at 2024-03-06 00:00:00",
     ) as info:
         load_feature_tables(tables)
     assert "\n" not in str(info.value)
     assert load_feature_tables(tables[1:]).height == 300  # each file alone is fine
+
+
+def test_a_whole_file_stamped_in_the_future_is_an_error(tmp_path: Path) -> None:
+    # Header and records agree with each other, so the header-range check passes; the clock is still wrong.
+    bars = _day(MONDAY, seed=23)
+    shift = int(dt.datetime(2118, 3, 4, tzinfo=dt.UTC).timestamp()) * 10**9 - int(MONDAY.timestamp()) * 10**9
+    moved = bars.with_columns((pl.col("ts_event").cast(pl.Int64) + shift).cast(bars.schema["ts_event"]))
+    data = encode_dbn(ohlcv_messages(moved), schema="ohlcv-1m", symbols={"ESH4": 7}, **_span(moved))
+    path = write_dbn(tmp_path / "glbx-mdp3-21180304.ohlcv-1m.dbn.zst", data)
+    with pytest.raises(DataFileError, match=r"header start 2118-03-04T.* is in the future") as info:
+        read_bars(path)
+    assert "\n" not in str(info.value) and str(info.value).startswith(str(path))
+
+
+def test_a_header_before_1990_is_an_error(tmp_path: Path) -> None:
+    bars = _day(MONDAY, seed=24)
+    shift = -int(MONDAY.timestamp()) * 10**9 + DAY_NS  # 1970-01-02
+    moved = bars.with_columns((pl.col("ts_event").cast(pl.Int64) + shift).cast(bars.schema["ts_event"]))
+    data = encode_dbn(ohlcv_messages(moved), schema="ohlcv-1m", symbols={"ESH4": 7}, **_span(moved))
+    path = write_dbn(tmp_path / "epoch.dbn.zst", data)
+    with pytest.raises(DataFileError, match=r"header start 1970-01-0.* is before 1990"):
+        read_bars(path)

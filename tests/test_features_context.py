@@ -260,3 +260,13 @@ def test_a_trading_day_over_three_files_after_a_monday_holiday_is_whole_in_its_l
     partial = pl.read_parquet(tmp_path / "mon-only.parquet")
     assert partial.height == summary["rows"]
     assert not partial["vwap_dev_day"].equals(pl.read_parquet(dst)["vwap_dev_day"])
+
+
+def test_a_file_weeks_before_is_not_context(tmp_path: Path) -> None:
+    # Data of early January and of February, nothing between: February's lookbacks do not reach into January.
+    segments = [("jan", _utc(2024, 1, 5, 20), 120), ("feb", _utc(2024, 2, 5, 0), 150)]
+    bars = _segments(segments, seed=6)
+    files = _files(tmp_path, bars, ["jan", "feb"])
+    summary = build_feature_file(files["feb"], tmp_path / "feb.parquet", prev_src=files["jan"])
+    assert summary["context"] == []
+    assert summary["rows"] == len(SYMBOLS) * (150 - MAX_LOOKBACK)  # its own warm-up, as a first file

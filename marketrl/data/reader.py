@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import re
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -576,10 +577,27 @@ def _collect_rows(opened: _OpenedFile) -> tuple[_ByInstrument, _ByInstrument, in
 DEFAULT_MAX_PRICE_JUMP = 10.0
 
 
+# No electronic market data before this; a timestamp later than now (plus a day of clock slack) cannot be data.
+EARLIEST_PLAUSIBLE = datetime(1990, 1, 1, tzinfo=UTC)
+_FUTURE_SLACK_NS = 86_400 * NS_PER_SECOND
+
+
+def _check_plausible_time(ts_ns: int, what: str, path: Path) -> None:
+    """A timestamp before ``EARLIEST_PLAUSIBLE`` or after now is a corrupt record or header, or a wrong clock:
+    header and records may agree with each other and still be wrong (a whole file stamped 2118)."""
+    earliest = int(EARLIEST_PLAUSIBLE.timestamp()) * NS_PER_SECOND
+    latest = time.time_ns() + _FUTURE_SLACK_NS
+    if not earliest <= ts_ns <= latest:
+        when = "before 1990" if ts_ns < earliest else "in the future"
+        raise DataFileError(path, f"{what} {_iso(ts_ns)} is {when} (corrupt data or a wrong clock)")
+
+
 def _check_timestamps(frame: pl.DataFrame, opened: _OpenedFile) -> None:
     """Every record's ts_event lies inside the header's [start, end) (OHLCV bars may open up to one bar before
-    start). A corrupt frame or a wrong clock shows up here as records far outside the requested range."""
+    start), and header and records lie between 1990 and now. A corrupt frame or a wrong clock shows up here as
+    records far outside the requested range."""
     metadata, path = opened.metadata, opened.path
+    _check_plausible_time(int(metadata.start), "header start", path)
     if frame.height == 0:
         return
     slack = OHLCV_SCHEMAS.get(opened.schema, 0)
@@ -594,6 +612,7 @@ def _check_timestamps(frame: pl.DataFrame, opened: _OpenedFile) -> None:
             f"record timestamp {_iso(bad)} outside the header's range [{_iso(start)}, "
             f"{'open' if undefined_end else _iso(int(end))}) (corrupt data or a wrong clock)",
         )
+    _check_plausible_time(last, "record timestamp", path)  # inside the header's range, unless it is open
 
 
 def _iso(ts_ns: int) -> str:
