@@ -11,6 +11,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from marketrl.contract_specs import contract_spec_problem
+
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 
 #: Every model `training.models` may list, in the default order: the RL agents, then the forecasters. Kept here,
@@ -114,33 +116,6 @@ def check_semantics(config: dict[str, Any]) -> None:
             "config key 'hyperopt.grace_seconds': must exceed hyperopt.heartbeat_seconds "
             f"({config['hyperopt']['grace_seconds']} <= {config['hyperopt']['heartbeat_seconds']})"
         )
-
-
-FLAT_SPEC_KEYS = ("tick_size", "tick_value")  # costs.*: the pair the user writes as every instrument's spec
-NO_SPEC_HINT = (
-    "write a spec per symbol root (e.g. costs.instruments: {ES: {tick_size: 0.25, tick_value: 12.5}}), "
-    "set data.definitions to Databento definition files, or write costs.tick_size and costs.tick_value "
-    "as the catch-all spec of every instrument"
-)
-
-
-def contract_spec_problem(costs: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Why a ``costs`` section leaves futures instruments without a contract spec the user wrote, as (key, why);
-    None when it has one or needs none (``model: bps``). ``costs.instruments`` is read as final (after
-    ``data.definitions`` has filled it in)."""
-    if costs.get("model", "futures") != "futures":
-        return None
-    flat = [key for key in FLAT_SPEC_KEYS if costs.get(key) is not None]
-    if len(flat) == 1:
-        (written,) = flat
-        missing = next(key for key in FLAT_SPEC_KEYS if key != written)
-        return (
-            f"costs.{missing}",
-            f"missing beside costs.{written}; the flat pair is the catch-all spec of every instrument, write both",
-        )
-    if flat or costs.get("instruments"):
-        return None
-    return "costs.instruments", f"no contract spec for costs.model futures; {NO_SPEC_HINT}"
 
 
 def check_contract_specs(config: Mapping[str, Any]) -> None:
