@@ -215,8 +215,8 @@ def costs_from_config(costs: Mapping[str, Any]) -> Costs:
 
     With ``instruments`` each entry needs ``tick_size`` and ``tick_value`` (or ``multiplier``, = tick_value /
     tick_size) for futures; its ``commission_per_contract``, ``half_spread_ticks`` and ``bps`` default to the flat
-    keys. Without it (or with ``{}``) futures need the flat ``tick_size`` and ``tick_value`` the user wrote as the
-    catch-all of every instrument; neither is a one-line error naming ``costs.instruments`` (never a silent spec).
+    keys. Without it (or with ``{}``) futures need the flat ``tick_size`` and ``tick_value``, written by the user as
+    the catch-all of every instrument; without them, a one-line error names ``costs.instruments`` (no silent spec).
     """
     if not isinstance(costs, Mapping):
         raise CostConfigError(f"costs: expected a mapping, got {type(costs).__name__}")
