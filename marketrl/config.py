@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
+
+from marketrl.contract_specs import contract_spec_problem
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 
@@ -113,6 +116,14 @@ def check_semantics(config: dict[str, Any]) -> None:
             "config key 'hyperopt.grace_seconds': must exceed hyperopt.heartbeat_seconds "
             f"({config['hyperopt']['grace_seconds']} <= {config['hyperopt']['heartbeat_seconds']})"
         )
+
+
+def check_contract_specs(config: Mapping[str, Any]) -> None:
+    """A futures config prices every instrument with a spec the user wrote (never a silent one); run after
+    ``data.definitions`` is merged (rules/common.smk) and raise ConfigError naming the key."""
+    problem = contract_spec_problem(config["costs"])
+    if problem is not None:
+        raise ConfigError(f"config key '{problem[0]}': {problem[1]}")
 
 
 def validate_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -4,9 +4,10 @@ Costs are expressed as a fraction of one contract's notional at the fill price, 
 the per-bar simple returns the environment pays as rewards.
 
 Contract specs are per instrument, keyed by symbol root (``symbol_root``: ESH4 -> ES, NQZ24 -> NQ, ES.c.0 -> ES):
-``costs.instruments: {ES: {tick_size: 0.25, tick_value: 12.5}, ...}`` (``InstrumentCosts``). Without
-``costs.instruments`` the flat ``costs.*`` keys are the one spec of every instrument (``CostModel``), as before.
-With it, an instrument without an entry is an error unless the user wrote a ``default`` entry (docs/ENV.md).
+``costs.instruments: {ES: {tick_size: 0.25, tick_value: 12.5}, ...}`` (``InstrumentCosts``); an instrument
+without an entry is an error unless the user wrote a ``default`` entry. Without ``costs.instruments`` the flat
+``costs.tick_size`` and ``costs.tick_value``, where the user wrote both, are the one spec of every instrument
+(``CostModel``); futures with neither are an error, never a silent default spec (docs/ENV.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+
+from marketrl.contract_specs import contract_spec_problem
 
 CostKind = Literal["futures", "bps"]
 
@@ -210,9 +213,10 @@ Costs = CostModel | InstrumentCosts
 def costs_from_config(costs: Mapping[str, Any]) -> Costs:
     """The ``costs`` section of config.yaml: ``model`` (futures | bps), the flat keys, optional ``instruments``.
 
-    Without ``instruments`` (or with an empty one) the flat keys are the spec of every instrument. With it, each
-    entry needs ``tick_size`` and ``tick_value`` (or ``multiplier``, = tick_value / tick_size) for futures; its
-    ``commission_per_contract``, ``half_spread_ticks`` and ``bps`` default to the flat keys.
+    With ``instruments`` each entry needs ``tick_size`` and ``tick_value`` (or ``multiplier``, = tick_value /
+    tick_size) for futures; its ``commission_per_contract``, ``half_spread_ticks`` and ``bps`` default to the flat
+    keys. Without it (or with ``{}``) futures need the flat ``tick_size`` and ``tick_value``, written by the user as
+    the catch-all of every instrument; without them, a one-line error names ``costs.instruments`` (no silent spec).
     """
     if not isinstance(costs, Mapping):
         raise CostConfigError(f"costs: expected a mapping, got {type(costs).__name__}")
@@ -220,11 +224,14 @@ def costs_from_config(costs: Mapping[str, Any]) -> Costs:
     instruments = costs.get("instruments") or {}
     if not isinstance(instruments, Mapping):
         raise CostConfigError(f"costs.instruments: expected a mapping root -> spec, got {instruments!r}")
+    problem = contract_spec_problem(costs)
+    if problem is not None:
+        raise CostConfigError(f"{problem[0]}: {problem[1]}")
     if not instruments:
         if kind == "bps":
             return CostModel.from_config({"kind": "bps", "bps": costs.get("bps", 0.0)})
         return CostModel.from_config(
-            {"kind": kind, **{key: costs[key] for key in _FUTURES_KEYS if key in costs}}
+            {"kind": kind, **{key: costs[key] for key in _FUTURES_KEYS if costs.get(key) is not None}}
         )
     return InstrumentCosts(
         {str(root): _instrument_spec(str(root), spec, costs, kind) for root, spec in instruments.items()}

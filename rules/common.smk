@@ -3,14 +3,16 @@ import sys
 
 from marketrl import paths, pipeline, stages
 from marketrl.calibration_plan import CalibrationError, CalibrationSettings, n_jobs
-from marketrl.config import ConfigError, validate_config
+from marketrl.config import ConfigError, check_contract_specs, validate_config
 from marketrl.data.definitions import resolve_definitions
 
-# Fill defaults, run the schema and cross-key checks, merge the contract specs of data.definitions. A bad config
-# prints one line naming the key (and no schema dump or traceback), then stops before any job runs.
+# Fill defaults, run the schema and cross-key checks, merge the contract specs of data.definitions and check that
+# futures have one (there is no default contract). A bad config prints one line naming the key (and no schema dump
+# or traceback), then stops before any job runs.
 try:
     config.update(validate_config(config))
     config.update(resolve_definitions(config))  # data.definitions -> costs.instruments
+    check_contract_specs(config)
     RAW_FILES = pipeline.raw_data_files(config)
     CALIBRATION_JOBS = n_jobs(CalibrationSettings.from_config(config))
 except (ConfigError, CalibrationError) as err:

@@ -8,7 +8,15 @@ import re
 import pytest
 import yaml
 
-from marketrl.config import MODEL_NAMES, ConfigError, derive_seed, load_config, schema_errors, validate_config
+from marketrl.config import (
+    MODEL_NAMES,
+    ConfigError,
+    check_contract_specs,
+    derive_seed,
+    load_config,
+    schema_errors,
+    validate_config,
+)
 from marketrl.costs import CostConfigError, costs_from_config
 from tests.conftest import REPO_ROOT
 
@@ -162,6 +170,44 @@ def test_cross_key_checks(default_config: dict, changes: dict, named: str) -> No
         config = _with(config, dotted, value)
     with pytest.raises(ConfigError, match=f"'{named}'"):
         validate_config(config)
+
+
+@pytest.mark.parametrize(
+    ("costs", "named"),
+    [
+        ({}, "costs.instruments"),  # no costs section: there is no default contract (CL must not cost as ES)
+        ({"model": "futures", "instruments": {}}, "costs.instruments"),
+        ({"tick_size": 0.25}, "costs.tick_value"),
+        (
+            {"tick_value": 12.5, "instruments": {"ES": {"tick_size": 0.25, "tick_value": 12.5}}},
+            "costs.tick_size",
+        ),
+    ],
+)
+def test_futures_without_a_contract_spec_fail_in_one_line_naming_the_key(costs: dict, named: str) -> None:
+    """rules/common.smk runs check_contract_specs after data.definitions is merged, before any job."""
+    config = validate_config({"costs": costs})
+    with pytest.raises(ConfigError, match=f"^config key '{re.escape(named)}': ") as excinfo:
+        check_contract_specs(config)
+    assert "\n" not in str(excinfo.value)
+    if named == "costs.instruments":
+        assert "ES: {tick_size: 0.25, tick_value: 12.5}" in str(excinfo.value)
+        assert "data.definitions" in str(excinfo.value) and "costs.tick_size and costs.tick_value" in str(
+            excinfo.value
+        )
+
+
+@pytest.mark.parametrize(
+    "costs",
+    [
+        {"model": "bps"},  # bps needs no contract spec
+        {"tick_size": 0.01, "tick_value": 10.0},  # the explicit flat catch-all
+        {"instruments": {"default": {"tick_size": 0.01, "tick_value": 10.0}}},
+    ],
+)
+def test_a_contract_spec_the_user_wrote_passes(costs: dict, default_config: dict) -> None:
+    check_contract_specs(validate_config({"costs": costs}))
+    check_contract_specs(validate_config(default_config))  # config.yaml: ES and NQ per instrument
 
 
 def test_load_config_rejects_non_mapping(tmp_path) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from marketrl.config import validate_config
 from marketrl.costs import (
     CostConfigError,
     CostModel,
@@ -87,16 +88,11 @@ def test_bad_config_names_the_key(config: dict, key: str) -> None:
 
 # ------------------------------------------------------------------------------- per-instrument contract specs
 
-FLAT = {
-    "model": "futures",
-    "commission_per_contract": 1.0,
-    "half_spread_ticks": 0.5,
-    "tick_size": 0.25,
-    "tick_value": 12.5,
-    "bps": 1.0,
-}
+# The generic keys of a costs section (no contract spec), and the flat tick pair written as a catch-all.
+GENERIC = {"model": "futures", "commission_per_contract": 1.0, "half_spread_ticks": 0.5, "bps": 1.0}
+FLAT = {**GENERIC, "tick_size": 0.25, "tick_value": 12.5}
 ES_NQ = {
-    **FLAT,
+    **GENERIC,
     "instruments": {
         "ES": {"tick_size": 0.25, "tick_value": 12.5},
         "NQ": {"tick_size": 0.25, "tick_value": 5.0},
@@ -150,19 +146,20 @@ def test_es_and_nq_costs_by_hand() -> None:
 
 def test_multiplier_is_tick_value_over_tick_size_and_flat_keys_are_the_defaults() -> None:
     by_multiplier = costs_from_config(
-        {**FLAT, "half_spread_ticks": 1.0, "instruments": {"ES": {"tick_size": 0.25, "multiplier": 50}}}
+        {**GENERIC, "half_spread_ticks": 1.0, "instruments": {"ES": {"tick_size": 0.25, "multiplier": 50}}}
     )
     es = by_multiplier.for_symbol("ESZ4")
     assert (es.tick_value, es.half_spread_ticks, es.commission_per_contract) == (12.5, 1.0, 1.0)
     own = costs_from_config(
-        {**FLAT, "instruments": {"ES": {"tick_size": 0.25, "tick_value": 12.5, "half_spread_ticks": 2}}}
+        {**GENERIC, "instruments": {"ES": {"tick_size": 0.25, "tick_value": 12.5, "half_spread_ticks": 2}}}
     )
     assert own.for_symbol("ES.c.0").half_spread_ticks == 2.0
 
 
-def test_without_instruments_the_flat_keys_apply_to_every_instrument() -> None:
-    """Configs written before costs.instruments keep their meaning: one spec for every symbol."""
+def test_the_flat_pair_the_user_wrote_is_the_catch_all_of_every_instrument() -> None:
+    """costs.tick_size + costs.tick_value, both written, with costs.instruments {}: one spec for every symbol."""
     flat = costs_from_config({**FLAT, "instruments": {}})
+    assert costs_from_config(validate_config({"costs": FLAT})["costs"]) == flat
     assert flat == CostModel.from_config({"kind": "futures", **{k: FLAT[k] for k in ES if k != "kind"}})
     prices = np.array([5000.0, 100.0])
     np.testing.assert_allclose(
@@ -177,6 +174,42 @@ def test_without_instruments_the_flat_keys_apply_to_every_instrument() -> None:
         7.25 / (prices * 50.0),
         rtol=1e-6,
     )
+
+
+NO_SPEC = (
+    r"^costs\.instruments: no contract spec for costs\.model futures; write a spec per symbol root "
+    r"\(e\.g\. costs\.instruments: \{ES: \{tick_size: 0\.25, tick_value: 12\.5\}\}\), set data\.definitions .*, "
+    r"or write costs\.tick_size and costs\.tick_value as the catch-all spec of every instrument$"
+)
+
+
+@pytest.mark.parametrize(
+    "costs",
+    [
+        GENERIC,
+        {**GENERIC, "instruments": {}},
+        {**GENERIC, "tick_size": None, "tick_value": None},
+        validate_config({})["costs"],  # the schema's defaults hold no contract
+    ],
+)
+def test_futures_without_any_contract_spec_is_a_one_line_error(costs: dict) -> None:
+    """No silent catch-all: CL or ZN data with no costs section must not be priced as ES."""
+    with pytest.raises(CostConfigError, match=NO_SPEC) as info:
+        costs_from_config(costs)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("written", "missing"), [("tick_size", "tick_value"), ("tick_value", "tick_size")])
+def test_half_a_flat_pair_is_an_error_naming_the_missing_key(written: str, missing: str) -> None:
+    for instruments in ({}, ES_NQ["instruments"]):
+        with pytest.raises(CostConfigError, match=rf"^costs\.{missing}: missing beside costs\.{written}; "):
+            costs_from_config({**GENERIC, written: FLAT[written], "instruments": instruments})
+
+
+def test_bps_needs_no_contract_spec() -> None:
+    bps = costs_from_config({**GENERIC, "model": "bps", "bps": 2.0})
+    assert bps == CostModel(kind="bps", bps=2.0)
+    assert costs_from_config(validate_config({"costs": {"model": "bps", "bps": 2.0}})["costs"]) == bps
 
 
 def test_an_instrument_without_a_spec_is_a_one_line_error_unless_there_is_a_default() -> None:
@@ -237,7 +270,7 @@ def test_instrument_specs_round_trip_and_scale() -> None:
 )
 def test_bad_instrument_spec_names_the_key(spec: object, key: str) -> None:
     with pytest.raises(CostConfigError, match=key.replace(".", r"\.")) as info:
-        costs_from_config({**FLAT, "instruments": {"ES": spec}})
+        costs_from_config({**GENERIC, "instruments": {"ES": spec}})
     assert "\n" not in str(info.value)
 
 

@@ -23,6 +23,7 @@ from marketrl.folds import FoldConfig, FoldPlan, make_fold_plan, select_rows
 from marketrl.normalize import FeatureNormalizer
 from marketrl.training import train_job
 from tests.conftest import REPO_ROOT
+from tests.support.costs import CATCH_ALL_SPEC
 from tests.test_env import random_frame
 
 # Trained with settings that all differ from the env defaults, so using the defaults anywhere would show.
@@ -62,7 +63,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     )
     make_fold_plan(frame["trading_day"].unique().to_list(), fold_config).save(folds)
     config = load_config(REPO_ROOT / "tests" / "configs" / "tiny.yaml")
-    config["costs"]["instruments"] = {}  # synthetic symbols (S0) have no contract: the flat keys price them
+    config["costs"].update(instruments={}, **CATCH_ALL_SPEC)  # synthetic S0 has no contract of its own
     config["env"] = dict(TRAINED_ENV)
     config["training"].update(total_steps=256, n_envs=4, checkpoint_every=10_000)
     hparams = root / "dqn.json"

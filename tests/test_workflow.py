@@ -145,6 +145,19 @@ def test_definitions_are_merged_at_dag_parse(tmp_path: Path, dbn_samples: Path) 
     assert not (tmp_path / "results").exists()
 
 
+def test_futures_without_a_contract_spec_fail_at_dag_parse(tmp_path: Path) -> None:
+    """No costs section: the dry-run stops with one line naming costs.instruments, not a job pricing CL as ES."""
+    config = yaml.safe_load(TINY.read_text())
+    del config["costs"]
+    result = snakemake("-n", cwd=workdir_with_config(tmp_path, config))
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "marketrl config error" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "marketrl config error: config key 'costs.instruments': no contract spec for costs.model futures; "
+    ), result.stderr[-2000:]
+    assert not (tmp_path / "results").exists()
+
+
 @pytest.mark.parametrize("rule_file", sorted((REPO_ROOT / "rules").glob("*.smk")))
 def test_every_rule_declares_log_benchmark_threads(rule_file: Path) -> None:
     text = rule_file.read_text()

@@ -29,6 +29,7 @@ from marketrl.normalize import FeatureNormalizer
 from marketrl.training import train_job
 from marketrl.zoo import ZOO, get_entry
 from tests.conftest import REPO_ROOT
+from tests.support.costs import CATCH_ALL_SPEC
 from tests.test_env import random_frame
 
 HPARAMS = {
@@ -97,7 +98,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     )
     make_fold_plan(frame["trading_day"].unique().to_list(), fold_config).save(folds)
     config = load_config(REPO_ROOT / "tests" / "configs" / "tiny.yaml")
-    config["costs"]["instruments"] = {}  # synthetic symbols (S0) have no contract: the flat keys price them
+    config["costs"].update(instruments={}, **CATCH_ALL_SPEC)  # synthetic S0 has no contract of its own
     config["env"].update(window=2, episode_length=16)
     config["training"].update(
         total_steps=256, n_envs=4, checkpoint_every=10_000, horizon=HORIZON, max_updates=20, check_every=5
