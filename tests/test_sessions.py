@@ -16,7 +16,7 @@ import pytest
 
 from marketrl.config import ConfigError, validate_config
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
-from marketrl.data.reader import DataConfigError, read_bars
+from marketrl.data.reader import BarFile, DataConfigError, read_bars
 from marketrl.datasets import write_feature_manifest
 from marketrl.features import build_feature_file
 from marketrl.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
@@ -80,28 +80,31 @@ def _utc_day_files(tmp_path: Path, first: dt.date, days: int, step_minutes: int,
     return paths
 
 
+def _checked_against_reference(path: Path) -> tuple[BarFile, dict[int, dt.date | None]]:
+    """Read a 5-minute UTC-day file and check every bar's trading day, and the dropped count, against
+    ``_cme_reference``; the read and the reference (None = outside every session) of each 5-minute slot."""
+    bar_file = read_bars(path, "1m")
+    start = int(dt.datetime.fromisoformat(path.name[:10]).replace(tzinfo=dt.UTC).timestamp()) * NS
+    expected = {ts: _cme_reference(ts) for ts in range(start, start + DAY_NS, 5 * 60 * NS)}
+    kept = {ts: day for ts, day in expected.items() if day is not None}
+    got = dict(
+        zip(bar_file.bars["ts_event"].dt.epoch("ns").to_list(), bar_file.bars["trading_day"], strict=True)
+    )
+    assert got == kept, path.name
+    assert bar_file.dropped_outside_session == len(expected) - len(kept)
+    return bar_file, expected
+
+
 def test_cme_trading_day_matches_a_per_bar_reference_across_weekend_halt_and_dst(tmp_path: Path) -> None:
     # Thu 2024-03-07 .. Tue 2024-03-12 UTC: Friday's close, the weekend, Sunday's 17:00 CT open and the US DST
     # change at 2024-03-10 02:00 CT (the halt moves from 22:00-23:00 to 21:00-22:00 UTC).
     paths = _utc_day_files(tmp_path, dt.date(2024, 3, 7), 6, step_minutes=5, dataset="GLBX.MDP3")
     checked = 0
     for path in paths:
-        bar_file = read_bars(path, "1m")
-        start = int(dt.datetime.fromisoformat(path.name[:10]).replace(tzinfo=dt.UTC).timestamp()) * NS
-        expected = {ts: _cme_reference(ts) for ts in range(start, start + DAY_NS, 5 * 60 * NS)}
-        kept = {ts: day for ts, day in expected.items() if day is not None}
-        got = dict(
-            zip(
-                bar_file.bars["ts_event"].dt.epoch("ns").to_list(),
-                bar_file.bars["trading_day"].to_list(),
-                strict=True,
-            )
-        )
-        assert got == kept, path.name
-        assert bar_file.dropped_outside_session == len(expected) - len(kept)
+        bar_file, expected = _checked_against_reference(path)
         halted = [ts for ts in expected if _in_cme_halt(ts)]
         assert bar_file.dropped_in_halt == len(halted) == 12  # one hour of 5-minute bars, in CST and in CDT
-        checked += len(kept)
+        checked += bar_file.bars.height
     assert checked > 1000
     days = pl.concat([read_bars(p, "1m").bars for p in paths])["trading_day"].unique().sort().to_list()
     # Sunday's 17:00 CT open belongs to Monday; Saturday and Sunday never appear as trading days.
@@ -131,15 +134,7 @@ def test_cme_holidays_are_cleared_under_the_next_business_day(
     )
     frames = []
     for path in paths:
-        bar_file = read_bars(path, "1m")
-        start = int(dt.datetime.fromisoformat(path.name[:10]).replace(tzinfo=dt.UTC).timestamp()) * NS
-        expected = {ts: _cme_reference(ts) for ts in range(start, start + DAY_NS, 5 * 60 * NS)}
-        kept = {ts: day for ts, day in expected.items() if day is not None}
-        got = dict(
-            zip(bar_file.bars["ts_event"].dt.epoch("ns").to_list(), bar_file.bars["trading_day"], strict=True)
-        )
-        assert got == kept, path.name
-        assert bar_file.dropped_outside_session == len(expected) - len(kept)
+        bar_file, expected = _checked_against_reference(path)
         assert bar_file.dropped_in_halt == sum(_in_cme_halt(ts) for ts in expected)
         frames.append(bar_file.bars)
     days = pl.concat(frames)["trading_day"].unique().sort().to_list()
