@@ -151,9 +151,11 @@ def test_registry_and_search_spaces() -> None:
 
         def __init__(self) -> None:
             self.names: list[str] = []
+            self.highs: dict[str, int] = {}
 
         def suggest_int(self, name: str, low: int, high: int, **_: object) -> int:
             self.names.append(name)
+            self.highs[name] = high
             return low
 
         def suggest_float(self, name: str, low: float, high: float, **_: object) -> float:
@@ -172,6 +174,11 @@ def test_registry_and_search_spaces() -> None:
         assert ("hidden_dim_base" in hparams) == spec.neural, name
         resolved = spec.hparams_class(**hparams)
         resolved.validate()
+        # The demo's studies run in make run's 15 minutes: windows past 16 cost the flat models their input
+        # width and the transformer a quadratic attention (one window-28 trial took ~8 minutes on a core).
+        assert trial.highs["window"] == (
+            16 if name in ("linear", "lightgbm", "mlp", "transformer") else 32
+        ), name
 
 
 def test_model_files_do_not_import_optuna() -> None:
