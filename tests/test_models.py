@@ -164,6 +164,7 @@ def test_registry_and_search_spaces() -> None:
 
         def suggest_categorical(self, name: str, choices: list[object]) -> object:
             self.names.append(name)
+            self.highs[name] = max(choices)  # type: ignore[type-var]
             return choices[0]
 
     for name, spec in MODELS.items():
@@ -179,6 +180,8 @@ def test_registry_and_search_spaces() -> None:
         assert trial.highs["window"] == (
             16 if name in ("linear", "lightgbm", "mlp", "transformer") else 32
         ), name
+        if name == "transformer":  # its step cost grows fastest with the width and depth
+            assert (trial.highs["hidden_dim_base"], trial.highs["n_layers"]) == (64, 2)
 
 
 def test_model_files_do_not_import_optuna() -> None:

@@ -103,11 +103,16 @@ def common_space(trial: Trial, max_window: int = 32) -> dict[str, Any]:
     }
 
 
-def neural_space(trial: Trial, max_window: int = 32) -> dict[str, Any]:
+NEURAL_WIDTHS = (16, 32, 64, 128)
+
+
+def neural_space(
+    trial: Trial, max_window: int = 32, widths: tuple[int, ...] = NEURAL_WIDTHS
+) -> dict[str, Any]:
     """`common_space` plus the shared neural hyperparameters (width, optimizer, batch, regularization)."""
     return {
         **common_space(trial, max_window),
-        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", [16, 32, 64, 128]),
+        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", list(widths)),
         "learning_rate": trial.suggest_float("learning_rate", 1e-4, 3e-3, log=True),
         "batch_size": trial.suggest_categorical("batch_size", [128, 256, 512, 1024]),
         "weight_decay": trial.suggest_float("weight_decay", 1e-6, 1e-2, log=True),
