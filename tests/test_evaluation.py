@@ -13,18 +13,14 @@ import pytest
 import torch
 
 from marketrl.agents import load_policy
-from marketrl.config import load_config
 from marketrl.costs import CostModel
-from marketrl.datasets import load_features, write_feature_manifest
+from marketrl.datasets import load_features
 from marketrl.env import EnvConfig, MarketData, evaluate
 from marketrl.evaluation import TrainedSettingsError, evaluate_job, trained_settings
-from marketrl.features import FEATURE_NAMES
-from marketrl.folds import FoldConfig, FoldPlan, make_fold_plan, select_rows
+from marketrl.folds import FoldPlan, select_rows
 from marketrl.normalize import FeatureNormalizer
 from marketrl.training import train_job
-from tests.conftest import REPO_ROOT
-from tests.support.costs import CATCH_ALL_SPEC
-from tests.test_env import random_frame
+from tests.support.runs import synthetic_job_inputs
 
 # Trained with settings that all differ from the env defaults, so using the defaults anywhere would show.
 TRAINED_ENV = {"window": 2, "contracts": 2, "episode_length": 16, "fill": "next_open", "max_gap": "6h"}
@@ -41,29 +37,7 @@ HPARAMS = {
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A tiny feature table, its fold plan, and a DQN trained on fold 0 through the train job."""
     root = tmp_path_factory.mktemp("evaluation")
-    names = list(FEATURE_NAMES)
-    frame = random_frame(n_instruments=1, days=8, bars_per_day=24, n_features=len(names), drop=0.0)
-    frame = frame.rename({f"f{j}": name for j, name in enumerate(names)}).with_columns(
-        pl.col("bar_return").fill_nan(0.0)  # the first bar has no return; feature tables hold no NaN
-    )
-    table = root / "features.parquet"
-    frame.write_parquet(table)
-    manifest = root / "manifest.json"
-    write_feature_manifest([table], manifest)
-    folds = root / "folds.json"
-    fold_config = FoldConfig(
-        n=1,
-        scheme="expanding",
-        train_days=5,
-        test_days=2,
-        validation_days=1,
-        embargo_bars=1,
-        tuning_days=4,
-        tuning_validation_days=1,
-    )
-    make_fold_plan(frame["trading_day"].unique().to_list(), fold_config).save(folds)
-    config = load_config(REPO_ROOT / "tests" / "configs" / "tiny.yaml")
-    config["costs"].update(instruments={}, **CATCH_ALL_SPEC)  # synthetic S0 has no contract of its own
+    _, manifest, folds, config = synthetic_job_inputs(root, n_instruments=1)
     config["env"] = dict(TRAINED_ENV)
     config["training"].update(total_steps=256, n_envs=4, checkpoint_every=10_000)
     hparams = root / "dqn.json"

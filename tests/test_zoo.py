@@ -18,19 +18,17 @@ import pytest
 import torch
 
 from gpu_utils import HardwareBudget, detect_precision
-from marketrl.config import AGENT_NAMES, FORECASTER_NAMES, MODEL_NAMES, load_config
-from marketrl.datasets import fold_window, load_features, tuning_window, write_feature_manifest
+from marketrl.config import AGENT_NAMES, FORECASTER_NAMES, MODEL_NAMES
+from marketrl.datasets import fold_window, load_features, tuning_window
 from marketrl.evaluation import evaluate_job
 from marketrl.features import FEATURE_NAMES
-from marketrl.folds import FoldConfig, FoldPlan, make_fold_plan
+from marketrl.folds import FoldPlan
 from marketrl.hyperopt import run_trial
 from marketrl.models import MODELS, load_model
 from marketrl.normalize import FeatureNormalizer
 from marketrl.training import train_job
 from marketrl.zoo import ZOO, get_entry
-from tests.conftest import REPO_ROOT
-from tests.support.costs import CATCH_ALL_SPEC
-from tests.test_env import random_frame
+from tests.support.runs import synthetic_job_inputs
 
 HPARAMS = {
     "dqn": {
@@ -76,29 +74,7 @@ def one_thread():
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A tiny feature table, its fold plan and a config with tiny budgets for both kinds of model."""
     root = tmp_path_factory.mktemp("zoo")
-    names = list(FEATURE_NAMES)
-    frame = random_frame(n_instruments=2, days=8, bars_per_day=24, n_features=len(names), drop=0.0)
-    frame = frame.rename({f"f{j}": name for j, name in enumerate(names)}).with_columns(
-        pl.col("bar_return").fill_nan(0.0)
-    )
-    table = root / "features.parquet"
-    frame.write_parquet(table)
-    manifest = root / "manifest.json"
-    write_feature_manifest([table], manifest)
-    folds = root / "folds.json"
-    fold_config = FoldConfig(
-        n=1,
-        scheme="expanding",
-        train_days=5,
-        test_days=2,
-        validation_days=1,
-        embargo_bars=1,
-        tuning_days=4,
-        tuning_validation_days=1,
-    )
-    make_fold_plan(frame["trading_day"].unique().to_list(), fold_config).save(folds)
-    config = load_config(REPO_ROOT / "tests" / "configs" / "tiny.yaml")
-    config["costs"].update(instruments={}, **CATCH_ALL_SPEC)  # synthetic S0 has no contract of its own
+    _, manifest, folds, config = synthetic_job_inputs(root, n_instruments=2)
     config["env"].update(window=2, episode_length=16)
     config["training"].update(
         total_steps=256, n_envs=4, checkpoint_every=10_000, horizon=HORIZON, max_updates=20, check_every=5
