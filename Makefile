@@ -25,6 +25,7 @@ setup: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	$(SNAKEMAKE) --lint
 	$(BIN)/snakefmt --check Snakefile rules/
 

@@ -32,11 +32,11 @@ from env import synthetic_frame  # the same synthetic bars as bench/env.py
 
 from gpu_utils import OptimStep, PrecisionPlan, detect_precision, make_optimizer
 from marketrl.agents import dqn, ppo
-from marketrl.agents.common import seeded
 from marketrl.agents.networks import build_networks, make_architecture
-from marketrl.costs import CostModel
 from marketrl.env import N_ACTIONS, EnvConfig, MarketData, TradingEnv
-from marketrl.normalize import FeatureNormalizer
+from marketrl.env.costs import CostModel
+from marketrl.loop.schedule import seeded
+from marketrl.splits.normalize import FeatureNormalizer
 
 
 @dataclass

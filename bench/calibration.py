@@ -1,4 +1,4 @@
-"""The verdict's false-positive rate and power, end to end, on K synthetic worlds per arm (marketrl/calibration.py).
+"""The verdict's false-positive rate and power, end to end, on K synthetic worlds per arm (marketrl/evaluation/calibration.py).
 
     PYTHONPATH=$PWD .venv/bin/python bench/calibration.py --worlds 60 --processes 2 --out /tmp/calibration
 
@@ -34,14 +34,14 @@ def _init_worker(config: dict[str, Any]) -> None:
 
 
 def _run(spec: tuple[float, int, int]) -> dict[str, Any]:
-    from marketrl.calibration import CalibrationSettings, WorldSpec, run_world
+    from marketrl.evaluation.calibration import CalibrationSettings, WorldSpec, run_world
 
     settings = CalibrationSettings.from_config(_CONFIG)
     return run_world(_CONFIG, settings, WorldSpec(*spec))
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
-    from marketrl.config import validate_config
+    from marketrl.workflow.config import validate_config
 
     raw = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
     section = raw.setdefault("calibration", {})
@@ -120,7 +120,12 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from marketrl.calibration import CalibrationSettings, calibration_result, world_specs, write_outputs
+    from marketrl.evaluation.calibration import (
+        CalibrationSettings,
+        calibration_result,
+        world_specs,
+        write_outputs,
+    )
 
     config = _config(args)
     settings = CalibrationSettings.from_config(config)

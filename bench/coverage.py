@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from marketrl.stats import (
+from marketrl.evaluation.stats import (
     familywise_test,
     sharpe_contrasts,
     stationary_bootstrap_ci,

@@ -21,9 +21,9 @@ import torch
 # bench/adapters.py (this script runs from bench/, so it imports as `adapters`).
 from adapters import PlainGymEnv
 
-from marketrl.costs import CostModel
 from marketrl.env import EnvConfig, MarketData, TradingEnv
-from marketrl.normalize import FeatureNormalizer
+from marketrl.env.costs import CostModel
+from marketrl.splits.normalize import FeatureNormalizer
 
 
 def synthetic_frame(n_bars: int, n_features: int, n_instruments: int = 2, seed: int = 0) -> pl.DataFrame:

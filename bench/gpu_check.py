@@ -184,7 +184,7 @@ def synthetic_market_data(n_rows: int, n_features: int, device: torch.device, se
     opens[segment_first] = closes[segment_first]
     features = np.clip(rng.standard_normal((n_rows, n_features), dtype=np.float32), -5.0, 5.0)
     if hasattr(env.MarketData, "from_arrays"):
-        costs = STACK.load("marketrl.costs").CostModel(
+        costs = STACK.load("marketrl.env.costs").CostModel(
             kind="futures",
             commission_per_contract=1.0,
             half_spread_ticks=0.5,

@@ -30,9 +30,9 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from marketrl.config import derive_seed, validate_config
-from marketrl.hyperopt import load_study
-from marketrl.hyperopt_storage import PostgresClaims, work_on_study
+from marketrl.training.hyperopt import load_study
+from marketrl.training.study_storage import PostgresClaims, work_on_study
+from marketrl.workflow.config import derive_seed, validate_config
 from tests.postgres import cluster as pg
 from tests.postgres.pg_worker import objective  # the tests' tiny trial, so bench and tests time the same work
 

@@ -20,14 +20,14 @@ import optuna
 import torch
 
 from gpu_utils import HardwareBudget, detect_precision
-from marketrl.config import validate_config
 from marketrl.data.definitions import demo_run_config
 from marketrl.data.demo import generate_demo_files
-from marketrl.datasets import load_features, tuning_window, write_feature_manifest
 from marketrl.features import build_feature_file
-from marketrl.folds import write_fold_plan
-from marketrl.hyperopt import run_trial
-from marketrl.zoo import ZOO
+from marketrl.splits.datasets import load_features, tuning_window, write_feature_manifest
+from marketrl.splits.folds import write_fold_plan
+from marketrl.training.hyperopt import run_trial
+from marketrl.training.zoo import ZOO
+from marketrl.workflow.config import validate_config
 
 
 def build_inputs(workdir: Path, days: int) -> tuple[Path, Path]:
@@ -60,7 +60,7 @@ def main() -> None:
         manifest, folds_path = build_inputs(Path(tmp), args.days)
         overrides = {"hyperopt": {"trial_steps": args.steps}, "training": {"device": "cpu"}}
         config = demo_run_config(Path(tmp) / "raw", overrides)  # each instrument costed with its own spec
-        from marketrl.folds import FoldPlan
+        from marketrl.splits.folds import FoldPlan
 
         plan = FoldPlan.load(folds_path)
         results: dict[str, list[tuple[float, float]]] = {"shared": [], "reload": []}

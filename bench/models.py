@@ -53,8 +53,8 @@ import torch
 from torch import nn
 
 from gpu_utils import OptimStep, PrecisionPlan, SyncCounter, make_optimizer, resolve_precision
-from marketrl.agents.common import parse_hparams
 from marketrl.env import MarketData
+from marketrl.loop.hparams import parse_hparams
 from marketrl.models import (
     MODELS,
     RunSettings,
@@ -130,8 +130,8 @@ def demo_training_split(days: int, seed: int, device: torch.device) -> MarketDat
     """`days` demo days -> feature files -> one normalized training split on `device`, as the pipeline builds it."""
     from marketrl.data.definitions import demo_run_config
     from marketrl.data.demo import generate_demo_files
-    from marketrl.datasets import build_window, load_feature_tables
     from marketrl.features import build_feature_file
+    from marketrl.splits.datasets import build_window, load_feature_tables
 
     with tempfile.TemporaryDirectory(prefix="bench-models-") as tmp:
         raw = generate_demo_files(Path(tmp) / "raw", "2024-01-02", days, seed=seed)

@@ -5,14 +5,14 @@
 
 Data: `--days` demo days with a planted edge (`marketrl.data.demo`, docs/DEMO_DATA.md), featurized with
 `build_feature_file` as the pipeline does; the last `--validation-days` are the validation split, the rest the
-training split, normalized on the training rows (`marketrl.datasets.build_window`, the schema's defaults for
+training split, normalized on the training rows (`marketrl.splits.datasets.build_window`, the schema's defaults for
 env and costs, with each instrument's contract spec from the demo's definition file, as `data.definitions`). The oracle holds sign(ret_15) in each instrument; its realized Sharpe on the validation split
 (`evaluate_positions`) sets the threshold: `--fraction` (0.5) of it.
 
 Runs: the ppo-64 / dqn-64 configurations of bench/agents.py, through its `run_marketrl` and `run_sb3`, so both
 libraries get exactly the hyperparameters, networks and env adapter of the throughput benchmark. Every
 `--eval-every` env steps (the same K for both; PPO after an update, DQN after a vector step's gradient steps)
-the greedy policy is scored with `marketrl.evaluation.validation_sharpe`; SB3's through `model.predict`. A run
+the greedy policy is scored with `marketrl.evaluation.evaluate.validation_sharpe`; SB3's through `model.predict`. A run
 stops at the threshold, after `--cap-seconds` of training, or at its step budget (`--max-steps`, which also sets
 the schedules: DQN's exploration decays over a fraction of it). Times are training wall time: the
 evaluations (the same function for both) are timed separately and left out. Torch at 1 thread, CPU.
@@ -41,14 +41,14 @@ import torch
 from stable_baselines3.common.callbacks import BaseCallback
 
 from marketrl.agents import dqn, ppo
-from marketrl.agents.common import EvalSchedule
 from marketrl.data.definitions import demo_run_config
 from marketrl.data.demo import edge_coefficient, generate_demo_files
-from marketrl.datasets import build_window, env_config_from_config, load_feature_tables
 from marketrl.env import EnvConfig, MarketData, Policy, evaluate_positions
-from marketrl.evaluation import validation_sharpe
+from marketrl.evaluation.evaluate import validation_sharpe
+from marketrl.evaluation.metrics import performance_summary
 from marketrl.features import build_feature_file
-from marketrl.metrics import performance_summary
+from marketrl.loop.schedule import EvalSchedule
+from marketrl.splits.datasets import build_window, env_config_from_config, load_feature_tables
 
 CASE_OF_ALGO = {"ppo": "ppo-64", "dqn": "dqn-64"}
 # Per-algorithm defaults: PPO-64 evaluates every 8 updates (of 8,192 env steps), DQN-64 every 512 vector steps.

@@ -40,6 +40,7 @@ from typing import Any, Literal
 import polars as pl
 import pyarrow.parquet as pq
 
+from marketrl.data.calendars.sessions import SessionCalendar
 from marketrl.data.reader import (
     DEFAULT_MAX_PRICE_JUMP,
     NS_PER_DAY,
@@ -49,8 +50,7 @@ from marketrl.data.reader import (
     chunked_like,
     read_bars,
 )
-from marketrl.io import atomic_write
-from marketrl.sessions import SessionCalendar
+from marketrl.runtime.io import atomic_write
 
 __all__ = [
     "BOOK_CATALOG",

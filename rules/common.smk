@@ -1,9 +1,9 @@
 # Validation beyond the schema, wildcard constraints, every input and params function (rules hold no lambdas).
 import sys
 
-from marketrl import paths, pipeline, stages
-from marketrl.calibration_plan import CalibrationError, CalibrationSettings, n_jobs
-from marketrl.config import ConfigError, check_contract_specs, validate_config
+from marketrl.workflow import paths, pipeline, stages
+from marketrl.workflow.calibration_plan import CalibrationError, CalibrationSettings, n_jobs
+from marketrl.workflow.config import ConfigError, check_contract_specs, validate_config
 from marketrl.data.definitions import resolve_definitions
 
 # Fill defaults, run the schema and cross-key checks, merge the contract specs of data.definitions and check that
@@ -68,7 +68,7 @@ def hyperopt_params(wildcards):
 
 
 def study_results_dir(wildcards):
-    """The results directory whose hyperopt/{algo}/ holds the study journal and locks (marketrl.paths.STUDY_DIR).
+    """The results directory whose hyperopt/{algo}/ holds the study journal and locks (marketrl.workflow.paths.STUDY_DIR).
 
     The journal is shared by every worker of a study, so it is no single job's output; clusters without a shared
     filesystem use an RDB URL in hyperopt.storage instead.
@@ -77,7 +77,7 @@ def study_results_dir(wildcards):
 
 
 def resume_file(wildcards):
-    """The training job's resumable checkpoint: an undeclared side file (see marketrl/paths.py)."""
+    """The training job's resumable checkpoint: an undeclared side file (see marketrl/workflow/paths.py)."""
     return paths.RESUME.format(
         algo=wildcards.algo, fold=wildcards.fold, seed=wildcards.seed
     )

@@ -26,12 +26,12 @@ from marketrl.agents import (
     ppo,
     save_checkpoint,
 )
-from marketrl.agents.common import AgentConfigError
 from marketrl.agents.memory import BATCH_LIMITS, batch_size_bounds, footprint
 from marketrl.agents.networks import make_architecture
-from marketrl.costs import CostModel
 from marketrl.env import EnvConfig, MarketData
-from marketrl.normalize import FeatureNormalizer
+from marketrl.env.costs import CostModel
+from marketrl.loop.hparams import AgentConfigError
+from marketrl.splits.normalize import FeatureNormalizer
 
 FEATURES = ["f0", "f1"]
 COSTS = CostModel(kind="bps", bps=1.0)

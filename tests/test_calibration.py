@@ -12,8 +12,7 @@ import pytest
 import yaml
 from scipy.stats import binomtest
 
-from marketrl import paths
-from marketrl.calibration import (
+from marketrl.evaluation.calibration import (
     OUTCOMES,
     CalibrationError,
     CalibrationSettings,
@@ -22,8 +21,9 @@ from marketrl.calibration import (
     summarize,
     world_specs,
 )
-from marketrl.calibration_plan import job_worlds, n_jobs
-from marketrl.config import validate_config
+from marketrl.workflow import paths
+from marketrl.workflow.calibration_plan import job_worlds, n_jobs
+from marketrl.workflow.config import validate_config
 from tests.test_workflow import TINY, job_counts, snakemake, workdir_with_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -8,7 +8,8 @@ import re
 import pytest
 import yaml
 
-from marketrl.config import (
+from marketrl.env.costs import CostConfigError, costs_from_config
+from marketrl.workflow.config import (
     MODEL_NAMES,
     ConfigError,
     check_contract_specs,
@@ -17,7 +18,6 @@ from marketrl.config import (
     schema_errors,
     validate_config,
 )
-from marketrl.costs import CostConfigError, costs_from_config
 from tests.conftest import REPO_ROOT
 
 

@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from marketrl.config import validate_config
-from marketrl.costs import (
+from marketrl.data.definitions import demo_run_config
+from marketrl.data.demo import generate_demo_files
+from marketrl.env import MarketData
+from marketrl.env.config import EnvDataError
+from marketrl.env.costs import (
     CostConfigError,
     CostModel,
     InstrumentCosts,
@@ -17,10 +20,7 @@ from marketrl.costs import (
     costs_from_record,
     symbol_root,
 )
-from marketrl.data.definitions import demo_run_config
-from marketrl.data.demo import generate_demo_files
-from marketrl.env import MarketData
-from marketrl.env.config import EnvDataError
+from marketrl.workflow.config import validate_config
 
 ES = {
     "kind": "futures",

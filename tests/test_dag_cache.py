@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from marketrl import paths, pipeline, stages
-from marketrl.config import load_config, validate_config
+from marketrl.workflow import paths, pipeline, stages
+from marketrl.workflow.config import load_config, validate_config
 from tests.conftest import REPO_ROOT
 from tests.faults.pipeline import baseline_run, merged
 from tests.test_workflow import job_counts
@@ -192,9 +192,11 @@ def test_code_hashes_follow_imports_only() -> None:
     assert "marketrl/features.py" in relative["features"]
     assert not any(name.startswith("marketrl/report/") for name in relative["features"])
     assert "marketrl/report/templates/report.html" in relative["report"]  # package data counts as code
-    assert "marketrl/training.py" in relative["train"] and "gpu_utils/device.py" in relative["train"]
+    assert "marketrl/training/train.py" in relative["train"] and "gpu_utils/device.py" in relative["train"]
     assert not any(name.startswith(("tests/", "bench/")) for names in relative.values() for name in names)
-    assert "marketrl/stages.py" not in relative["report"]  # the slice tables only reach jobs through params
+    assert (
+        "marketrl/workflow/stages.py" not in relative["report"]
+    )  # the slice tables only reach jobs through params
     assert len({stages.code_hash(stage) for stage in stages.STAGES}) == len(stages.STAGES)
 
 
@@ -233,11 +235,11 @@ def test_every_stage_runs_on_exactly_its_slice(
     a key the stage reads but its slice lacks would raise KeyError here."""
     from marketrl.data.demo import generate_demo_files
     from marketrl.data.download import download_days
-    from marketrl.evaluation import baselines_job, evaluate_job
+    from marketrl.evaluation.evaluate import baselines_job, evaluate_job
     from marketrl.features import build_feature_file
-    from marketrl.folds import write_fold_plan
-    from marketrl.hyperopt import run_worker, write_study_summary
-    from marketrl.training import train_job
+    from marketrl.splits.folds import write_fold_plan
+    from marketrl.training.hyperopt import run_worker, write_study_summary
+    from marketrl.training.train import train_job
     from tests.test_download import FakeClient
 
     monkeypatch.chdir(finished_run)  # the manifest lists feature tables relative to the run directory
@@ -400,7 +402,7 @@ def test_architecture_doc_table_matches_the_stage_slices() -> None:
         text.split("<!-- config-key-table:begin")[1].split("\n", 1)[1].split("<!-- config-key-table:end")[0]
     )
     assert table.strip() == stages.config_key_table(validate_config({})), (
-        "docs/ARCHITECTURE.md: regenerate the table with marketrl.stages.config_key_table"
+        "docs/ARCHITECTURE.md: regenerate the table with marketrl.workflow.stages.config_key_table"
     )
 
 

@@ -14,17 +14,8 @@ import pytest
 import zstandard
 from polars.testing import assert_frame_equal
 
-from marketrl import pipeline
-from marketrl.config import ConfigError, validate_config
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataFileError, read_bars
-from marketrl.datasets import (
-    DatasetError,
-    load_feature_tables,
-    name_order_disagreement,
-    write_feature_manifest,
-)
-from marketrl.dbn_files import DbnHeaderError, dbn_stem, time_ordered
 from marketrl.features import (
     FEATURE_NAMES,
     MAX_LOOKBACK,
@@ -32,6 +23,15 @@ from marketrl.features import (
     feature_options,
     skipped_reason,
 )
+from marketrl.splits.datasets import (
+    DatasetError,
+    load_feature_tables,
+    name_order_disagreement,
+    write_feature_manifest,
+)
+from marketrl.workflow import pipeline
+from marketrl.workflow.config import ConfigError, validate_config
+from marketrl.workflow.file_order import DbnHeaderError, dbn_stem, time_ordered
 from tests.support.synthetic import ohlcv_messages, random_walk_bars, trade_messages
 from tests.test_exchange_holidays import KNOWN
 
@@ -297,7 +297,7 @@ def test_day_month_year_names_follow_the_data_and_the_disagreement_reaches_the_m
     )
     second = _ohlcv_file(tmp_path / "04-03-2024.dbn.zst", _day(MONDAY, seed=18))
     config = validate_config({"data": {"source": "files", "files": str(tmp_path / "*.dbn.zst")}})
-    with caplog.at_level(logging.WARNING, logger="marketrl.dbn_files"):
+    with caplog.at_level(logging.WARNING, logger="marketrl.workflow.file_order"):
         assert list(pipeline.raw_data_files(config).values()) == [str(first), str(second)]
     assert "name order disagrees with the data's time order" in caplog.text
     tables = [tmp_path / "first.parquet", tmp_path / "second.parquet"]

@@ -16,8 +16,6 @@ import polars as pl
 import pytest
 import yaml
 
-from marketrl.config import ConfigError, validate_config
-from marketrl.costs import costs_from_config
 from marketrl.data.definitions import read_contract_specs, resolve_definitions
 from marketrl.data.demo import (
     DEFINITIONS_DIR,
@@ -28,7 +26,9 @@ from marketrl.data.demo import (
     generate_demo_files,
 )
 from marketrl.data.reader import read_bars
-from marketrl.pipeline import demo_file_name, demo_files
+from marketrl.env.costs import costs_from_config
+from marketrl.workflow.config import ConfigError, validate_config
+from marketrl.workflow.pipeline import demo_file_name, demo_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHICAGO = zoneinfo.ZoneInfo("America/Chicago")
@@ -50,7 +50,7 @@ def _ohlcv_files(directory: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def bars(demo_dir: Path) -> pl.DataFrame:
-    """Every bar as read by the pipeline's reader (trading_day from marketrl.sessions), with its file's day."""
+    """Every bar as read by the pipeline's reader (trading_day from marketrl.data.calendars.sessions), with its file's day."""
     frames = [
         read_bars(path).bars.with_columns(pl.lit(path.name).alias("file")) for path in _ohlcv_files(demo_dir)
     ]
@@ -163,7 +163,7 @@ def test_presidents_day_halts_early_and_clears_under_tuesday(bars: pl.DataFrame)
 
 
 def test_cme_hours_clear_holiday_sessions_under_the_next_trade_date() -> None:
-    from marketrl.data.cme_hours import cme_sessions, trading_days
+    from marketrl.data.calendars.cme_hours import cme_sessions, trading_days
 
     def local(ns: int) -> dt.datetime:
         return dt.datetime.fromtimestamp(ns // 10**9, tz=CHICAGO).replace(tzinfo=None)
@@ -359,10 +359,10 @@ def _oracle_sharpe(n_days: int, seed: int, edge: float) -> float:
     """Realized annualized net Sharpe of the oracle (sign of the `ret_15` feature: log close_t − log close_{t−15}
     rows back, per instrument), scored by the project's env and metrics with config.yaml's costs, fill at close."""
     from marketrl.data.demo import EDGE_LOOKBACK, simulate_demo_bars
-    from marketrl.datasets import cost_model_from_config
     from marketrl.env import MarketData, evaluate_positions
     from marketrl.env.market_data import series_order
-    from marketrl.metrics import performance_summary
+    from marketrl.evaluation.metrics import performance_summary
+    from marketrl.splits.datasets import cost_model_from_config
 
     columns: dict[str, list] = {
         "ts_event": [],
@@ -413,7 +413,7 @@ def _oracle_sharpe(n_days: int, seed: int, edge: float) -> float:
 
 def test_edge_is_calibrated_for_the_default_costs() -> None:
     from marketrl.data.demo import CALIBRATION_COSTS
-    from marketrl.datasets import cost_model_from_config
+    from marketrl.splits.datasets import cost_model_from_config
 
     costs = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())["costs"]
     assert cost_model_from_config(costs) == CALIBRATION_COSTS

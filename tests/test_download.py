@@ -85,7 +85,7 @@ def test_downloads_each_day_and_never_logs_the_key(
 def test_glbx_downloads_include_sunday_files_and_equities_do_not() -> None:
     import datetime as dt
 
-    from marketrl.pipeline import batch_file_days
+    from marketrl.workflow.pipeline import batch_file_days
 
     start, end = dt.date(2024, 3, 8), dt.date(2024, 3, 12)  # Friday .. Monday (end exclusive)
     glbx = batch_file_days("GLBX.MDP3", start, end)

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from gpu_utils.sync import SyncCounter
-from marketrl.costs import CostModel
 from marketrl.env import (
     EnvConfig,
     EnvConfigError,
@@ -22,7 +21,8 @@ from marketrl.env import (
     TradingEnv,
     parse_duration,
 )
-from marketrl.normalize import FeatureNormalizer
+from marketrl.env.costs import CostModel
+from marketrl.splits.normalize import FeatureNormalizer
 
 BPS10 = CostModel(kind="bps", bps=10.0)  # 0.001 of notional per unit of |Δposition|
 ES_COSTS = CostModel(

@@ -11,8 +11,6 @@ import polars as pl
 import pytest
 import torch
 
-from marketrl.costs import costs_from_config
-from marketrl.datasets import write_feature_manifest
 from marketrl.env import (
     EnvConfig,
     EnvDataError,
@@ -23,8 +21,10 @@ from marketrl.env import (
     position_change_rate,
     position_results,
 )
+from marketrl.env.costs import costs_from_config
 from marketrl.models.trading_rule import TradingRule
-from marketrl.normalize import FeatureNormalizer
+from marketrl.splits.datasets import write_feature_manifest
+from marketrl.splits.normalize import FeatureNormalizer
 
 MINUTE_NS = 60_000_000_000
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from marketrl.agents import load_policy
-from marketrl.costs import CostModel
-from marketrl.datasets import load_features
 from marketrl.env import EnvConfig, MarketData, evaluate
-from marketrl.evaluation import TrainedSettingsError, evaluate_job, trained_settings
-from marketrl.folds import FoldPlan, select_rows
-from marketrl.normalize import FeatureNormalizer
-from marketrl.training import train_job
+from marketrl.env.costs import CostModel
+from marketrl.evaluation.evaluate import TrainedSettingsError, evaluate_job, trained_settings
+from marketrl.splits.datasets import load_features
+from marketrl.splits.folds import FoldPlan, select_rows
+from marketrl.splits.normalize import FeatureNormalizer
+from marketrl.training.train import train_job
 from tests.support.runs import synthetic_job_inputs
 
 # Trained with settings that all differ from the env defaults, so using the defaults anywhere would show.

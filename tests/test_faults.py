@@ -18,16 +18,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-from marketrl.config import ConfigError, validate_config
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.demo import generate_demo_files
 from marketrl.data.reader import DataFileError
-from marketrl.datasets import DatasetError, load_feature_tables
 from marketrl.features import build_feature_file
-from marketrl.folds import FoldError, write_fold_plan
-from marketrl.io import write_json_atomic
-from marketrl.pipeline import raw_data_files
-from marketrl.training import HparamsError, load_hparams
+from marketrl.runtime.io import write_json_atomic
+from marketrl.splits.datasets import DatasetError, load_feature_tables
+from marketrl.splits.folds import FoldError, write_fold_plan
+from marketrl.training.train import HparamsError, load_hparams
+from marketrl.workflow.config import ConfigError, validate_config
+from marketrl.workflow.pipeline import raw_data_files
 from tests.conftest import REPO_ROOT
 from tests.faults.mounts import read_only_dir, tiny_filesystem
 from tests.support.synthetic import ohlcv_messages, random_walk_bars

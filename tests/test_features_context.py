@@ -13,13 +13,13 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import marketrl.features as features
-from marketrl import pipeline
-from marketrl.config import validate_config
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataFileError, read_bars
-from marketrl.datasets import load_feature_tables, write_feature_manifest
 from marketrl.features import MAX_LOOKBACK, build_feature_file, skipped_reason, warmup_only_note
-from marketrl.folds import trading_days_of
+from marketrl.splits.datasets import load_feature_tables, write_feature_manifest
+from marketrl.splits.folds import trading_days_of
+from marketrl.workflow import pipeline
+from marketrl.workflow.config import validate_config
 from tests.support.synthetic import ohlcv_messages, random_walk_bars
 
 MINUTE_NS = 60_000_000_000

@@ -1,4 +1,4 @@
-"""marketrl.io: atomic writes leave either the old file or the complete new one, never a partial file."""
+"""marketrl.runtime.io: atomic writes leave either the old file or the complete new one, never a partial file."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from marketrl.io import atomic_open, atomic_write, write_json_atomic
+from marketrl.runtime.io import atomic_open, atomic_write, write_json_atomic
 
 
 class Boom(RuntimeError):

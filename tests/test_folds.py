@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from marketrl.folds import (
+from marketrl.splits.folds import (
     Fold,
     FoldConfig,
     FoldError,

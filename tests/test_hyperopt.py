@@ -13,9 +13,8 @@ import optuna
 import pytest
 
 from gpu_utils import NonFiniteError
-from marketrl.config import validate_config
-from marketrl.folds import FoldConfig, make_fold_plan
-from marketrl.hyperopt import (
+from marketrl.splits.folds import FoldConfig, make_fold_plan
+from marketrl.training.hyperopt import (
     INTERRUPTED,
     OWNER,
     HyperoptError,
@@ -27,7 +26,8 @@ from marketrl.hyperopt import (
     work_on_study,
     write_study_summary,
 )
-from marketrl.training import HparamsError, load_hparams
+from marketrl.training.train import HparamsError, load_hparams
+from marketrl.workflow.config import validate_config
 
 
 def make_config(n_trials: int = 6, workers: int = 1) -> dict:
@@ -238,8 +238,8 @@ def test_bad_hyperparameter_files_name_the_file(tmp_path: Path, content: str, me
 def test_storage_url_from_the_environment_wins_and_outputs_never_carry_the_password(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from marketrl.hyperopt_storage import STORAGE_ENV, storage_label, storage_url
-    from marketrl.provenance import collect, redact_url
+    from marketrl.runtime.provenance import collect, redact_url
+    from marketrl.training.study_storage import STORAGE_ENV, storage_label, storage_url
 
     config = make_config()
     assert storage_url(config) == "" and storage_label(config, "dqn", tmp_path).endswith("dqn/journal.log")
@@ -257,7 +257,7 @@ def test_storage_url_from_the_environment_wins_and_outputs_never_carry_the_passw
 
 
 def test_heartbeat_grace_must_exceed_the_heartbeat() -> None:
-    from marketrl.config import ConfigError
+    from marketrl.workflow.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"hyperopt\.grace_seconds"):
         validate_config({"hyperopt": {"heartbeat_seconds": 30, "grace_seconds": 30}})

@@ -18,11 +18,11 @@ import torch
 from scipy import stats
 
 from gpu_utils import SyncCounter
-from marketrl.agents.common import HParamError
-from marketrl.agents.resume import TrainingCheckpoint
-from marketrl.costs import CostModel
 from marketrl.env import MarketData, position_results, rule_positions
-from marketrl.metrics import daily_information_coefficients, information_coefficient_summary
+from marketrl.env.costs import CostModel
+from marketrl.evaluation.metrics import daily_information_coefficients, information_coefficient_summary
+from marketrl.loop.hparams import HParamError
+from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models import MODELS, RunSettings, TrainHooks, load_model, model_from_checkpoint, save_model
 from marketrl.models.supervised_data import ModelDataError, SupervisedRows, forward_returns, full_window_rows
 from marketrl.models.trading_rule import TradingRule

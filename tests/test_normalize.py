@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 import torch
 
-from marketrl.normalize import FeatureNormalizer, NormalizerError
+from marketrl.splits.normalize import FeatureNormalizer, NormalizerError
 
 NAMES = ["a", "b", "const"]
 

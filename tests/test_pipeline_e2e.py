@@ -10,10 +10,10 @@ import pytest
 import torch
 import yaml
 
-from marketrl import pipeline
-from marketrl.config import load_config
 from marketrl.features import FEATURE_NAMES
-from marketrl.folds import FoldPlan
+from marketrl.splits.folds import FoldPlan
+from marketrl.workflow import pipeline
+from marketrl.workflow.config import load_config
 from tests.conftest import REPO_ROOT
 from tests.test_workflow import TINY, snakemake, workdir_with_config
 

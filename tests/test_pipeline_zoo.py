@@ -10,9 +10,9 @@ import polars as pl
 import pytest
 import torch
 
-from marketrl import pipeline
-from marketrl.config import AGENT_NAMES, MODEL_NAMES, load_config
 from marketrl.models import MODELS
+from marketrl.workflow import pipeline
+from marketrl.workflow.config import AGENT_NAMES, MODEL_NAMES, load_config
 from tests.conftest import REPO_ROOT
 from tests.test_workflow import snakemake, workdir_with_config
 

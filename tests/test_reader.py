@@ -15,6 +15,7 @@ import zstandard
 from polars.testing import assert_frame_equal
 
 from marketrl.data import reader
+from marketrl.data.calendars.sessions import DEFAULT_CALENDARS
 from marketrl.data.dbn_writer import MappingInterval, SymbolMapping, encode_dbn, write_dbn
 from marketrl.data.reader import (
     SUPPORTED_SCHEMAS,
@@ -22,7 +23,6 @@ from marketrl.data.reader import (
     parse_bar_size,
     read_bars,
 )
-from marketrl.sessions import DEFAULT_CALENDARS
 from tests.support.synthetic import ohlcv_messages, random_walk_bars, trade_messages
 
 MINUTE_NS = 60_000_000_000

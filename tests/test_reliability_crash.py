@@ -3,7 +3,7 @@
 
 One working directory goes through all four kills in turn (each resume runs on until the next stage is reached), so
 the chain costs about one pipeline run. Each kill lands while a job is provably inside the step meant: the job is
-held at a test-only hold point (marketrl.testing_hooks) and the kill waits for its marker file. After every kill nothing under results/ is damaged (each Parquet, JSON and
+held at a test-only hold point (marketrl.runtime.testing_hooks) and the kill waits for its marker file. After every kill nothing under results/ is damaged (each Parquet, JSON and
 torch file loads; only hidden temp files of killed writers may remain), and after the final run no temp file is
 left. The killed Optuna worker's finished trials are kept, its running trial is rerun with the same parameters,
 and killed training jobs resume from their last checkpoint.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from marketrl.hyperopt import INTERRUPTED, SLOT
+from marketrl.training.hyperopt import INTERRUPTED, SLOT
 from tests.faults.pipeline import (
     KillableRun,
     baseline_run,

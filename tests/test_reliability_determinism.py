@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from marketrl.config import derive_seed
+from marketrl.workflow.config import derive_seed
 from tests.faults.pipeline import (
     baseline_run,
     differing_tensors,

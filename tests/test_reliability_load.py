@@ -14,9 +14,9 @@ import optuna
 import pytest
 import yaml
 
-from marketrl import pipeline
-from marketrl.config import validate_config
-from marketrl.hyperopt import SLOT, load_study
+from marketrl.training.hyperopt import SLOT, load_study
+from marketrl.workflow import pipeline
+from marketrl.workflow.config import validate_config
 from tests.faults.pipeline import (
     damaged_files,
     fast_tiny_config,

@@ -23,10 +23,10 @@ import torch
 
 from gpu_utils import DeviceMetrics, NonFiniteError, OptimStep, resolve_precision
 from marketrl.agents import dqn, ppo
-from marketrl.agents.common import EvalSchedule, seeded
-from marketrl.agents.resume import TrainingCheckpoint, resume_or_start
 from marketrl.env import EnvConfig
-from marketrl.hyperopt import INTERRUPTED, SLOT
+from marketrl.loop.resume import TrainingCheckpoint, resume_or_start
+from marketrl.loop.schedule import EvalSchedule, seeded
+from marketrl.training.hyperopt import INTERRUPTED, SLOT
 from tests.conftest import REPO_ROOT
 from tests.faults import optuna_worker
 from tests.test_agents import planted_data
@@ -273,7 +273,7 @@ def test_killed_optuna_worker_resumes_with_its_trials(tmp_path: Path, mode: str)
 
 def test_interrupted_last_slot_is_rerun_not_dropped(tmp_path: Path) -> None:
     """Regression: the re-enqueued (WAITING) trial of the last slot used to count as done and never ran."""
-    from marketrl.hyperopt import claim_trial, recover_interrupted, study_lock
+    from marketrl.training.hyperopt import claim_trial, recover_interrupted, study_lock
 
     study = optuna_worker.study(tmp_path)
     for _ in range(3):
@@ -304,7 +304,7 @@ def test_worker_killed_while_writing_the_journal_leaves_no_stale_lock(tmp_path: 
         [
             sys.executable,
             "-c",
-            "import sys, time; from marketrl.hyperopt import JournalFlock; "
+            "import sys, time; from marketrl.training.hyperopt import JournalFlock; "
             "lock = JournalFlock(sys.argv[1]); lock.acquire(); open(sys.argv[2], 'w').close(); time.sleep(600)",
             str(lock),
             str(tmp_path / "locked"),

@@ -15,11 +15,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from marketrl.metrics import performance_summary
+from marketrl.evaluation.metrics import performance_summary
+from marketrl.evaluation.stats import ANNUALIZER, expected_max_sharpe, probabilistic_sharpe_from_moments
 from marketrl.report import SECTIONS, ReportInputError, build_report
-from marketrl.report.analysis import Comparison, deflation_for, verdict_sentence
 from marketrl.report.inputs import HyperoptSummary
-from marketrl.stats import ANNUALIZER, expected_max_sharpe, probabilistic_sharpe_from_moments
+from marketrl.report.verdict import Comparison, deflation_for, verdict_sentence
 from tests.report_fixtures import PipelineOutputs, write_pipeline_outputs
 
 SIZE_BUDGET_BYTES = 5 * 1024 * 1024

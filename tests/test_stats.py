@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy import integrate
 from scipy import stats as scipy_stats
 
-from marketrl.stats import (
+from marketrl.evaluation.stats import (
     ANNUALIZER,
     SESSIONS_PER_YEAR,
     StatsInputError,

@@ -1,4 +1,4 @@
-"""The test-only hold point that crash tests use to SIGKILL a job inside a given step (marketrl.testing_hooks)."""
+"""The test-only hold point that crash tests use to SIGKILL a job inside a given step (marketrl.runtime.testing_hooks)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from marketrl.testing_hooks import HOLD_AFTER, HOLD_FILE, hold_point, release_path
+from marketrl.runtime.testing_hooks import HOLD_AFTER, HOLD_FILE, hold_point, release_path
 from tests.conftest import REPO_ROOT
 
-HOLDER = "import sys; from marketrl.testing_hooks import hold_point; hold_point(sys.argv[1])"
+HOLDER = "import sys; from marketrl.runtime.testing_hooks import hold_point; hold_point(sys.argv[1])"
 
 
 def _holder(event: str, pattern: str, marker: Path) -> subprocess.Popen:

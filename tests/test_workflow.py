@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from marketrl import paths, pipeline
-from marketrl.config import validate_config
-from marketrl.data.cme_hours import demo_file_days
+from marketrl.data.calendars.cme_hours import demo_file_days
+from marketrl.workflow import paths, pipeline
+from marketrl.workflow.config import validate_config
 from tests.conftest import REPO_ROOT
 
 TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"

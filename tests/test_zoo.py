@@ -18,16 +18,16 @@ import pytest
 import torch
 
 from gpu_utils import HardwareBudget, detect_precision
-from marketrl.config import AGENT_NAMES, FORECASTER_NAMES, MODEL_NAMES
-from marketrl.datasets import fold_window, load_features, tuning_window
-from marketrl.evaluation import evaluate_job
+from marketrl.evaluation.evaluate import evaluate_job
 from marketrl.features import FEATURE_NAMES
-from marketrl.folds import FoldPlan
-from marketrl.hyperopt import run_trial
 from marketrl.models import MODELS, load_model
-from marketrl.normalize import FeatureNormalizer
-from marketrl.training import train_job
-from marketrl.zoo import ZOO, get_entry
+from marketrl.splits.datasets import fold_window, load_features, tuning_window
+from marketrl.splits.folds import FoldPlan
+from marketrl.splits.normalize import FeatureNormalizer
+from marketrl.training.hyperopt import run_trial
+from marketrl.training.train import train_job
+from marketrl.training.zoo import ZOO, get_entry
+from marketrl.workflow.config import AGENT_NAMES, FORECASTER_NAMES, MODEL_NAMES
 from tests.support.runs import synthetic_job_inputs
 
 HPARAMS = {

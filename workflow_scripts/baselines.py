@@ -2,8 +2,8 @@
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.evaluation import baselines_job
-from marketrl.jobs import job_context
+from marketrl.evaluation.evaluate import baselines_job
+from marketrl.runtime.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     baselines_job(

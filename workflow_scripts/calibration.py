@@ -2,8 +2,8 @@
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.calibration import summarize_job
-from marketrl.jobs import job_context
+from marketrl.evaluation.calibration import summarize_job
+from marketrl.runtime.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
     summarize_job(

@@ -5,7 +5,7 @@ from pathlib import Path
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
 from marketrl.data.demo import demo_definition_path, generate_demo_files
-from marketrl.jobs import job_context
+from marketrl.runtime.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
     out_dir = Path(snakemake.output[0]).parent

@@ -6,7 +6,7 @@ from pathlib import Path
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
 from marketrl.features import build_feature_file, feature_options
-from marketrl.jobs import job_context
+from marketrl.runtime.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
     # rules/common.smk feature_inputs gives "context" as a list (the files before, in time order), or not at all.

@@ -2,8 +2,8 @@
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.folds import write_fold_plan
-from marketrl.jobs import job_context
+from marketrl.runtime.jobs import job_context
+from marketrl.splits.folds import write_fold_plan
 
 with job_context(snakemake.log[0], snakemake.threads):
     write_fold_plan(list(snakemake.input), snakemake.params.config["folds"], snakemake.output[0])

@@ -2,8 +2,8 @@
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.hyperopt import write_study_summary
-from marketrl.jobs import job_context
+from marketrl.runtime.jobs import job_context
+from marketrl.training.hyperopt import write_study_summary
 
 with job_context(snakemake.log[0], snakemake.threads):
     write_study_summary(

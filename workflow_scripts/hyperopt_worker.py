@@ -2,8 +2,8 @@
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.hyperopt import run_worker
-from marketrl.jobs import job_context
+from marketrl.runtime.jobs import job_context
+from marketrl.training.hyperopt import run_worker
 
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     run_worker(

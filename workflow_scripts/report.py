@@ -2,8 +2,8 @@
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.jobs import job_context
 from marketrl.report import build_report
+from marketrl.runtime.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):
     build_report(

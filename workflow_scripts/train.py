@@ -2,8 +2,8 @@
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.jobs import job_context
-from marketrl.training import train_job
+from marketrl.runtime.jobs import job_context
+from marketrl.training.train import train_job
 
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     train_job(

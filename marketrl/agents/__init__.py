@@ -7,8 +7,9 @@ environments, so a supervised trainer can use them too (docs/AGENTS.md, "Loop an
 """
 
 from marketrl.agents.checkpoint import CheckpointError, load_checkpoint, load_policy, save_checkpoint
-from marketrl.agents.common import GreedyPolicy, HParamError, TrainResult
+from marketrl.agents.common import GreedyPolicy, TrainResult
 from marketrl.agents.networks import FALLBACK_HIDDEN, ArchitectureError, build_networks, hidden_sizes
+from marketrl.loop.hparams import HParamError
 
 __all__ = [
     "FALLBACK_HIDDEN",

@@ -25,7 +25,7 @@ import torch
 from gpu_utils import PrecisionError, PrecisionPlan, detect_precision
 from marketrl.agents.common import GreedyPolicy, TrainResult
 from marketrl.agents.networks import build_networks
-from marketrl.io import atomic_open
+from marketrl.runtime.io import atomic_open
 
 __all__ = ["ACTING_NETWORK", "CheckpointError", "load_checkpoint", "load_policy", "save_checkpoint"]
 

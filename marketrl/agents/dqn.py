@@ -23,20 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_utils import DeviceMetrics, OptimStep, PrecisionPlan
-from marketrl.agents.common import (
-    EvalCallback,
-    EvalSchedule,
-    GreedyPolicy,
-    RunConfig,
-    TrainResult,
-    check_ranges,
-    check_run_setting,
-    finish,
-    require,
-    set_up,
-)
-from marketrl.agents.resume import TrainingCheckpoint, resume_or_start, to_device
+from marketrl.agents.common import GreedyPolicy, RunConfig, TrainResult, finish, set_up
 from marketrl.env import N_ACTIONS, MarketData
+from marketrl.loop.hparams import check_ranges, check_run_setting, require
+from marketrl.loop.resume import TrainingCheckpoint, resume_or_start, to_device
+from marketrl.loop.schedule import EvalCallback, EvalSchedule
 
 __all__ = ["DQNConfig", "DQNHyperparams", "ReplayBuffer", "td_loss", "train"]
 

@@ -28,18 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_utils import DeviceMetrics, NonFiniteError, OptimStep, PrecisionPlan
-from marketrl.agents.common import (
-    EvalCallback,
-    EvalSchedule,
-    GreedyPolicy,
-    RunConfig,
-    TrainResult,
-    check_ranges,
-    finish,
-    set_up,
-)
-from marketrl.agents.resume import TrainingCheckpoint, resume_or_start
+from marketrl.agents.common import GreedyPolicy, RunConfig, TrainResult, finish, set_up
 from marketrl.env import N_ACTIONS, MarketData
+from marketrl.loop.hparams import check_ranges
+from marketrl.loop.resume import TrainingCheckpoint, resume_or_start
+from marketrl.loop.schedule import EvalCallback, EvalSchedule
 
 __all__ = ["PPOConfig", "PPOHyperparams", "compute_gae", "ppo_loss", "train"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import databento_dbn as dbn
 import zstandard
 
-from marketrl.io import atomic_write
+from marketrl.runtime.io import atomic_write
 
 __all__ = ["PRICE_SCALE", "PUBLISHER_ID", "MappingInterval", "SymbolMapping", "encode_dbn", "write_dbn"]
 

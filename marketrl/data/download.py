@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from marketrl.io import atomic_write
+from marketrl.runtime.io import atomic_write
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "DATABENTO_API_KEY"

@@ -39,8 +39,8 @@ import databento_dbn
 import numpy as np
 import polars as pl
 
-from marketrl.dbn_files import DBN_SUFFIXES, dbn_stem, time_ordered
-from marketrl.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
+from marketrl.data.calendars.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
+from marketrl.workflow.file_order import DBN_SUFFIXES, dbn_stem, time_ordered
 
 if TYPE_CHECKING:
     import databento
@@ -124,7 +124,9 @@ class BarFile:
     bar_ns: int
     records: int
     dropped_undef_ts: int
-    dropped_outside_session: int = 0  # in the halt, or on a weekend/holiday trading day (marketrl.sessions)
+    dropped_outside_session: int = (
+        0  # in the halt, or on a weekend/holiday trading day (marketrl.data.calendars.sessions)
+    )
     dropped_in_halt: int = 0  # of those, the bars inside the daily halt
     calendar: SessionCalendar | None = None
 
@@ -663,7 +665,7 @@ def read_bars(
     """Decode one DBN file (``.dbn.zst`` or uncompressed ``.dbn``) into time bars of ``bar_size``.
 
     Columns: ``ts_event`` (Datetime ns UTC, bar open), ``trading_day`` (the exchange session date, from
-    ``session`` or the dataset's default calendar, marketrl.sessions), ``instrument_id`` (UInt32), ``symbol``,
+    ``session`` or the dataset's default calendar, marketrl.data.calendars.sessions), ``instrument_id`` (UInt32), ``symbol``,
     ``open``/``high``/``low``/``close``/``volume`` (Float64), plus ``bid_px``/``ask_px``/``bid_sz``/``ask_sz``
     (last top of book in the bar, may be null) for quote schemas. Sorted by (instrument_id, ts_event). Bars
     outside every session (the daily halt, weekend days, holidays without a session) are dropped and counted

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from marketrl.costs import CostConfigError, CostModel, InstrumentCosts, is_continuous
 from marketrl.env.config import DEFAULT_MAX_GAP, EnvDataError, FillMode
+from marketrl.env.costs import CostConfigError, CostModel, InstrumentCosts, is_continuous
 
 if TYPE_CHECKING:
     import polars as pl
 
-    from marketrl.normalize import FeatureNormalizer
+    from marketrl.splits.normalize import FeatureNormalizer
 
 _NS_PER_DAY = 86_400 * 10**9
 

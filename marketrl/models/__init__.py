@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from marketrl.io import atomic_write
 from marketrl.models import alstm, dlinear, gru, lightgbm_model, linear, lstm, mlp, tcn, transformer
 from marketrl.models.base import (
     CHECKPOINT_FORMAT,
@@ -22,6 +21,7 @@ from marketrl.models.base import (
     TrainedModel,
     TrainHooks,
 )
+from marketrl.runtime.io import atomic_write
 
 __all__ = [
     "MODELS",

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from marketrl.agents.resume import TrainingCheckpoint
 from marketrl.env import EnvConfig, FillMode, MarketData
+from marketrl.loop.resume import TrainingCheckpoint
 
 if TYPE_CHECKING:
     import polars as pl
@@ -66,7 +66,7 @@ class CommonHParams:
 
     def validate(self) -> None:
         """Raise `HParamError` for a value out of range (called by `parse_hparams`)."""
-        from marketrl.agents.common import check_ranges
+        from marketrl.loop.hparams import check_ranges
 
         check_ranges(self, at_least_one=("window",), non_negative=("threshold_multiplier",))
         check_ranges(self, unit_above_zero=("hold_band",))
@@ -85,7 +85,7 @@ class NeuralHParams(CommonHParams):
 
     def validate(self) -> None:
         """Ranges of the shared neural hyperparameters."""
-        from marketrl.agents.common import check_ranges, require
+        from marketrl.loop.hparams import check_ranges, require
 
         super().validate()
         check_ranges(self, positive=("learning_rate",), non_negative=("weight_decay",))
@@ -144,7 +144,7 @@ class RunSettings:
     patience: int = 0
 
     def __post_init__(self) -> None:
-        from marketrl.agents.common import AgentConfigError, check_run_setting
+        from marketrl.loop.hparams import AgentConfigError, check_run_setting
 
         for key, minimum in (("horizon", 1), ("epochs", 1), ("check_every", 1), ("eval_every", 0)):
             check_run_setting(key, getattr(self, key), minimum)
@@ -169,7 +169,7 @@ class TrainHooks:
 
     log: receives each statistics record as it is read (progress logging); records also land in the result log.
     on_validation: called at every periodic validation with the model as it stands; may raise to prune.
-    checkpoint: the resume file of this run (`marketrl.agents.resume.TrainingCheckpoint`, cadence in steps).
+    checkpoint: the resume file of this run (`marketrl.loop.resume.TrainingCheckpoint`, cadence in steps).
     budget: the device's `gpu_utils.HardwareBudget` (detected when None).
     """
 
@@ -238,7 +238,7 @@ class TrainedModel:
     def checkpoint(self, **extra: Any) -> dict[str, Any]:
         """The checkpoint dict (plain data: `torch.load(weights_only=True)` reads it back); ``extra`` is the
         caller's plain data (fold, seed, normalizer state, feature names...)."""
-        from marketrl.agents.resume import to_cpu
+        from marketrl.loop.resume import to_cpu
 
         return {
             "format": CHECKPOINT_FORMAT,

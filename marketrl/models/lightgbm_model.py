@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from marketrl.agents.common import check_ranges, parse_hparams, require
 from marketrl.env import MarketData
+from marketrl.loop.hparams import check_ranges, parse_hparams, require
 from marketrl.models.base import (
     CommonHParams,
     ModelSpec,

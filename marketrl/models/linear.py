@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from marketrl.agents.common import check_ranges, parse_hparams
 from marketrl.env import MarketData
+from marketrl.loop.hparams import check_ranges, parse_hparams
 from marketrl.models.base import (
     CommonHParams,
     ModelSpec,

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from marketrl.agents.common import check_ranges
+from marketrl.loop.hparams import check_ranges
 from marketrl.models.base import NeuralHParams, Trial, neural_space
 from marketrl.models.supervised_trainer import torch_model_spec
 

@@ -34,9 +34,10 @@ from gpu_utils import (
     resolve_precision,
     sample_bytes,
 )
-from marketrl.agents.common import EvalSchedule, parse_hparams
-from marketrl.agents.resume import resume_or_start
 from marketrl.env import MarketData
+from marketrl.loop.hparams import parse_hparams
+from marketrl.loop.resume import resume_or_start
+from marketrl.loop.schedule import EvalSchedule
 from marketrl.models.base import (
     ModelSpec,
     NeuralHParams,

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from marketrl.costs import CostModel, Costs
 from marketrl.env import MarketData
+from marketrl.env.costs import CostModel, Costs
 
 __all__ = ["TradingRule", "cost_model", "round_trip_cost"]
 
@@ -30,7 +30,7 @@ def cost_model(costs: Mapping[str, Any]) -> Costs:
     (`kind: ...`); an InstrumentCosts where the slice has `costs.instruments` (`round_trip_cost` refuses it)."""
     if "kind" in costs:
         return CostModel.from_config(costs)
-    from marketrl.datasets import cost_model_from_config  # polars is needed only there
+    from marketrl.splits.datasets import cost_model_from_config  # polars is needed only there
 
     return cost_model_from_config(costs)
 

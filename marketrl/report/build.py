@@ -15,11 +15,9 @@ import numpy as np
 import polars as pl
 import yaml
 
-from marketrl import provenance
-from marketrl.config import derive_seed
-from marketrl.io import atomic_open
-from marketrl.metrics import to_json_safe
-from marketrl.report import analysis, figures, tuning
+from marketrl.evaluation.metrics import to_json_safe
+from marketrl.evaluation.stats import ANNUALIZER, is_finite_number
+from marketrl.report import figures, forecast, tables, tuning
 from marketrl.report.inputs import (
     AGENT,
     BASELINES,
@@ -31,7 +29,18 @@ from marketrl.report.inputs import (
     load_inputs,
     read_json_object,
 )
-from marketrl.stats import ANNUALIZER, is_finite_number
+from marketrl.report.strategies import (
+    BASELINE_LABELS,
+    DSR_THRESHOLD,
+    Strategy,
+    VerdictRules,
+    build_strategies,
+    config_value,
+)
+from marketrl.report.verdict import AgentVerdict, agent_verdicts, deflation_for, sharpe_stats
+from marketrl.runtime import provenance
+from marketrl.runtime.io import atomic_open
+from marketrl.workflow.config import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +162,7 @@ def _environment() -> jinja2.Environment:
         pct_ci=fmt_pct_ci,
         value=fmt_value,
         data_value=data_value,
-        baseline_label=lambda name: analysis.BASELINE_LABELS.get(name, name),
+        baseline_label=lambda name: BASELINE_LABELS.get(name, name),
     )
     env.globals.update(formatters=FORMATTERS, finite=is_finite_number)
     return env
@@ -163,7 +172,9 @@ def _environment() -> jinja2.Environment:
 
 
 def _per_fold_rows(
-    strategies: Sequence[analysis.Strategy], random_seeds: Sequence[analysis.Strategy], folds: Sequence[int]
+    strategies: Sequence[Strategy],
+    random_seeds: Sequence[Strategy],
+    folds: Sequence[int],
 ) -> list[dict[str, Any]]:
     rows = []
     for fold in folds:
@@ -192,7 +203,7 @@ def _per_fold_rows(
     return rows
 
 
-def _bars_per_day(strategies: Sequence[analysis.Strategy]) -> float:
+def _bars_per_day(strategies: Sequence[Strategy]) -> float:
     """Median bars per instrument and trading day over the first strategy's test tables."""
     runs = list(strategies[0].fold_runs.values()) if strategies else []
     counts = [run.bars.group_by("symbol", "trading_day").len()["len"] for run in runs]
@@ -241,7 +252,7 @@ def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
 
 
 def _data_section(
-    inputs: ReportInputs, strategies: Sequence[analysis.Strategy], input_files: Mapping[str, Any] | None
+    inputs: ReportInputs, strategies: Sequence[Strategy], input_files: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     plan = inputs.plan
     bars_per_day = _bars_per_day(strategies)
@@ -305,7 +316,7 @@ def _hyperopt_section(inputs: ReportInputs, algos: Sequence[str]) -> list[dict[s
                 "sampler": data.get("sampler") or {},
                 "storage": provenance.redact_url(str(data.get("storage") or "")),  # never a password
                 "tuning_window": data.get("tuning_window") or {},
-                "n_dsr": analysis.deflation_for(inputs, algo).n_trials,
+                "n_dsr": deflation_for(inputs, algo).n_trials,
                 "history": figures.hyperopt_history_figure(summary, color) if summary.trials else None,
                 "importance": figures.importance_figure(algo, importances, color) if importances else None,
                 "importance_message": message,
@@ -380,7 +391,7 @@ def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict
     }
 
 
-def _grouped_assumptions(verdicts: Sequence[analysis.AgentVerdict]) -> list[tuple[str, list[str]]]:
+def _grouped_assumptions(verdicts: Sequence[AgentVerdict]) -> list[tuple[str, list[str]]]:
     """Each DSR assumption once, with the models it applies to (eleven models would repeat it eleven times)."""
     grouped: dict[str, list[str]] = {}
     for verdict in verdicts:
@@ -396,23 +407,23 @@ def build_context(
     inputs: ReportInputs, config: Mapping[str, Any], input_files: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Every number and figure of the report, ready for the template (`input_files`: `input_files_summary`)."""
-    rules = analysis.VerdictRules.from_config(config)
+    rules = VerdictRules.from_config(config)
     n_boot = rules.n_boot
-    multipliers = [float(m) for m in analysis.config_value(config, "evaluation.cost_multipliers")]
-    root_seed = int(analysis.config_value(config, "seed"))
+    multipliers = [float(m) for m in config_value(config, "evaluation.cost_multipliers")]
+    root_seed = int(config_value(config, "seed"))
     check_models(inputs, config)
     algos = inputs.algos
 
-    agents = analysis.build_strategies(inputs.agent_runs)
-    baselines = analysis.baseline_order(analysis.build_strategies(inputs.baseline_runs))
-    random_seeds = analysis.build_strategies(inputs.random_seed_runs)
+    agents = build_strategies(inputs.agent_runs)
+    baselines = tables.baseline_order(build_strategies(inputs.baseline_runs))
+    random_seeds = build_strategies(inputs.random_seed_runs)
     strategies = [*agents, *baselines]
 
-    verdicts, family = analysis.agent_verdicts(inputs, agents, baselines, random_seeds, rules, root_seed)
+    verdicts, family = agent_verdicts(inputs, agents, baselines, random_seeds, rules, root_seed)
     baseline_stats = [
         {
             "name": b.name,
-            "stats": analysis.sharpe_stats(
+            "stats": sharpe_stats(
                 b.pooled, b.pooled_summary, n_boot, derive_seed(root_seed, "report", "sharpe", b.name)
             ),
         }
@@ -420,9 +431,9 @@ def build_context(
         if b.pooled is not None
     ]
     quality = {
-        algo: analysis.forecast_quality(algo, agents, inputs.horizon_of(algo)) for algo in inputs.forecasters
+        algo: forecast.forecast_quality(algo, agents, inputs.horizon_of(algo)) for algo in inputs.forecasters
     }
-    board = analysis.leaderboard(
+    board = tables.leaderboard(
         inputs,
         verdicts,
         agents,
@@ -431,15 +442,15 @@ def build_context(
         {b["name"]: b["stats"].sharpe for b in baseline_stats},
         quality,
     )
-    spreads = [analysis.seed_spread(algo, agents, n_boot, root_seed) for algo in algos]
+    spreads = [tables.seed_spread(algo, agents, n_boot, root_seed) for algo in algos]
     random_fold_sharpe = {
         fold: np.array([s.fold_summaries[fold]["sharpe"] for s in random_seeds if fold in s.fold_summaries])
         for fold in inputs.folds
     }
     random_fold_sharpe = {k: v[np.isfinite(v)] for k, v in random_fold_sharpe.items()}
-    cost_rows = analysis.cost_sensitivity(strategies, multipliers)
-    profile = analysis.position_profile(strategies, random_seeds)
-    warnings = analysis.stored_metric_warnings(strategies)
+    cost_rows = tables.cost_sensitivity(strategies, multipliers)
+    profile = tables.position_profile(strategies, random_seeds)
+    warnings = tables.stored_metric_warnings(strategies)
     for warning in warnings:
         log.warning(warning)
 
@@ -465,7 +476,7 @@ def build_context(
         "all_baselines": BASELINES,
         "verdicts": verdicts,
         "family": family,
-        "dsr_threshold": analysis.DSR_THRESHOLD,
+        "dsr_threshold": DSR_THRESHOLD,
         "dsr_assumptions": _grouped_assumptions(verdicts),
         "annualizer": ANNUALIZER,
         "rules": rules,

@@ -16,8 +16,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from marketrl.folds import FoldError, FoldPlan
-from marketrl.metrics import REQUIRED_COLUMNS, MetricsInputError, average_strategies, portfolio_bars
+from marketrl.evaluation.metrics import (
+    REQUIRED_COLUMNS,
+    MetricsInputError,
+    average_strategies,
+    portfolio_bars,
+)
+from marketrl.splits.folds import FoldError, FoldPlan
 
 DETERMINISTIC_BASELINES = ("buy_and_hold", "flat", "momentum")
 RANDOM_BASELINE = "random"
@@ -174,7 +179,7 @@ def _read_bars(bars_path: Path, extra_columns: Sequence[str] = ()) -> tuple[Path
 
 
 def _checked(run: Run) -> Run:
-    """Validate the table with marketrl.metrics' own checks, re-raised with the file name."""
+    """Validate the table with marketrl.evaluation.metrics' own checks, re-raised with the file name."""
     try:
         portfolio_bars(run.bars)
     except MetricsInputError as err:

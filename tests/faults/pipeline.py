@@ -27,7 +27,7 @@ import polars as pl
 import torch
 import yaml
 
-from marketrl.testing_hooks import HOLD_AFTER, HOLD_FILE
+from marketrl.runtime.testing_hooks import HOLD_AFTER, HOLD_FILE
 from tests.conftest import REPO_ROOT
 
 TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
@@ -144,7 +144,7 @@ class KillableRun:
 def hold_env(pattern: str, marker: Path) -> dict[str, str]:
     """Environment that holds the first job process reaching a hold point matching `pattern` until it is killed.
 
-    The held process writes `marker` first (marketrl.testing_hooks), so a test that waits for the marker knows the
+    The held process writes `marker` first (marketrl.runtime.testing_hooks), so a test that waits for the marker knows the
     job is inside that step, not merely past it.
     """
     return {HOLD_AFTER: pattern, HOLD_FILE: str(marker)}

@@ -14,7 +14,7 @@ import optuna
 import pytest
 import sqlalchemy
 
-from marketrl.hyperopt import (
+from marketrl.training.hyperopt import (
     INTERRUPTED,
     SLOT,
     HyperoptError,
@@ -22,7 +22,7 @@ from marketrl.hyperopt import (
     load_study,
     write_study_summary,
 )
-from marketrl.hyperopt_storage import HEARTBEATS_TABLE, STORAGE_ENV
+from marketrl.training.study_storage import HEARTBEATS_TABLE, STORAGE_ENV
 from tests.conftest import REPO_ROOT
 from tests.postgres import pg_worker
 from tests.postgres.cluster import Cluster

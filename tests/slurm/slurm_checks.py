@@ -174,7 +174,7 @@ def most_gpu_jobs_queued(snapshots: Iterable[dict[int, str]], gpu_job_ids: set[i
 
 def expected_outputs(config: dict[str, Any]) -> list[str]:
     """Every file the pipeline must produce for `config`."""
-    from marketrl import pipeline
+    from marketrl.workflow import pipeline
 
     files = [*pipeline.raw_data_files(config).values(), *pipeline.feature_files(config)]
     files += ["results/features/manifest.json", "results/folds.json", "results/eval_report.html"]
@@ -269,7 +269,7 @@ def check_run(
 
     `postgres_password`: the SLURM run's hyperopt used PostgreSQL (with this password) and the local run ran its
     own hyperopt on the journal; otherwise the local run reused the SLURM run's hyperopt results."""
-    from marketrl.config import load_config
+    from marketrl.workflow.config import load_config
 
     config = load_config(slurm_run / "config.yaml")
     evidence: list[str] = []

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from marketrl.contract_specs import contract_spec_problem
+from marketrl.workflow.contract_specs import contract_spec_problem
 
 CostKind = Literal["futures", "bps"]
 

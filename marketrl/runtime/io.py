@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from marketrl.testing_hooks import hold_point
+from marketrl.runtime.testing_hooks import hold_point
 
 __all__ = ["atomic_open", "atomic_write", "write_json_atomic"]
 

@@ -1,11 +1,11 @@
 """CME Globex equity-index futures hours for the demo data: sessions, holiday halts and UTC-day files.
 
-Standard library only (rules/common.smk calls ``demo_file_days`` at every DAG parse, through marketrl.pipeline).
+Standard library only (rules/common.smk calls ``demo_file_days`` at every DAG parse, through marketrl.workflow.pipeline).
 
-A session is named after the local (America/Chicago) date on which it closes, as marketrl.sessions names it: the
+A session is named after the local (America/Chicago) date on which it closes, as marketrl.data.calendars.sessions names it: the
 session of trading day D opens at 17:00 CT on D-1 (Sunday for a Monday) and closes at 16:00 CT on D, followed by
 the daily 16:00-17:00 CT halt. Times are local, so the UTC open moves from 23:00 to 22:00 when US daylight saving
-time starts (2024-03-10). Holidays are marketrl.exchange_holidays' ``us`` rule set (docs/DEMO_DATA.md):
+time starts (2024-03-10). Holidays are marketrl.data.calendars.holidays' ``us`` rule set (docs/DEMO_DATA.md):
 
 - ``CLOSED_ON`` (New Year's Day, Good Friday, Christmas Day): no session trades on that date; the exchange
   reopens at 17:00 CT that evening for the next trade date;
@@ -22,7 +22,7 @@ import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from marketrl.exchange_holidays import (
+from marketrl.data.calendars.holidays import (
     CHRISTMAS,
     GOOD_FRIDAY,
     NEW_YEARS_DAY,

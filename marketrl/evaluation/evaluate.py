@@ -3,7 +3,7 @@
 Every model and baseline sees exactly the same test rows, environment semantics and cost model; every output
 carries per-bar positions, gross returns, costs and net returns (docs/OUTPUTS.md), plus a performance summary. A
 trained model is scored with the env settings and costs recorded in its checkpoint. `validation_sharpe` is the
-agents' form of the validation objective (`marketrl.zoo.positions_sharpe`) that hyperopt maximizes.
+agents' form of the validation objective (`marketrl.training.zoo.positions_sharpe`) that hyperopt maximizes.
 """
 
 from __future__ import annotations
@@ -20,14 +20,6 @@ import polars as pl
 import torch
 
 from gpu_utils import resolve_device
-from marketrl.config import derive_seed
-from marketrl.costs import Costs, costs_from_record
-from marketrl.datasets import (
-    cost_model_from_config,
-    env_config_from_config,
-    fold_window,
-    load_features,
-)
 from marketrl.env import (
     EnvConfig,
     MarketData,
@@ -39,18 +31,26 @@ from marketrl.env import (
     position_change_rate,
     rule_positions,
 )
-from marketrl.folds import FoldPlan, select_rows
-from marketrl.io import atomic_write, write_json_atomic
-from marketrl.metrics import (
+from marketrl.env.costs import Costs, costs_from_record
+from marketrl.evaluation.metrics import (
     average_strategies,
     daily_returns,
     performance_summary,
     portfolio_bars,
     to_json_safe,
 )
-from marketrl.normalize import FeatureNormalizer
-from marketrl.provenance import collect
-from marketrl.zoo import get_entry
+from marketrl.runtime.io import atomic_write, write_json_atomic
+from marketrl.runtime.provenance import collect
+from marketrl.splits.datasets import (
+    cost_model_from_config,
+    env_config_from_config,
+    fold_window,
+    load_features,
+)
+from marketrl.splits.folds import FoldPlan, select_rows
+from marketrl.splits.normalize import FeatureNormalizer
+from marketrl.training.zoo import get_entry
+from marketrl.workflow.config import derive_seed
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,10 @@ and how often it finds one that is (power), measured end to end on synthetic wor
 "Calibration").
 
 A *world* is one cheap run of the pipeline's own pieces: demo data generated with its own seed and planted edge
-(`marketrl.data.demo`), the feature tables (`marketrl.features`), walk-forward folds (`marketrl.folds`), fixed
+(`marketrl.data.demo`), the feature tables (`marketrl.features`), walk-forward folds (`marketrl.splits.folds`), fixed
 hyperparameters (no hyperopt), a few fast models of the supervised zoo (`marketrl.models`) trained per fold and
 seed, the baselines and turnover-matched random traders of the evaluation stage, and the report's verdict
-(`marketrl.report.analysis.agent_verdicts`, the family-wise test over every model × baseline × direction). A
+(`marketrl.report.verdict.agent_verdicts`, the family-wise test over every model × baseline × direction). A
 world's outcome is "beats" (some model beats every baseline), "worse", "none" (no claim) or "not enough data".
 
 An *arm* is one (edge, pooled test days) pair with `calibration.worlds` worlds. Rates carry exact binomial
@@ -31,32 +31,33 @@ import polars as pl
 import torch
 from scipy.stats import beta
 
-from marketrl.calibration_plan import (
+from marketrl.data.demo import generate_demo_files
+from marketrl.env import MarketData, evaluate_positions
+from marketrl.evaluation.evaluate import (
+    BAR_COLUMNS,
+    baseline_positions,
+    matched_trader_bars,
+    trader_daily_returns,
+)
+from marketrl.evaluation.metrics import to_json_safe
+from marketrl.features import MAX_LOOKBACK, build_feature_file
+from marketrl.models import MODELS, RunSettings
+from marketrl.report.inputs import DETERMINISTIC_BASELINES, RANDOM_BASELINE, MatchedRandom, ReportInputs, Run
+from marketrl.report.strategies import VerdictRules, build_strategies
+from marketrl.report.tables import baseline_order
+from marketrl.report.verdict import AgentVerdict, agent_verdicts
+from marketrl.runtime.io import atomic_write, write_json_atomic
+from marketrl.splits.datasets import env_config_from_config, fold_window, load_feature_tables
+from marketrl.splits.folds import FoldConfig, make_fold_plan
+from marketrl.workflow.calibration_plan import (
     CalibrationError,
     CalibrationSettings,
     WorldSpec,
     job_worlds,
     world_specs,
 )
-from marketrl.config import derive_seed
-from marketrl.data.demo import generate_demo_files
-from marketrl.datasets import env_config_from_config, fold_window, load_feature_tables
-from marketrl.env import MarketData, evaluate_positions
-from marketrl.evaluation import BAR_COLUMNS, baseline_positions, matched_trader_bars, trader_daily_returns
-from marketrl.features import MAX_LOOKBACK, build_feature_file
-from marketrl.folds import FoldConfig, make_fold_plan
-from marketrl.io import atomic_write, write_json_atomic
-from marketrl.metrics import to_json_safe
-from marketrl.models import MODELS, RunSettings
-from marketrl.pipeline import CONTEXT_FILES
-from marketrl.report.analysis import (
-    AgentVerdict,
-    VerdictRules,
-    agent_verdicts,
-    baseline_order,
-    build_strategies,
-)
-from marketrl.report.inputs import DETERMINISTIC_BASELINES, RANDOM_BASELINE, MatchedRandom, ReportInputs, Run
+from marketrl.workflow.config import derive_seed
+from marketrl.workflow.pipeline import CONTEXT_FILES
 
 FORMAT = "marketrl-calibration"
 VERSION = 1
@@ -124,7 +125,7 @@ def _matched_traders(
     data: MarketData, positions: torch.Tensor, world: Mapping[str, Any], key: tuple[str, int, int]
 ) -> MatchedRandom:
     """The turnover-matched random traders of one model run, as the evaluation stage makes them
-    (`marketrl.evaluation.matched_trader_bars`), keeping only the daily returns the verdict reads (the
+    (`marketrl.evaluation.evaluate.matched_trader_bars`), keeping only the daily returns the verdict reads (the
     per-trader summaries that stage also writes are most of its cost)."""
     rate, traders = matched_trader_bars(data, positions, env_config_from_config(world), world, key)
     days, daily = np.array([], dtype="datetime64[D]"), []

@@ -1,11 +1,11 @@
 """One Optuna study per model (each name of training.models) on the tuning window, shared by any number of workers.
 
-- Every model is tuned the same way (`marketrl.zoo` dispatches by name): its own search space, the same objective
+- Every model is tuned the same way (`marketrl.training.zoo` dispatches by name): its own search space, the same objective
   (validation Sharpe, the median over hyperopt.seeds_per_trial seeds), the same summary JSON.
 - Data are loaded and moved to the device once per worker process; every trial reuses them.
-- The tuning window ends before the first test day of any fold (marketrl.folds); trials train on its inner train
+- The tuning window ends before the first test day of any fold (marketrl.splits.folds); trials train on its inner train
   rows and are scored on its validation tail, net of costs. Costs are never tuned.
-- Storage, trial claims and dead-worker recovery live in marketrl.hyperopt_storage: a journal file under
+- Storage, trial claims and dead-worker recovery live in marketrl.training.study_storage: a journal file under
   results/hyperopt/{algo}/ or PostgreSQL (claims and heartbeats in the database); together the workers run exactly
   hyperopt.n_trials, and a killed worker's trial is re-run in its slot with the same parameters and seeds.
 - NaN/inf or diverged trials are pruned, not crashed; the MedianPruner prunes on intermediate validation scores.
@@ -26,10 +26,14 @@ from typing import Any
 import optuna
 
 from gpu_utils import HardwareBudget, PrecisionPlan, detect_precision, resolve_device
-from marketrl.config import derive_seed
-from marketrl.datasets import WindowData, env_config_from_config, load_features, tuning_window
-from marketrl.folds import FoldPlan
-from marketrl.hyperopt_storage import (  # claims, storage and recovery; the rest is re-exported for callers
+from marketrl.evaluation.metrics import to_json_safe
+from marketrl.evaluation.stats import ANNUALIZER
+from marketrl.runtime.io import write_json_atomic
+from marketrl.runtime.provenance import collect, package_versions, sha256_file
+from marketrl.runtime.testing_hooks import hold_point
+from marketrl.splits.datasets import WindowData, env_config_from_config, load_features, tuning_window
+from marketrl.splits.folds import FoldPlan
+from marketrl.training.study_storage import (  # claims, storage and recovery; the rest is re-exported for callers
     INTERRUPTED,  # noqa: F401
     OWNER,
     SAMPLED,
@@ -45,12 +49,7 @@ from marketrl.hyperopt_storage import (  # claims, storage and recovery; the res
     trial_claims,
     work_on_study,
 )
-from marketrl.io import write_json_atomic
-from marketrl.metrics import to_json_safe
-from marketrl.provenance import collect, package_versions, sha256_file
-from marketrl.stats import ANNUALIZER
-from marketrl.testing_hooks import hold_point
-from marketrl.zoo import (  # the search spaces live with the registry; re-exported for callers
+from marketrl.training.zoo import (  # the search spaces live with the registry; re-exported for callers
     HIDDEN_DIM_BASES,  # noqa: F401
     REWARD_SCALES,  # noqa: F401
     SearchSpace,
@@ -60,6 +59,7 @@ from marketrl.zoo import (  # the search spaces live with the registry; re-expor
     suggest_dqn,  # noqa: F401
     suggest_ppo,  # noqa: F401
 )
+from marketrl.workflow.config import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def run_trial(
 
     The report index runs on across the seeds (seed 1's first report follows seed 0's last), so the pruner
     compares the same seed's scores between trials. The per-seed scores are the trial's user attribute
-    ``seed_scores``; `space` is the model's search space (`marketrl.zoo`, built once per worker).
+    ``seed_scores``; `space` is the model's search space (`marketrl.training.zoo`, built once per worker).
     """
     started = time.perf_counter()
     entry = get_entry(algo)

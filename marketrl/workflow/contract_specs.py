@@ -1,7 +1,7 @@
 """Whether a ``costs`` section gives futures a contract spec the user wrote: there is no default contract.
 
-Standard library only: config validation at DAG parse (``marketrl.config.check_contract_specs``) and the cost
-model (``marketrl.costs.costs_from_config``, which must import nothing but torch and numpy) share it.
+Standard library only: config validation at DAG parse (``marketrl.workflow.config.check_contract_specs``) and the cost
+model (``marketrl.env.costs.costs_from_config``, which must import nothing but torch and numpy) share it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-fold, per-seed training jobs: best hyperparameters in, a checkpoint and a training log out.
 
-Every model of `training.models` goes through the same job (`marketrl.zoo` dispatches by name): normalization is
+Every model of `training.models` goes through the same job (`marketrl.training.zoo` dispatches by name): normalization is
 fit on the fold's inner training rows and stored in the checkpoint; the validation tail is scored EVALS_PER_RUN
 times and reported in the job log with progress, steps/s and ETA. Agents train for training.total_steps env
 steps; forecasters for training.epochs, capped at training.max_updates optimizer steps (boosting rounds).
@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from gpu_utils import HardwareBudget, detect_precision, resolve_device
-from marketrl.agents.resume import TrainingCheckpoint
-from marketrl.config import derive_seed
-from marketrl.datasets import cost_model_from_config, fold_window, load_features
-from marketrl.folds import FoldPlan
-from marketrl.io import write_json_atomic
-from marketrl.metrics import to_json_safe
-from marketrl.provenance import collect, sha256_file
-from marketrl.zoo import EVALS_PER_RUN, Trained, TrainRequest, get_entry
+from marketrl.evaluation.metrics import to_json_safe
+from marketrl.loop.resume import TrainingCheckpoint
+from marketrl.runtime.io import write_json_atomic
+from marketrl.runtime.provenance import collect, sha256_file
+from marketrl.splits.datasets import cost_model_from_config, fold_window, load_features
+from marketrl.splits.folds import FoldPlan
+from marketrl.training.zoo import EVALS_PER_RUN, Trained, TrainRequest, get_entry
+from marketrl.workflow.config import derive_seed
 
 __all__ = ["EVALS_PER_RUN", "HparamsError", "ProgressLog", "load_hparams", "train_job", "train_log_record"]
 
@@ -120,7 +120,7 @@ def train_job(
     """Train one model (`algo`: any name of training.models) on one fold with one seed; write model.pt and
     train_log.json atomically.
 
-    `resume_path` is the resumable checkpoint: an undeclared side file (marketrl.paths.RESUME), removed once
+    `resume_path` is the resumable checkpoint: an undeclared side file (marketrl.workflow.paths.RESUME), removed once
     model.pt is written.
     """
     entry = get_entry(algo)

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 
 import polars as pl
 
-from marketrl.io import write_json_atomic
+from marketrl.runtime.io import write_json_atomic
 
 __all__ = [
     "LABEL_HORIZON_BARS",

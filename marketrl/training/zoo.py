@@ -28,13 +28,13 @@ from marketrl.agents import dqn, ppo
 from marketrl.agents.checkpoint import load_policy, save_checkpoint
 from marketrl.agents.common import TrainResult, env_settings
 from marketrl.agents.memory import batch_size_bounds
-from marketrl.agents.resume import TrainingCheckpoint
-from marketrl.config import AGENT_NAMES, FORECASTER_NAMES
-from marketrl.datasets import WindowData, env_config_from_config
 from marketrl.env import EnvConfig, MarketData, evaluate_positions, policy_positions
-from marketrl.metrics import performance_summary
+from marketrl.evaluation.metrics import performance_summary
+from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models import MODELS, RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
 from marketrl.models.base import Trial
+from marketrl.splits.datasets import WindowData, env_config_from_config
+from marketrl.workflow.config import AGENT_NAMES, FORECASTER_NAMES
 
 if TYPE_CHECKING:
     from marketrl.models.base import ModelSpec
@@ -183,7 +183,7 @@ class Trained:
 class LoadedModel:
     """A checkpoint read back for evaluation.
 
-    meta: what `marketrl.evaluation.trained_settings` checks (``env`` settings, ``extra.costs``), the
+    meta: what `marketrl.evaluation.evaluate.trained_settings` checks (``env`` settings, ``extra.costs``), the
       ``normalizer`` state and ``precision``; info: what the evaluation JSON records about the model.
     predictions: a forecaster's predicted forward return per row (None for agents); horizon: its target's.
     """
@@ -402,7 +402,7 @@ class ForecasterEntry:
 
 Entry = AgentEntry | ForecasterEntry
 
-#: Every model, in config order (marketrl.config.MODEL_NAMES; tests/test_zoo.py checks both agree).
+#: Every model, in config order (marketrl.workflow.config.MODEL_NAMES; tests/test_zoo.py checks both agree).
 ZOO: dict[str, Entry] = {
     **{name: AgentEntry(name) for name in AGENT_NAMES},
     **{name: ForecasterEntry(name) for name in FORECASTER_NAMES},

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from gpu_utils import NonFiniteError
-from marketrl.io import atomic_write
-from marketrl.testing_hooks import hold_point
+from marketrl.runtime.io import atomic_write
+from marketrl.runtime.testing_hooks import hold_point
 
 __all__ = ["Run", "TrainingCheckpoint", "resume_or_start", "to_cpu", "to_device"]
 

@@ -45,7 +45,7 @@ def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str
 
 def git_commit(repo: Path | None = None) -> str:
     """The checked-out commit (with '+dirty' when tracked files changed), or 'unknown' outside git."""
-    cwd = repo or Path(__file__).resolve().parents[1]
+    cwd = repo or Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True, timeout=10

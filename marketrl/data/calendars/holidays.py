@@ -1,7 +1,7 @@
 """US exchange holidays by rule, for any year, plus the one-off closures: the days with no trade date.
 
-Standard library only: marketrl.data.cme_hours (called at every Snakemake DAG parse) uses it as well as
-marketrl.sessions.
+Standard library only: marketrl.data.calendars.cme_hours (called at every Snakemake DAG parse) uses it as well as
+marketrl.data.calendars.sessions.
 
 Rule set ``"us"`` is the holiday calendar the US exchanges (NYSE, Nasdaq) follow and CME Group's US equity index
 and interest rate futures settle by: New Year's Day, Martin Luther King Jr. Day (3rd Monday of January, from

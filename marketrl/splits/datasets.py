@@ -17,8 +17,8 @@ import polars as pl
 import pyarrow.parquet as pq
 import torch
 
-from marketrl.costs import Costs, costs_from_config, is_continuous
 from marketrl.env import EnvConfig, MarketData, parse_duration
+from marketrl.env.costs import Costs, costs_from_config, is_continuous
 from marketrl.features import (
     BOOK_FEATURE_NAMES,
     FEATURE_NAMES,
@@ -26,10 +26,10 @@ from marketrl.features import (
     skipped_reason,
     warmup_only_note,
 )
-from marketrl.folds import FoldPlan, select_rows, select_tuning_rows
-from marketrl.io import write_json_atomic
-from marketrl.normalize import FeatureNormalizer
-from marketrl.provenance import sha256_file
+from marketrl.runtime.io import write_json_atomic
+from marketrl.runtime.provenance import sha256_file
+from marketrl.splits.folds import FoldPlan, select_rows, select_tuning_rows
+from marketrl.splits.normalize import FeatureNormalizer
 
 
 class DatasetError(ValueError):

@@ -10,10 +10,10 @@ import glob
 from pathlib import Path
 from typing import Any
 
-from marketrl import paths
-from marketrl.config import ConfigError
-from marketrl.data.cme_hours import demo_file_days
-from marketrl.dbn_files import DbnHeaderError, dbn_stem, time_ordered
+from marketrl.data.calendars.cme_hours import demo_file_days
+from marketrl.workflow import paths
+from marketrl.workflow.config import ConfigError
+from marketrl.workflow.file_order import DbnHeaderError, dbn_stem, time_ordered
 
 DBN_SUFFIX = ".dbn.zst"
 DEMO_DEFINITIONS_DIR = "definitions"  # the demo's definition file: its own folder, a separate download

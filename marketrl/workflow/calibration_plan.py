@@ -1,6 +1,6 @@
 """The plan of the verdict's calibration: its settings (the `calibration` config slice), its worlds and how they
 are split into jobs. Free of heavy imports: rules/common.smk reads it at every DAG parse; the worlds themselves
-run in `marketrl.calibration` (which also checks the model names against the zoo's registry).
+run in `marketrl.evaluation.calibration` (which also checks the model names against the zoo's registry).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from marketrl.config import derive_seed
+from marketrl.workflow.config import derive_seed
 
 
 class CalibrationError(ValueError):

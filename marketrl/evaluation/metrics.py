@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from marketrl.stats import ANNUALIZER, SESSIONS_PER_YEAR, ratio_or_convention, sharpe_ratio
+from marketrl.evaluation.stats import ANNUALIZER, SESSIONS_PER_YEAR, ratio_or_convention, sharpe_ratio
 
 REQUIRED_COLUMNS = ("ts_event", "trading_day", "symbol", "position", "gross_return", "cost", "net_return")
 

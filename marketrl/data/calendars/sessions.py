@@ -2,7 +2,7 @@
 
 A calendar is a timezone, the local time the session opens, an optional daily halt ``[halt_start, halt_end)`` in
 local time (it may wrap past midnight, e.g. 16:00-09:30 for a cash equity market) and a holiday rule set
-(marketrl.exchange_holidays) with optional extra dates. A session is named after the local date on which it
+(marketrl.data.calendars.holidays) with optional extra dates. A session is named after the local date on which it
 closes: CME Globex opens at 17:00 Chicago time and closes (the daily halt) at 16:00 the next day, so the bars from
 Sunday 17:00 CT belong to Monday's trading day; Nasdaq opens 09:30 and closes 16:00 New York time on the same date.
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import polars as pl
 
-from marketrl.exchange_holidays import RULE_SETS, holiday_dates, next_business_day
+from marketrl.data.calendars.holidays import RULE_SETS, holiday_dates, next_business_day
 
 __all__ = [
     "DEFAULT_CALENDARS",
@@ -129,7 +129,7 @@ def _holiday_fields(session: Mapping[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class SessionCalendar:
     """One market's daily session: timezone, local open time, an optional daily halt ``[start, end)``, and its
-    holidays: a rule set of marketrl.exchange_holidays (``"us"`` or ``"none"``) plus ``extra_holidays``."""
+    holidays: a rule set of marketrl.data.calendars.holidays (``"us"`` or ``"none"``) plus ``extra_holidays``."""
 
     timezone: str
     open: dt.time

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS_DIR = REPO_ROOT / "workflow_scripts"
 CODE_PACKAGES = (
     "marketrl",
@@ -145,7 +145,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.n_envs",
     ),
     "report": ALL_KEYS,
-    # The verdict's calibration (marketrl/calibration.py): synthetic worlds, each with its own data, folds and
+    # The verdict's calibration (marketrl/evaluation/calibration.py): synthetic worlds, each with its own data, folds and
     # models from the calibration slice, scored like the report scores a run.
     "calibration_worlds": (
         "seed",

@@ -11,12 +11,12 @@ from typing import Any
 import jsonschema
 import yaml
 
-from marketrl.contract_specs import contract_spec_problem
+from marketrl.workflow.contract_specs import contract_spec_problem
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
 #: Every model `training.models` may list, in the default order: the RL agents, then the forecasters. Kept here,
-#: free of torch, because the workflow validates the config at every DAG parse; `marketrl.zoo.ZOO` (the registry)
+#: free of torch, because the workflow validates the config at every DAG parse; `marketrl.training.zoo.ZOO` (the registry)
 #: is tested to hold exactly these names.
 AGENT_NAMES = ("dqn", "ppo")
 FORECASTER_NAMES = ("linear", "lightgbm", "mlp", "lstm", "gru", "alstm", "tcn", "transformer", "dlinear")

@@ -1,0 +1,531 @@
+"""The verdict: the selection diagnostic (deflated Sharpe of the study's choice) and the family-wise
+out-of-sample comparison of every model against the baselines (docs/METRICS.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.stats import norm
+
+from marketrl.evaluation.stats import (
+    ANNUALIZER,
+    ConfidenceInterval,
+    SharpeContrasts,
+    bonferroni_critical,
+    bootstrap_t_intervals,
+    expected_max_sharpe,
+    familywise_test,
+    is_finite_number,
+    minimum_detectable_sharpe_difference,
+    probabilistic_sharpe_from_moments,
+    probabilistic_sharpe_ratio,
+    sharpe_contrasts,
+    studentized_sharpe_ci,
+)
+from marketrl.report.inputs import (
+    MATCHED_RANDOM,
+    RANDOM_BASELINE,
+    ReportInputError,
+    ReportInputs,
+)
+from marketrl.report.strategies import (
+    BASELINE_LABELS,
+    INTERRUPTED_ATTR,
+    DailySeries,
+    ReturnSeries,
+    Strategy,
+    VerdictRules,
+    annualized_ci,
+    column_sharpes,
+    matched_traders,
+    seed_aggregate,
+)
+from marketrl.workflow.config import derive_seed
+
+# ------------------------------------------------------------------------------ selection diagnostic (DSR)
+
+
+@dataclass(frozen=True)
+class Deflation:
+    """The DSR as the diagnostic of hyperparameter selection: the best trial's tuning-validation Sharpe,
+    deflated for every trial tried on that same window (docs/METRICS.md, "Deflated Sharpe ratio")."""
+
+    n_trials: int  # N: complete + pruned + failed-with-a-score; an interrupted, rerun trial counts once
+    n_scored: int  # trials with a validation Sharpe, the sample of V
+    counts: Mapping[str, int]
+    trials_sr_variance: float  # V, daily Sharpe units²
+    best_sharpe_daily: float
+    n_validation_days: int
+    expected_max_daily: float
+    dsr: float
+    note: str
+    assumptions: tuple[str, ...] = ()
+
+    @property
+    def available(self) -> bool:
+        return is_finite_number(self.dsr)
+
+
+def _trial_score(trial: Mapping[str, Any]) -> float | None:
+    """The trial's validation Sharpe (annualised): its value if complete, else its last intermediate score."""
+    value = trial.get("value")
+    if trial.get("state") == "COMPLETE" and is_finite_number(value):
+        return float(value)
+    intermediate = trial.get("intermediate") or {}
+    steps = sorted((int(k), v) for k, v in intermediate.items() if str(k).lstrip("-").isdigit())
+    scores = [float(v) for _, v in steps if is_finite_number(v)]
+    return scores[-1] if scores else None
+
+
+def deflation_for(inputs: ReportInputs, algo: str) -> Deflation:
+    """N, V and the DSR of the selected trial from ``results/hyperopt/{algo}.json`` and the tuning window."""
+    n_validation = len(inputs.plan.tuning.validation_days)
+    summary = inputs.hyperopt.get(algo)
+    if summary is None:
+        return Deflation(
+            0, 0, {}, math.nan, math.nan, n_validation, math.nan, math.nan, "no hyperopt summary"
+        )
+    counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
+    scores: list[float] = []
+    for trial in summary.trials:
+        state = trial.get("state")
+        attrs = trial.get("user_attrs") or {}
+        if state not in counts or attrs.get(INTERRUPTED_ATTR):
+            continue  # running/waiting, or interrupted and rerun in its slot (the rerun is the trial)
+        score = _trial_score(trial)
+        if state == "FAIL" and score is None:
+            continue  # failed before any score: nothing was selected against
+        counts[state] += 1
+        if score is not None:
+            scores.append(score / ANNUALIZER)
+    n_trials = sum(counts.values())
+    best_value = summary.data.get("best_value")
+    if not counts["COMPLETE"] or not is_finite_number(best_value):
+        return Deflation(
+            n_trials,
+            len(scores),
+            counts,
+            math.nan,
+            math.nan,
+            n_validation,
+            math.nan,
+            math.nan,
+            "no completed hyperopt trials",
+        )
+    variance = float(np.var(scores, ddof=1)) if len(scores) >= 2 else 0.0
+    best = float(best_value) / ANNUALIZER
+    benchmark = expected_max_sharpe(n_trials, variance)
+    assumptions = (
+        "the hyperopt JSON does not store the best trial's daily validation returns, so skewness 0 and "
+        "kurtosis 3 (normal returns) are assumed",
+    )
+    if n_trials > len(scores):
+        assumptions += (f"{n_trials - len(scores)} pruned trial(s) without a score count in N but not in V",)
+    dsr = probabilistic_sharpe_from_moments(best, n_validation, benchmark)
+    note = "" if n_validation >= 3 else f"{n_validation} tuning-validation day(s): the DSR needs at least 3"
+    return Deflation(
+        n_trials, len(scores), counts, variance, best, n_validation, benchmark, dsr, note, assumptions
+    )
+
+
+# ------------------------------------------------------------------------------------ out-of-sample verdict
+
+
+@dataclass(frozen=True)
+class SharpeStats:
+    """Pooled out-of-sample statistics of one strategy, net of costs (Sharpe annualised, bootstrap-t CI)."""
+
+    sharpe: ConfidenceInterval
+    psr: float
+    n_days: int
+    total_return: float
+    max_drawdown: float
+
+
+def sharpe_stats(series: ReturnSeries, summary: Mapping[str, Any], n_boot: int, seed: int) -> SharpeStats:
+    """Sharpe with its studentized stationary-bootstrap CI and the PSR (vs 0) of one pooled series."""
+    _, daily = series.daily()
+    ci = annualized_ci(studentized_sharpe_ci(daily, n_boot=n_boot, seed=seed))
+    return SharpeStats(
+        sharpe=ci,
+        psr=probabilistic_sharpe_ratio(daily),
+        n_days=int(daily.size),
+        total_return=float(summary.get("total_return", math.nan)),
+        max_drawdown=float(summary.get("max_drawdown", math.nan)),
+    )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Model − baseline, annualised Sharpe difference (model = mean over its seeds) with the family test."""
+
+    baseline: str
+    diff: float
+    lo: float  # marginal 95% bootstrap-t interval (display); the claim comes from the family test
+    hi: float
+    p_beats: float  # Romano–Wolf adjusted p-values of "model > baseline" and "model < baseline"
+    p_worse: float
+    beats: bool
+    worse: bool
+    detectable: float  # annualised difference detectable at the configured power with this comparison's SE
+
+
+@dataclass
+class SeedRow:
+    """One agent seed's pooled statistics (descriptive; the verdict is per model)."""
+
+    seed_index: int
+    stats: SharpeStats
+    random_percentile: float
+    matched_percentile: float = math.nan  # among this seed's own turnover-matched random traders
+
+
+@dataclass
+class AgentVerdict:
+    """Headline result of one algorithm: the family-wise claims against every baseline and the sentence."""
+
+    algo: str
+    n_seeds: int
+    seeds: list[SeedRow]
+    deflation: Deflation
+    sharpe: ConfidenceInterval  # mean over seeds of the per-seed Sharpe, annualised, bootstrap-t CI
+    iqm_sharpe: ConfidenceInterval  # across-seed IQM; NaN interval below evaluation.min_seeds
+    random_percentile: float
+    comparisons: list[Comparison]
+    enough_data: bool
+    beats: bool
+    sentence: str
+    matched_percentile: float = math.nan  # mean seed Sharpe among all of the model's matched random traders
+
+
+@dataclass(frozen=True)
+class FamilySummary:
+    """What the whole out-of-sample family tested and what this run could detect."""
+
+    n_days: int
+    n_hypotheses: int
+    n_models: int
+    n_random: int
+    alpha: float
+    power: float
+    critical: float
+    critical_source: str
+    mean_block: float
+    detectable: float  # annualised, formula (c + z_power)·√(2/n)·√252
+    sentence: str
+    max_autocorrelation: float  # largest lag-1 autocorrelation of a model's seed-mean daily returns
+
+
+def _aligned_matrix(series: Sequence[ReturnSeries | DailySeries]) -> tuple[np.ndarray, np.ndarray]:
+    """Daily net returns of every series on the union of their days (a missing day is a 0 return)."""
+    dailies = [s.daily() for s in series]
+    days = np.unique(np.concatenate([d for d, _ in dailies])) if dailies else np.array([])
+    matrix = np.zeros((days.size, len(dailies)))
+    for column, (d, r) in enumerate(dailies):
+        matrix[np.searchsorted(days, d), column] = r
+    return days, matrix
+
+
+def lag1_autocorrelation(daily: np.ndarray) -> float:
+    """Sample lag-1 autocorrelation (NaN below 3 days or for a constant series)."""
+    if daily.size < 3:
+        return math.nan
+    centered = daily - daily.mean()
+    denominator = float(np.dot(centered, centered))
+    return float(np.dot(centered[1:], centered[:-1]) / denominator) if denominator > 0 else math.nan
+
+
+def _percentile(value: float, reference: np.ndarray) -> float:
+    """Share of ``reference`` strictly below ``value`` (NaN when undefined)."""
+    reference = reference[np.isfinite(reference)]
+    if not reference.size or not is_finite_number(value):
+        return math.nan
+    return float(np.mean(reference < value))
+
+
+def _join(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def verdict_sentence(
+    algo: str, comparisons: Sequence[Comparison], enough: tuple[bool, str], detectable: float
+) -> tuple[bool, str]:
+    """Plain-language verdict: "beats" only if the family-wise test rejects "no better" against every
+    baseline; "worse" only where it rejects "no worse"; nothing at all without enough data."""
+    enough_data, why_not = enough
+    limit = f"about {detectable:.2f}" if is_finite_number(detectable) else "an undetermined size"
+    if not enough_data:
+        return False, (
+            f"{algo}: not enough out-of-sample data for a verdict ({why_not}); no claim is made either way."
+        )
+    labels = {c.baseline: BASELINE_LABELS.get(c.baseline, c.baseline) for c in comparisons}
+    better = [labels[c.baseline] for c in comparisons if c.beats]
+    worse = [labels[c.baseline] for c in comparisons if c.worse]
+    unclear = [labels[c.baseline] for c in comparisons if not (c.beats or c.worse)]
+    if comparisons and len(better) == len(comparisons):
+        return True, (
+            f"{algo} beats every baseline after costs: the family-wise test (Romano–Wolf, 5%, over every model × "
+            f"baseline × direction of this run) rejects 'no better than' {_join(better)}."
+        )
+    reasons = []
+    if worse:
+        reasons.append(f"it is significantly worse than {_join(worse)} (family-wise 5%)")
+    if better:
+        reasons.append(f"it is significantly better than {_join(better)} (family-wise 5%)")
+    if unclear:
+        reasons.append(
+            f"against {_join(unclear)} the test cannot tell: this run could only detect annualised Sharpe "
+            f"differences above {limit} (80% power)"
+        )
+    return False, f"{algo} does not beat the baselines after costs: " + "; ".join(reasons) + "."
+
+
+@dataclass(frozen=True)
+class _FamilyResult:
+    """Estimates, marginal intervals and family-wise decisions of the model rows and the hypothesis rows."""
+
+    estimate: np.ndarray  # [n_models + n_hypotheses], per-day units
+    se: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    p_adjusted: np.ndarray  # [n_hypotheses]
+    reject: np.ndarray
+    critical: float
+    critical_source: str
+    mean_block: float
+
+
+def _family_result(
+    matrix: np.ndarray,
+    model_rows: list[np.ndarray],
+    family_rows: list[np.ndarray],
+    rules: VerdictRules,
+    seed: int,
+) -> _FamilyResult:
+    """The studentized bootstrap of every row and the Romano–Wolf stepdown over the hypothesis rows; below 3
+    days nothing is estimable and the critical value falls back to the Bonferroni bound (for the power line)."""
+    n_rows, n_hypotheses = len(model_rows) + len(family_rows), len(family_rows)
+    bonferroni = bonferroni_critical(n_hypotheses, rules.alpha)
+    if matrix.shape[0] < 3 or not n_hypotheses:
+        nan = np.full(n_rows, np.nan)
+        return _FamilyResult(
+            nan,
+            nan,
+            nan,
+            nan,
+            np.ones(n_hypotheses),
+            np.zeros(n_hypotheses, bool),
+            bonferroni,
+            "Bonferroni bound",
+            math.nan,
+        )
+    contrasts = sharpe_contrasts(matrix, np.array(model_rows + family_rows), rules.n_boot, seed=seed)
+    lo, hi = bootstrap_t_intervals(contrasts, 0.05)
+    hypotheses = slice(len(model_rows), None)
+    family = familywise_test(
+        SharpeContrasts(
+            contrasts.estimate[hypotheses],
+            contrasts.standard_error[hypotheses],
+            contrasts.t_boot[:, hypotheses],
+            contrasts.mean_block,
+        ),
+        rules.alpha,
+    )
+    critical, source = family.first_step_critical, "Romano–Wolf first step"
+    if not is_finite_number(critical):
+        critical, source = bonferroni, "Bonferroni bound"
+    return _FamilyResult(
+        contrasts.estimate,
+        contrasts.standard_error,
+        lo,
+        hi,
+        family.p_adjusted,
+        family.reject,
+        critical,
+        source,
+        contrasts.mean_block,
+    )
+
+
+def _family_sentence(verdicts: Sequence[AgentVerdict], detectable: float, power: float) -> str:
+    winners = [v.algo for v in verdicts if v.beats]
+    n = len(verdicts)
+    if not all(v.enough_data for v in verdicts):
+        return "Not enough out-of-sample data for a verdict on every model; see each model below."
+    if winners:
+        verb = "beats" if len(winners) == 1 else "beat"
+        return f"At family-wise 5% over all {n} model(s) of this run: {_join(winners)} {verb} every baseline."
+    return (
+        f"No model beats every baseline at family-wise 5% over all {n} model(s). This run would have detected an "
+        f"annualised Sharpe difference above about {detectable:.2f} with {100 * power:.0f}% power: no edge larger "
+        "than that, smaller ones undetermined."
+    )
+
+
+def _shortfalls(n_days: int, n_seeds: int, rules: VerdictRules) -> list[str]:
+    shortfalls = []
+    if n_days < rules.min_test_days:
+        shortfalls.append(f"{n_days} test day(s), evaluation.min_test_days = {rules.min_test_days}")
+    if n_seeds < rules.min_seeds:
+        shortfalls.append(f"{n_seeds} seed(s), evaluation.min_seeds = {rules.min_seeds}")
+    return shortfalls
+
+
+def agent_verdicts(
+    inputs: ReportInputs,
+    agents: Sequence[Strategy],
+    baselines: Sequence[Strategy],
+    random_seeds: Sequence[Strategy],
+    rules: VerdictRules,
+    root_seed: int,
+) -> tuple[list[AgentVerdict], FamilySummary]:
+    """One Romano–Wolf family over every model × baseline × direction on the pooled out-of-sample days.
+
+    A model's series are its seeds; its statistic is the mean over seeds of the per-seed Sharpe (the expected
+    Sharpe of one training run). The random baseline is the mean Sharpe of the independent random traders,
+    each evaluated on its own, never the Sharpe of their averaged portfolio. The turnover-matched random
+    baseline of a model is, likewise, the mean Sharpe of its seeds' matched traders (included when every agent
+    run carries them).
+    """
+    algos = list(inputs.algos)
+    fixed = [b for b in baselines if b.name != RANDOM_BASELINE]
+    members = {
+        algo: sorted((a for a in agents if a.name == algo), key=lambda a: a.seed_index or 0) for algo in algos
+    }
+    matched = {algo: matched_traders(members[algo]) for algo in algos}
+    with_matched = bool(algos) and all(traders is not None for traders in matched.values())
+    columns = [m for algo in algos for m in members[algo]] + fixed + list(random_seeds)
+    pooled: list[ReturnSeries | DailySeries | None] = [c.pooled for c in columns]
+    if any(p is None for p in pooled):
+        raise ReportInputError(
+            "report: a strategy has no pooled out-of-sample series (build_strategies first)"
+        )
+    matched_columns: dict[str, list[list[int]]] = {}  # algo -> per seed -> matrix columns of its traders
+    if with_matched:
+        for algo in algos:
+            matched_columns[algo] = []
+            for traders in matched[algo] or []:
+                matched_columns[algo].append(list(range(len(pooled), len(pooled) + len(traders))))
+                pooled += traders
+    days, matrix = _aligned_matrix([p for p in pooled if p is not None])
+    n_days = int(days.size)
+    column_of = {id(c): j for j, c in enumerate(columns)}
+    baseline_names = (
+        [b.name for b in fixed]
+        + ([RANDOM_BASELINE] if random_seeds else [])
+        + ([MATCHED_RANDOM] if with_matched else [])
+    )
+
+    def weights_for(algo: str, baseline: str | None) -> np.ndarray:
+        """Mean of the model's seed Sharpes minus the baseline's Sharpe (or the random traders' mean)."""
+        row = np.zeros(len(pooled))
+        for m in members[algo]:
+            row[column_of[id(m)]] += 1.0 / len(members[algo])
+        if baseline == RANDOM_BASELINE:
+            for r in random_seeds:
+                row[column_of[id(r)]] -= 1.0 / len(random_seeds)
+        elif baseline == MATCHED_RANDOM:
+            traders = [j for seed_columns in matched_columns[algo] for j in seed_columns]
+            row[traders] -= 1.0 / len(traders)
+        elif baseline is not None:
+            row[column_of[id(next(b for b in fixed if b.name == baseline))]] -= 1.0
+        return row
+
+    model_rows = [weights_for(algo, None) for algo in algos]
+    pairs = [(algo, name) for algo in algos for name in baseline_names]
+    family_rows = [sign * weights_for(algo, name) for algo, name in pairs for sign in (1.0, -1.0)]
+    result = _family_result(
+        matrix, model_rows, family_rows, rules, derive_seed(root_seed, "report", "family")
+    )
+    z_power = float(norm.ppf(rules.power))
+    random_sharpes = column_sharpes(matrix, [column_of[id(r)] for r in random_seeds])
+
+    verdicts = []
+    for i, algo in enumerate(algos):
+        shortfalls = _shortfalls(n_days, len(members[algo]), rules)
+        enough = not shortfalls
+        comparisons = []
+        for name in baseline_names:
+            k = 2 * pairs.index((algo, name))  # rows k ("beats") and k + 1 ("worse") of the family
+            row = len(model_rows) + k
+            comparisons.append(
+                Comparison(
+                    baseline=name,
+                    diff=float(result.estimate[row]) * ANNUALIZER,
+                    lo=float(result.lo[row]) * ANNUALIZER,
+                    hi=float(result.hi[row]) * ANNUALIZER,
+                    p_beats=float(result.p_adjusted[k]),
+                    p_worse=float(result.p_adjusted[k + 1]),
+                    beats=enough and bool(result.reject[k]),
+                    worse=enough and bool(result.reject[k + 1]),
+                    detectable=(result.critical + z_power) * float(result.se[row]) * ANNUALIZER,
+                )
+            )
+        sharpe = annualized_ci(
+            ConfidenceInterval(float(result.estimate[i]), float(result.lo[i]), float(result.hi[i]))
+        )
+        seeds = []
+        for m in members[algo]:
+            assert m.pooled is not None and m.seed_index is not None
+            boot_seed = derive_seed(root_seed, "report", "sharpe", algo, m.seed_index)
+            stats = sharpe_stats(m.pooled, m.pooled_summary, rules.n_boot, boot_seed)
+            seeds.append(SeedRow(m.seed_index, stats, _percentile(stats.sharpe.point, random_sharpes)))
+        if with_matched:
+            for row, seed_columns in zip(seeds, matched_columns[algo], strict=True):
+                row.matched_percentile = _percentile(
+                    row.stats.sharpe.point, column_sharpes(matrix, seed_columns)
+                )
+        iqm = seed_aggregate(
+            np.array([s.stats.sharpe.point for s in seeds]),
+            rules.n_boot,
+            derive_seed(root_seed, "report", "iqm", algo),
+        )
+        if len(members[algo]) < rules.min_seeds:
+            iqm = ConfidenceInterval(iqm.point, math.nan, math.nan)  # measured coverage too low to print
+        detectable = max(
+            (c.detectable for c in comparisons if is_finite_number(c.detectable)), default=math.nan
+        )
+        beats, sentence = verdict_sentence(algo, comparisons, (enough, "; ".join(shortfalls)), detectable)
+        verdicts.append(
+            AgentVerdict(
+                algo=algo,
+                n_seeds=len(members[algo]),
+                seeds=seeds,
+                deflation=deflation_for(inputs, algo),
+                sharpe=sharpe,
+                iqm_sharpe=iqm,
+                random_percentile=_percentile(sharpe.point, random_sharpes),
+                comparisons=comparisons,
+                matched_percentile=_percentile(
+                    sharpe.point,
+                    column_sharpes(matrix, [j for cols in matched_columns.get(algo, []) for j in cols]),
+                ),
+                enough_data=enough,
+                beats=beats,
+                sentence=sentence,
+            )
+        )
+    formula = minimum_detectable_sharpe_difference(n_days, result.critical, rules.power) * ANNUALIZER
+    autocorrelations = [
+        lag1_autocorrelation(matrix[:, [column_of[id(m)] for m in members[algo]]].mean(axis=1))
+        for algo in algos
+    ]
+    summary = FamilySummary(
+        n_days=n_days,
+        n_hypotheses=len(family_rows),
+        n_models=len(algos),
+        n_random=len(random_seeds),
+        alpha=rules.alpha,
+        power=rules.power,
+        critical=result.critical,
+        critical_source=result.critical_source,
+        mean_block=result.mean_block,
+        detectable=formula,
+        sentence=_family_sentence(verdicts, formula, rules.power),
+        max_autocorrelation=max((a for a in autocorrelations if is_finite_number(a)), default=math.nan),
+    )
+    return verdicts, summary
