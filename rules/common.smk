@@ -2,7 +2,11 @@
 import sys
 
 from marketrl.workflow import paths, pipeline, stages
-from marketrl.workflow.calibration_plan import CalibrationError, CalibrationSettings, n_jobs
+from marketrl.workflow.calibration_plan import (
+    CalibrationError,
+    CalibrationSettings,
+    n_jobs,
+)
 from marketrl.workflow.config import ConfigError, check_contract_specs, validate_config
 from marketrl.data.definitions import resolve_definitions
 

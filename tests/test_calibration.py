@@ -16,8 +16,10 @@ from marketrl.evaluation.calibration import (
     OUTCOMES,
     CalibrationError,
     CalibrationSettings,
+    calibration_result,
     checked_settings,
     clopper_pearson,
+    render_html,
     summarize,
     world_specs,
 )
@@ -110,6 +112,34 @@ def test_summary_says_when_power_never_reaches_80_percent() -> None:
     worlds = [_world(edge, 10, k, "none", 0.0) for edge in settings.edges for k in range(2)]
     (detect,) = summarize(worlds, settings)["detectable"]
     assert detect["edge_at_80_power"] is None and detect["sharpe_difference_at_80_power"] is None
+
+
+def _world_with_claims(edge: float, index: int, baseline: str) -> dict[str, Any]:
+    """A world whose models are better than `baseline` when it has an edge (per-baseline claims recorded)."""
+    world = _world(edge, 10, index, "beats" if edge else "none", sharpe=edge)
+    for model in world["models"].values():
+        model["better_than"] = [baseline] if edge else []
+        model["diffs"] = {baseline: edge - 0.5, "flat": -1.0}
+    return world
+
+
+def test_the_page_shows_the_rates_and_escapes_what_it_is_given() -> None:
+    # Names and the command reach the page as text: a baseline name or a command line holding markup cannot
+    # inject any (the page goes through the report's autoescaped jinja2 environment).
+    hostile = "<script>alert(1)</script>&co"
+    config = _config(worlds=2, edges=[0, 4.0], test_days=[10], models=["linear", "lightgbm"])
+    worlds = [_world_with_claims(edge, k, hostile) for edge in (0.0, 4.0) for k in range(2)]
+    page = render_html(calibration_result(worlds, config, "snakemake --config note='a < b & c'"))
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<script" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&amp;co" in page
+    assert "note=&#39;a &lt; b &amp; c&#39;" in page
+    assert "False 'beats' in no-edge worlds: <b>0.0% [0.0, 84.2] (0/2)</b> (target ≤ 5%)" in page
+    assert "K = 2 worlds per arm" in page and "mean Sharpe lightgbm" in page
+    assert '<td class="n">100.0% [15.8, 100.0] (2/2)</td>' in page  # the edge-4 arm and its baseline claim
+    assert page.count("100.0% [15.8, 100.0] (2/2)") == 2
+    assert '<td class="n">3.50</td>' in page  # mean Sharpe difference to the hostile baseline at edge 4
+    assert "Detectable at 80% power" in page and '<td class="n">—</td>' not in page  # power 1.0 at edge 4
 
 
 TINY_CALIBRATION = {

@@ -1,5 +1,6 @@
 """Faults through real Snakemake jobs: the job fails (non-zero exit), prints one `marketrl error:` line naming the
-culprit, writes it to the job log, and leaves no output (Snakemake would otherwise treat it as done next time).
+culprit and no traceback (that goes to the job log, with the line), and leaves no output (Snakemake would otherwise
+treat it as done next time).
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ def test_corrupt_dbn_file_fails_its_features_job(tmp_path: Path) -> None:
     assert result.returncode != 0
     lines = error_lines(result.stdout + result.stderr)
     assert len(lines) == 1 and str(corrupt) in lines[0] and "truncated zstd" in lines[0]
+    assert "Traceback" not in result.stdout + result.stderr
     log = (workdir / "results/logs/features/glbx-mdp3-20240102.ohlcv-1m.log").read_text()
     assert lines[0].removeprefix("marketrl error: ") in log
+    assert "Traceback (most recent call last)" in log and "in read_bars" in log
     assert not (workdir / target).exists()
     assert damaged_files(workdir / "results") == []  # and no temp file either
 
@@ -52,6 +55,7 @@ def test_file_without_a_readable_header_fails_the_dag_in_one_line(tmp_path: Path
     lines = [line for line in (result.stdout + result.stderr).splitlines() if "marketrl config error" in line]
     assert len(lines) == 1 and "config key 'data.files'" in lines[0] and str(corrupt) in lines[0], lines
     assert "no complete DBN metadata header" in lines[0]
+    assert "Traceback" not in result.stdout + result.stderr
 
 
 def test_file_without_a_readable_header_is_skipped_with_a_note_under_skip(tmp_path: Path) -> None:
@@ -92,4 +96,5 @@ def test_empty_files_glob_fails_before_any_job(tmp_path: Path) -> None:
     result = run_snakemake(workdir, "--cores", "1", timeout=120)
     assert result.returncode != 0
     assert "config key 'data.files': empty glob" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
     assert not (workdir / "results").exists()

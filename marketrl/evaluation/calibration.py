@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import html
 import json
 import math
 import tempfile
@@ -42,6 +41,7 @@ from marketrl.evaluation.evaluate import (
 from marketrl.evaluation.metrics import to_json_safe
 from marketrl.features import MAX_LOOKBACK, build_feature_file
 from marketrl.models import MODELS, RunSettings
+from marketrl.report.build import template_environment
 from marketrl.report.inputs import DETERMINISTIC_BASELINES, RANDOM_BASELINE, MatchedRandom, ReportInputs, Run
 from marketrl.report.strategies import VerdictRules, build_strategies
 from marketrl.report.tables import baseline_order
@@ -418,76 +418,10 @@ def calibration_result(
     )
 
 
-def _pct(rate: Mapping[str, Any]) -> str:
-    lo, hi = rate["ci"]
-    return f"{100 * rate['rate']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] ({rate['k']}/{rate['n']})"
-
-
-def _number(value: Any, digits: int = 2) -> str:
-    return "—" if value is None or not math.isfinite(float(value)) else f"{float(value):.{digits}f}"
-
-
 def render_html(result: Mapping[str, Any]) -> str:
-    """A self-contained HTML page of the calibration: false-positive rate, power per arm, detectable edges."""
-    summary = result["summary"]
-    settings = result["settings"]
-    esc = html.escape
-    fp = summary["false_positive"]
-    fp_line = (
-        f"False 'beats' in no-edge worlds: <b>{_pct(fp)}</b> (target ≤ {100 * summary['false_positive_target']:.0f}%)"
-        if fp
-        else "No no-edge arm (edge 0) was run: the false-positive rate is not measured."
-    )
-    rows = "".join(
-        "<tr>"
-        f"<td>{a['edge']:g}</td><td>{a['test_days']}</td><td>{a['worlds']}</td><td>{_pct(a['beats'])}</td>"
-        f"<td>{a['outcomes']['worse']}</td><td>{a['outcomes']['none']}</td><td>{a['outcomes']['not enough data']}</td>"
-        + "".join(f"<td>{_number(a['mean_sharpe'][m])}</td>" for m in settings["models"])
-        + f"<td>{_number(a['mean_best_min_diff'])}</td><td>{_number(a['mean_formula_detectable'])}</td></tr>"
-        for a in summary["arms"]
-    )
-    model_heads = "".join(f"<th>mean Sharpe {esc(m)}</th>" for m in settings["models"])
-    detect_rows = "".join(
-        f"<tr><td>{d['test_days']}</td><td>{_number(d['edge_at_80_power'])}</td>"
-        f"<td>{_number(d['sharpe_difference_at_80_power'])}</td></tr>"
-        for d in summary["detectable"]
-    )
-    per_baseline = "".join(
-        f"<tr><td>{a['edge']:g}</td><td>{a['test_days']}</td><td>{esc(name)}</td><td>{_pct(rate)}</td>"
-        + "".join(f"<td>{_number(rate['mean_diff'][m])}</td>" for m in settings["models"])
-        + "</tr>"
-        for a in summary["arms"]
-        for name, rate in (a["better_than"] or {}).items()
-    )
-    diff_heads = "".join(f"<th>mean Sharpe difference {esc(m)}</th>" for m in settings["models"])
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>marketrl verdict calibration</title>
-<style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:right}}code{{background:#f4f4f4}}</style></head><body>
-<h1>Verdict calibration</h1>
-<p>{fp_line}.</p>
-<p>Each world: synthetic demo data with its own seed and planted edge (the oracle's annualised net Sharpe),
-{settings["folds"]} expanding folds ({settings["train_days"]} first training days), models
-{esc(", ".join(settings["models"]))} with fixed hyperparameters and {settings["seeds"]} seeds each,
-{settings["random_traders"]} random and turnover-matched random traders, scored by the report's family-wise
-verdict ({result["verdict_rules"]["bootstrap_samples"]} bootstrap samples, α = {result["verdict_rules"]["alpha"]}).
-K = {settings["worlds"]} worlds per arm; intervals are exact binomial (Clopper–Pearson) at
-{100 * summary["ci_level"]:.0f}%.</p>
-<h2>Outcome per arm</h2>
-<table><tr><th>edge</th><th>test days</th><th>worlds</th><th>"beats" (power at edge &gt; 0, false positives at 0)</th>
-<th>worse</th><th>no claim</th><th>not enough data</th>{model_heads}<th>mean best model − baseline (min)</th>
-<th>formula detectable</th></tr>{rows}</table>
-<h2>Against each baseline</h2>
-<p>Share of worlds where some model is family-wise better than the baseline (one of the claims "beats every
-baseline" needs), and the models' mean annualised Sharpe difference to it.</p>
-<table><tr><th>edge</th><th>test days</th><th>baseline</th><th>some model better</th>{diff_heads}</tr>
-{per_baseline}</table>
-<h2>Detectable at {100 * summary["power_target"]:.0f}% power</h2>
-<table><tr><th>test days</th><th>edge (oracle Sharpe)</th><th>Sharpe difference</th></tr>{detect_rows}</table>
-<p>"—": the power curve does not reach {100 * summary["power_target"]:.0f}% within the edges tried.</p>
-<p>Command: <code>{esc(result["command"])}</code>; created {esc(result["created"])}.</p>
-</body></html>
-"""
+    """A self-contained HTML page of the calibration (the report's template ``calibration.html``, autoescaped):
+    false-positive rate, power per arm, claims per baseline, detectable edges."""
+    return template_environment().get_template("calibration.html").render(result=result)
 
 
 def write_outputs(result: Mapping[str, Any], json_path: str | Path, html_path: str | Path) -> None:

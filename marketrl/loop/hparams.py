@@ -1,13 +1,18 @@
 """Validation of hyperparameters and run settings, shared by every trainer: a plain dict (hyperopt JSON) becomes a
-frozen dataclass, and a bad value is a one-line error naming ``hparams.<key>`` or ``training.<key>``."""
+frozen dataclass (types checked by pydantic, ranges by the dataclass's ``validate``), and a bad value is a one-line
+error naming ``hparams.<key>`` or ``training.<key>``."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import pydantic
+from typing_extensions import TypedDict
 
 __all__ = ["AgentConfigError", "HParamError", "check_ranges", "check_run_setting", "parse_hparams", "require"]
 
@@ -46,45 +51,64 @@ def check_ranges(hp: Any, **groups: tuple[str, ...]) -> None:
 
 
 def parse_hparams(cls: type, hparams: Mapping[str, Any] | None, algo: str) -> Any:
-    """Build the frozen hyperparameter dataclass ``cls`` from a plain dict (e.g. hyperopt JSON).
+    """Build the frozen hyperparameter dataclass ``cls`` from a plain dict (e.g. hyperopt JSON), then run its
+    ``validate()`` range checks.
 
-    Unknown keys and wrong types raise ``HParamError`` naming ``hparams.<key>``; an int is accepted where a float
-    is expected, a bool never counts as a number.
+    The types are validated by pydantic in strict mode against ``cls``'s field annotations: unknown keys and wrong
+    types raise ``HParamError`` naming ``hparams.<key>``; an int is accepted (as a float) where a float is
+    expected, a bool never counts as a number, a number never as a bool.
     """
-    hparams = dict(hparams or {})
-    hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls)]
-    for key, value in hparams.items():
-        if key not in hints:
-            raise HParamError(f"hparams.{key}: unknown {algo} hyperparameter (known: {', '.join(known)})")
-        hparams[key] = _coerce(key, value, hints[key])
-    result = cls(**hparams)
+    given = dict(hparams or {})
+    try:
+        values = _validator(cls).validate_python(given)
+    except pydantic.ValidationError as err:
+        raise HParamError(_message(cls, given, algo, err.errors()[0])) from None
+    result = cls(**values)
     check = getattr(result, "validate", None)
     if check is not None:
         check()
     return result
 
 
-def _coerce(key: str, value: Any, hint: Any) -> Any:
-    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    if value is None:
-        if type(None) in allowed:
-            return None
-        raise HParamError(f"hparams.{key}: expected {_describe(allowed)}, got None")
-    for kind in allowed:
-        if kind is bool and isinstance(value, bool):
-            return value
-        if kind is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if typing.get_origin(kind) is list and isinstance(value, list | tuple):
-            return [_coerce(key, item, typing.get_args(kind)[0]) for item in value]
-    raise HParamError(f"hparams.{key}: expected {_describe(allowed)}, got {type(value).__name__} {value!r}")
+@functools.cache
+def _field_hints(cls: type) -> dict[str, Any]:
+    """The annotation of every ``__init__`` field of the dataclass ``cls``, in field order."""
+    hints = typing.get_type_hints(cls)
+    return {field.name: hints[field.name] for field in dataclasses.fields(cls) if field.init}
 
 
-def _describe(allowed: tuple[Any, ...]) -> str:
-    names = ["null" if kind is type(None) else getattr(kind, "__name__", str(kind)) for kind in allowed]
+@functools.cache
+def _validator(cls: type) -> pydantic.TypeAdapter[dict[str, Any]]:
+    """A strict pydantic validator of a dict of ``cls``'s fields: any subset of them, no other key."""
+    schema = TypedDict(f"{cls.__name__}Input", _field_hints(cls), total=False)
+    config = pydantic.ConfigDict(strict=True, extra="forbid")
+    return pydantic.TypeAdapter(pydantic.with_config(config)(schema))
+
+
+def _message(cls: type, given: Mapping[str, Any], algo: str, error: Mapping[str, Any]) -> str:
+    """The one-line message of pydantic's first ``error``: the key, what its annotation expects, what it got."""
+    key, *path = error["loc"]
+    if error["type"] == "extra_forbidden":
+        return f"hparams.{key}: unknown {algo} hyperparameter (known: {', '.join(_field_hints(cls))})"
+    hint = _field_hints(cls)[key]
+    for step in path:  # into a list's items (``loc`` is ``(key, index)``)
+        if isinstance(step, int):
+            hint = next(
+                typing.get_args(kind)[0] for kind in _members(hint) if typing.get_origin(kind) is list
+            )
+    value = error["input"] if path else given[key]
+    got = "None" if value is None else f"{type(value).__name__} {value!r}"
+    return f"hparams.{key}: expected {_describe(hint)}, got {got}"
+
+
+def _members(hint: Any) -> tuple[Any, ...]:
+    return typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+
+
+def _describe(hint: Any) -> str:
+    names = [
+        "null" if kind is type(None) else getattr(kind, "__name__", str(kind)) for kind in _members(hint)
+    ]
     return " or ".join(names)
 
 

@@ -143,7 +143,9 @@ FORMATTERS: dict[str, Callable[[Any], str]] = {
 }
 
 
-def _environment() -> jinja2.Environment:
+def template_environment() -> jinja2.Environment:
+    """The Jinja2 environment of every page under templates/ (the report, the calibration): autoescaped, strict
+    about undefined names, with the report's number formats as filters."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
         autoescape=jinja2.select_autoescape(enabled_extensions=("html",), default=True),
@@ -516,7 +518,7 @@ def build_context(
 
 def render(context: Mapping[str, Any]) -> str:
     """The HTML text of the report."""
-    return _environment().get_template("report.html").render(**context)
+    return template_environment().get_template("report.html").render(**context)
 
 
 def build_report(

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from marketrl.runtime.errors import is_known_error, one_line
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -16,7 +18,12 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def job_context(
     log_path: str | os.PathLike[str], threads: int = 1, uses_torch: bool = False
 ) -> Iterator[None]:
-    """Send logging and warnings to `log_path`, cap math threads at `threads`, and log a failure on one line."""
+    """Send logging and warnings to `log_path`, cap math threads at `threads`, and report a failure on one line.
+
+    A failing job logs the traceback to `log_path` and prints ``marketrl error: <Type>: <message>`` to stderr. A
+    known data or config error (`marketrl.runtime.errors.KNOWN_ERRORS`) then exits with status 1 and no traceback
+    on the console; any other exception (a bug) is re-raised, so its traceback reaches the console too.
+    """
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_path, mode="w", encoding="utf-8")
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
@@ -34,9 +41,11 @@ def job_context(
     try:
         yield
     except Exception as exc:
-        message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        logging.getLogger("marketrl").error(message)
+        message = one_line(exc)
+        logging.getLogger("marketrl").error(message, exc_info=True)
         print(f"marketrl error: {message}", file=sys.stderr)
+        if is_known_error(exc):
+            raise SystemExit(1) from None
         raise
     finally:
         root.removeHandler(handler)

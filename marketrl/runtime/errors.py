@@ -1,0 +1,69 @@
+"""Which exceptions are a person's to fix (bad data, bad config, a file of the wrong run) and which are bugs.
+
+A job that fails with a known error prints its one-line message and no traceback on the console (the traceback
+goes to the job's log file); any other exception is a bug and keeps its traceback on the console
+(`marketrl.runtime.jobs.job_context`). The classes are named here by dotted path rather than imported, so that
+every job can ask without importing torch, polars or the data readers; tests/test_runtime_errors.py checks that
+each name resolves and that every error class of `marketrl` and `gpu_utils` is known (listed or a subclass of a
+listed class) or internal, never both.
+"""
+
+from __future__ import annotations
+
+__all__ = ["INTERNAL_ERRORS", "KNOWN_ERRORS", "is_known_error", "one_line"]
+
+# Bad input data or configuration: the message names the file or config key and says what is wrong. Subclasses
+# count too (DataConfigError is a DataFileError).
+KNOWN_ERRORS: frozenset[str] = frozenset(
+    {
+        "marketrl.agents.checkpoint.CheckpointError",
+        "marketrl.agents.networks.ArchitectureError",
+        "marketrl.data.calendars.sessions.SessionConfigError",
+        "marketrl.data.download.DownloadError",
+        "marketrl.data.reader.DataFileError",
+        "marketrl.env.config.EnvConfigError",
+        "marketrl.env.config.EnvDataError",
+        "marketrl.env.costs.CostConfigError",
+        "marketrl.evaluation.evaluate.TrainedSettingsError",
+        "marketrl.loop.hparams.AgentConfigError",
+        "marketrl.loop.hparams.HParamError",
+        "marketrl.models.supervised_data.ModelDataError",
+        "marketrl.report.inputs.ReportInputError",
+        "marketrl.splits.datasets.DatasetError",
+        "marketrl.splits.folds.FoldError",
+        "marketrl.training.study_storage.HyperoptError",
+        "marketrl.training.train.HparamsError",
+        "marketrl.workflow.calibration_plan.CalibrationError",
+        "marketrl.workflow.config.ConfigError",
+        "marketrl.workflow.file_order.DbnHeaderError",
+        "gpu_utils.budget.BudgetError",
+        "gpu_utils.device.DeviceError",
+        "gpu_utils.precision.PrecisionError",
+    }
+)
+
+# Raised when one of our modules hands another input it should never get (or, for NonFiniteError, when training
+# diverges, which is worth a traceback): a traceback on the console helps whoever fixes it.
+INTERNAL_ERRORS: frozenset[str] = frozenset(
+    {
+        "marketrl.evaluation.metrics.MetricsInputError",
+        "marketrl.evaluation.stats.StatsInputError",
+        "marketrl.splits.normalize.NormalizerError",
+        "marketrl.workflow.stages.StageError",
+        "gpu_utils.metrics.NonFiniteError",
+    }
+)
+
+
+def _dotted(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def is_known_error(exc: BaseException) -> bool:
+    """True when ``exc`` is one of ``KNOWN_ERRORS`` (or a subclass): bad data or config, not a bug."""
+    return any(_dotted(cls) in KNOWN_ERRORS for cls in type(exc).__mro__)
+
+
+def one_line(exc: BaseException) -> str:
+    """``<Type>: <message>``, cut at the message's first line break."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
