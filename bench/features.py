@@ -215,7 +215,8 @@ def run_phase(phase: str, src: Path, dst: Path) -> dict[str, Any]:
     elif phase == "codecs":
         return {"codecs": codec_phase(dst.with_name("stage.parquet"), dst)}
     elif phase == "write":
-        from marketrl.features import CHUNK_BARS, _write_chunks
+        from marketrl.features import CHUNK_BARS
+        from marketrl.features.build import _write_chunks
 
         assert table is not None
         extra["rows"] = float(_write_chunks(table.iter_slices(CHUNK_BARS), dst, {}, src))
@@ -250,7 +251,7 @@ def codec_phase(table_path: Path, dst: Path, repeats: int = 3) -> list[dict[str,
     """Write the stage's table with every ``CODEC_SETTINGS`` entry; median CPU/wall of ``repeats`` writes."""
     import pyarrow.parquet as pq
 
-    from marketrl.features import _PARQUET_KEY_COLUMNS
+    from marketrl.features.build import _PARQUET_KEY_COLUMNS
 
     table = pq.read_table(table_path)
     table = table.replace_schema_metadata(None)
