@@ -22,6 +22,7 @@ interleaved, and the median is reported:
 and parts of (a) alone, to show where its time goes:
   bars       - ``read_bars`` with the dataset's CME calendar (decode + bars + symbols + sessions)
   bars_utc   - ``read_bars`` with a UTC calendar (open 22:00 UTC, no halt or holidays: it keeps the same bars)
+  compute    - the feature chunks alone (``feature_chunks`` over ``read_bars``' bars, read before the clock)
   write      - writing (a)'s finished table again, chunk by chunk, with the stage's Parquet settings
 
 ``--codecs`` instead writes (a)'s table once per Parquet setting (codec and level, BYTE_STREAM_SPLIT on/off,
@@ -256,6 +257,7 @@ def run_phase(phase: str, src: Path, dst: Path) -> dict[str, Any]:
         import polars as pl
 
         table = pl.read_parquet(dst.with_name("stage.parquet"))
+    bar_file = read_bars(src) if phase == "compute" else None  # this phase's input, read before the clock
     rss_before = _rss_bytes()
     cpu_before = _cpu_seconds()
     start = time.perf_counter()
@@ -272,6 +274,12 @@ def run_phase(phase: str, src: Path, dst: Path) -> dict[str, Any]:
         extra["rows"] = float(
             read_bars(src, session=UTC_SESSION if phase == "bars_utc" else None).bars.height
         )
+    elif phase == "compute":
+        from marketrl.features import feature_chunks
+
+        assert bar_file is not None
+        chunks = feature_chunks(bar_file.bars, bar_file.bar_ns, path=src)
+        extra["rows"] = float(sum(chunk.height for chunk in chunks))
     elif phase == "codecs":
         return {"codecs": codec_phase(dst.with_name("stage.parquet"), dst)}
     elif phase == "write":
@@ -281,7 +289,9 @@ def run_phase(phase: str, src: Path, dst: Path) -> dict[str, Any]:
         assert table is not None
         extra["rows"] = float(_write_chunks(table.iter_slices(CHUNK_BARS), dst, {}, src))
     else:
-        raise ValueError(f"phase: expected floor, stage, naive, bars, bars_utc or write, got {phase!r}")
+        raise ValueError(
+            f"phase: expected floor, stage, naive, bars, bars_utc, compute or write, got {phase!r}"
+        )
     wall = time.perf_counter() - start
     cpu = _cpu_seconds() - cpu_before
     peak = _peak_rss_bytes()
@@ -499,7 +509,9 @@ def main() -> None:
             f"shape): {checked['bars_in']:,} bars in on both sides, same rows out, non-EMA features within "
             f"{checked['max_diff']:.1e} ({checked['max_diff_feature']})"
         )
-        phases = ["floor", "stage", "bars", "bars_utc", "write"] + ([] if args.skip_naive else ["naive"])
+        phases = ["floor", "stage", "bars", "bars_utc", "compute", "write"] + (
+            [] if args.skip_naive else ["naive"]
+        )
         runs: dict[str, list[dict[str, Any]]] = {p: [] for p in phases}
         for _ in range(repeats):  # interleaved, so a load spike hits every phase
             for p in phases:
@@ -522,9 +534,10 @@ def main() -> None:
             "floor": "(c) floor: to_ndarray only",
             "bars": "    part of (a): read_bars, CME calendar",
             "bars_utc": "    read_bars, UTC calendar",
+            "compute": "    part of (a): feature chunks",
             "write": "    part of (a): Parquet write",
         }
-        for phase in ("stage", "naive", "floor", "bars", "bars_utc", "write"):
+        for phase in ("stage", "naive", "floor", "bars", "bars_utc", "compute", "write"):
             if phase in results:
                 r = results[phase]
                 print(
@@ -559,6 +572,15 @@ def main() -> None:
                 f"faster than naive on equal rows ({stage['rows']:,.0f} rows out each; target ≥ 5×); "
                 f"max |stage − naive| over non-EMA features = {worst:.2e} ({name})"
             )
+        rest = stage["cpu_s"] - sum(results[p]["cpu_s"] for p in ("bars", "compute", "write"))
+        summary["stage_cpu_split"] = {p: results[p]["cpu_s"] for p in ("bars", "compute", "write")} | {
+            "rest": rest
+        }
+        print(
+            f"(a)'s CPU: read_bars {results['bars']['cpu_s']:.2f} s + feature chunks {results['compute']['cpu_s']:.2f}"
+            f" s + Parquet write {results['write']['cpu_s']:.2f} s + the rest (finite checks, to_arrow, context "
+            f"and metadata) {rest:.2f} s = {stage['cpu_s']:.2f} s"
+        )
         print(
             f"peak RSS Δ of (a) = {stage['peak_rss_delta_bytes'] / array_bytes:.2f}× the decoded "
             "array (target ≤ 4×)"
