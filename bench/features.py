@@ -23,7 +23,8 @@ and parts of (a) alone, to show where its time goes:
   bars       - ``read_bars`` with the dataset's CME calendar (decode + bars + symbols + sessions)
   bars_utc   - ``read_bars`` with a UTC calendar (open 22:00 UTC, no halt or holidays: it keeps the same bars)
   compute    - the feature chunks alone (``feature_chunks`` over ``read_bars``' bars, read before the clock)
-  write      - writing (a)'s finished table again, chunk by chunk, with the stage's Parquet settings
+  write      - writing (a)'s finished table again, chunk by chunk, with the stage's Parquet settings (each
+               chunk's finite check and ``to_arrow`` included, as in the stage)
 
 ``--codecs`` instead writes (a)'s table once per Parquet setting (codec and level, BYTE_STREAM_SPLIT on/off,
 rows per row group, without the derivable key columns), median of 3 writes each, and prints CPU s, wall s and
@@ -578,8 +579,8 @@ def main() -> None:
         }
         print(
             f"(a)'s CPU: read_bars {results['bars']['cpu_s']:.2f} s + feature chunks {results['compute']['cpu_s']:.2f}"
-            f" s + Parquet write {results['write']['cpu_s']:.2f} s + the rest (finite checks, to_arrow, context "
-            f"and metadata) {rest:.2f} s = {stage['cpu_s']:.2f} s"
+            f" s + Parquet write (finite checks, to_arrow, encoding) {results['write']['cpu_s']:.2f} s + the rest "
+            f"(context, metadata; < 0 where the parts alone cost more) {rest:+.2f} s = {stage['cpu_s']:.2f} s"
         )
         print(
             f"peak RSS Δ of (a) = {stage['peak_rss_delta_bytes'] / array_bytes:.2f}× the decoded "
