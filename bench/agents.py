@@ -18,6 +18,7 @@ Needs the ``bench`` extra (stable-baselines3).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import time
@@ -51,6 +52,9 @@ class Case:
     quick_updates: int
     target: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    quick_hparams: dict[str, Any] = field(
+        default_factory=dict
+    )  # --quick: smaller rollouts where they dominate
 
 
 PPO_64 = {"n_steps": 128, "batch_size": 1024, "n_epochs": 4}
@@ -70,6 +74,7 @@ CASES = [
         updates=2,
         quick_updates=1,
         target="no slower than SB3",
+        quick_hparams={"n_steps": 256},
     ),
     Case("ppo-1024", "ppo", 1024, PPO_LARGE, updates=4, quick_updates=1, target="report the ratio"),
     Case("dqn-1024", "dqn", 1024, DQN_LARGE, updates=60, quick_updates=8, target="report the ratio"),
@@ -117,7 +122,8 @@ def run_marketrl(case: Case, data: MarketData, env: EnvConfig, steps: int) -> tu
     return clock() - started, result.log
 
 
-def run_sb3(case: Case, data: MarketData, env: EnvConfig, steps: int) -> float:
+def run_sb3(case: Case, data: MarketData, env: EnvConfig, steps: int) -> tuple[float, dict[str, int]]:
+    """Train SB3 for ``steps`` env steps; the time and the work it did (env steps, gradient steps)."""
     from stable_baselines3 import DQN, PPO
 
     vec_env = make_sb3_vec_env(TradingEnv(data, env, seed=0))
@@ -149,7 +155,9 @@ def run_sb3(case: Case, data: MarketData, env: EnvConfig, steps: int) -> float:
             vec_env,
             learning_rate=defaults.learning_rate,
             buffer_size=defaults.buffer_size,
-            learning_starts=defaults.learning_starts,
+            # SB3 trains once num_timesteps > learning_starts, marketrl once env_steps >= learning_starts: one less
+            # gives SB3 the same gradient steps (checked by check_same_work).
+            learning_starts=defaults.learning_starts - 1,
             batch_size=defaults.batch_size,
             gamma=defaults.gamma,
             train_freq=defaults.train_freq,
@@ -166,10 +174,36 @@ def run_sb3(case: Case, data: MarketData, env: EnvConfig, steps: int) -> float:
     torch.set_num_threads(1)
     started = clock()
     model.learn(total_timesteps=steps)
-    return clock() - started
+    elapsed = clock() - started
+    grad_steps = model._n_updates  # DQN: gradient steps; PPO: epochs, each ceil(rollout / batch) minibatches
+    if case.algo == "ppo":
+        grad_steps *= math.ceil(hp["n_steps"] * case.n_envs / hp["batch_size"])
+    return elapsed, {"env_steps": int(model.num_timesteps), "grad_steps": int(grad_steps)}
 
 
-def ppo_floor(case: Case, obs_dim: int, updates: int, plan: PrecisionPlan) -> float:
+class UnequalWork(SystemExit):
+    """marketrl, SB3 and the floor did not do the same work: one line naming what differs."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"bench/agents.py: unequal work: {what}")
+
+
+def check_same_work(
+    case: Case, ours: dict[str, Any], sb3: dict[str, int] | None, floor_grad_steps: int
+) -> None:
+    """The same env steps and gradient steps on every side, else ``UnequalWork``."""
+    sides = {"marketrl": (ours["env_steps"], ours["grad_steps"]), "floor": (None, floor_grad_steps)}
+    if sb3 is not None:
+        sides["SB3"] = (sb3["env_steps"], sb3["grad_steps"])
+    for name, (env_steps, grad_steps) in sides.items():
+        if (env_steps is not None and env_steps != ours["env_steps"]) or grad_steps != ours["grad_steps"]:
+            raise UnequalWork(
+                f"{case.name}: marketrl {ours['env_steps']:,} env steps / {ours['grad_steps']:,} gradient steps, "
+                f"{name} {env_steps if env_steps is not None else '-'} / {grad_steps:,}"
+            )
+
+
+def ppo_floor(case: Case, obs_dim: int, updates: int, plan: PrecisionPlan) -> tuple[float, int]:
     """Policy forward per vector step, value forward over the rollout, and every optimizer step on random data."""
     hp = ppo.PPOHyperparams(**{**COMMON, **case.hparams})
     with seeded(0):
@@ -200,7 +234,7 @@ def ppo_floor(case: Case, obs_dim: int, updates: int, plan: PrecisionPlan) -> fl
             for batch in batches:
                 loss, _ = ppo.ppo_loss(policy_net, value_net, batch, hp, plan)
                 stepper.step(loss)
-    return clock() - started
+    return clock() - started, updates * hp.n_epochs * len(batches)
 
 
 def _random_minibatch(size: int, obs_dim: int) -> ppo.Minibatch:
@@ -214,7 +248,9 @@ def _random_minibatch(size: int, obs_dim: int) -> ppo.Minibatch:
     )
 
 
-def dqn_floor(case: Case, obs_dim: int, vector_steps: int, grad_steps: int, plan: PrecisionPlan) -> float:
+def dqn_floor(
+    case: Case, obs_dim: int, vector_steps: int, grad_steps: int, plan: PrecisionPlan
+) -> tuple[float, int]:
     """Q-network forward on N rows per vector step plus every gradient step (TD loss incl. target net) on random data."""
     hp = dqn.DQNHyperparams(**{**COMMON, **DQN_COMMON, **case.hparams})
     with seeded(0):
@@ -238,14 +274,15 @@ def dqn_floor(case: Case, obs_dim: int, vector_steps: int, grad_steps: int, plan
     for _ in range(grad_steps):
         loss, _ = dqn.td_loss(q_net, target_net, batch, plan, double_q=hp.double_q)
         stepper.step(loss)
-    return clock() - started
+    return clock() - started, grad_steps
 
 
 # ------------------------------------------------------------------------------------------------------- main
 
 
 def measure(case: Case, data: MarketData, updates: int, repeats: int, skip_sb3: bool) -> dict[str, Any]:
-    """Median-of-``repeats`` times of marketrl, the floor and SB3 (interleaved, so load spikes hit all three).
+    """Median-of-``repeats`` times of marketrl, the floor and SB3 (interleaved, so load spikes hit all three),
+    each round checked for equal work (``check_same_work``).
 
     Efficiency is the median of the per-round ratios floor / marketrl: a round's two runs are seconds apart,
     so they share the machine's load, which the ratio of two separate medians would not guarantee."""
@@ -259,13 +296,19 @@ def measure(case: Case, data: MarketData, updates: int, repeats: int, skip_sb3: 
         elapsed, log = run_marketrl(case, data, env, steps)
         times["marketrl"].append(elapsed)
         if case.algo == "ppo":
-            times["floor"].append(ppo_floor(case, obs_dim, updates, plan))
+            floor, floor_grad_steps = ppo_floor(case, obs_dim, updates, plan)
         else:
-            times["floor"].append(
-                dqn_floor(case, obs_dim, log["env_steps"] // case.n_envs, log["grad_steps"], plan)
+            floor, floor_grad_steps = dqn_floor(
+                case, obs_dim, log["env_steps"] // case.n_envs, log["grad_steps"], plan
             )
+        times["floor"].append(floor)
+        sb3_work = None
         if not skip_sb3:
-            times["sb3"].append(run_sb3(case, data, env, steps))
+            sb3_time, sb3_work = run_sb3(case, data, env, steps)
+            times["sb3"].append(sb3_time)
+        check_same_work(
+            case, log, sb3_work, floor_grad_steps
+        )  # the warm-up round checks it before any timing
     median = {name: statistics.median(values) if values else float("nan") for name, values in times.items()}
     efficiencies = [floor / ours for floor, ours in zip(times["floor"], times["marketrl"], strict=True)]
     return {
@@ -283,7 +326,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short sanity run of every configuration")
     parser.add_argument("--only", nargs="+", choices=[case.name for case in CASES], help="run only these")
-    parser.add_argument("--bars", type=int, default=100_000)
+    parser.add_argument(
+        "--bars", type=int, default=None, help="synthetic bars (default 100,000; quick 20,000)"
+    )
     parser.add_argument("--features", type=int, default=51)
     parser.add_argument(
         "--repeats", type=int, default=None, help="median of N runs per side (default 5, quick 1)"
@@ -297,8 +342,10 @@ def main() -> None:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
     repeats = args.repeats or (1 if args.quick else 5)
-    data = market_data(args.bars, args.features)
+    data = market_data(args.bars or (20_000 if args.quick else 100_000), args.features)
     cases = [case for case in CASES if not args.only or case.name in args.only]
+    if args.quick:
+        cases = [dataclasses.replace(c, hparams={**c.hparams, **c.quick_hparams}) for c in cases]
 
     # Warm-up: first calls pay for lazy initialisation (torch kernels, the data's cached episode starts).
     for algo in sorted({case.algo for case in cases}):

@@ -2,9 +2,12 @@
 
     python bench/env.py                      # CPU, torch at 1 thread, N = 1, 64, 1024
     python bench/env.py --device cuda --n-envs 1024 4096
+    python bench/env.py --quick              # 20,000 bars, N = 1 and 64, 0.1 s per measurement
 
 Prints env steps/s (environment transitions per second, N per vector step) side by side and their ratio.
-The plain baseline runs on the CPU in both cases; its steps/s do not depend on N.
+The plain baseline runs on the CPU in both cases; its steps/s do not depend on N. Before anything is timed,
+``check_same_work`` steps TradingEnv and PlainGymEnv copies from the same start rows with the same actions over
+two episodes and stops with one line unless every observation, reward and truncation agrees.
 """
 
 from __future__ import annotations
@@ -102,6 +105,43 @@ def sync_vector_steps_per_second(envs: gymnasium.vector.SyncVectorEnv, seconds: 
     return n_steps * envs.num_envs / elapsed
 
 
+class UnequalWork(SystemExit):
+    """The two environments did not make the same transitions: one line naming the first difference."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"bench/env.py: unequal work: {what}")
+
+
+def check_same_work(data: MarketData, config: EnvConfig, n_envs: int = 4, seed: int = 0) -> int:
+    """TradingEnv (``n_envs``) and as many PlainGymEnvs from the same start rows, stepped with the same random
+    actions over two episodes (one reset included): the same observations, rewards and truncations, else
+    ``UnequalWork``. Returns the transitions compared."""
+    tensor = TradingEnv(data, EnvConfig(**{**config.__dict__, "n_envs": n_envs}), seed=seed)
+    obs = tensor.reset().cpu().numpy()
+    plains = [PlainGymEnv(data, config) for _ in range(n_envs)]
+    plain_obs = [p.reset(options={"start_row": int(tensor.row[i])})[0] for i, p in enumerate(plains)]
+    rng = np.random.default_rng(seed)
+    steps = 2 * config.episode_length + 1
+    for step in range(steps):
+        for i in range(n_envs):
+            if not np.allclose(plain_obs[i], obs[i], rtol=1e-6, atol=1e-6):
+                raise UnequalWork(f"step {step}, env {i}: observations differ (TradingEnv vs PlainGymEnv)")
+        actions = rng.integers(0, 3, n_envs)
+        obs_t, reward_t, _, truncated_t = tensor.step(torch.as_tensor(actions, device=tensor.device))
+        obs, reward, truncated = (t.cpu().numpy() for t in (obs_t, reward_t, truncated_t))
+        for i, plain in enumerate(plains):
+            plain_obs[i], plain_reward, _, plain_truncated, _ = plain.step(int(actions[i]))
+            if abs(plain_reward - float(reward[i])) > 1e-6 * max(1.0, abs(plain_reward)):
+                raise UnequalWork(f"step {step}, env {i}: reward {float(reward[i])!r} vs {plain_reward!r}")
+            if plain_truncated != bool(truncated[i]):
+                raise UnequalWork(
+                    f"step {step}, env {i}: truncated {bool(truncated[i])} vs {plain_truncated}"
+                )
+            if plain_truncated:
+                plain_obs[i], _ = plain.reset(options={"start_row": int(tensor.row[i])})
+    return steps * n_envs
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued device work (CUDA) before reading the clock."""
     if device.type == "cuda":
@@ -112,14 +152,18 @@ def main() -> None:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--n-envs", type=int, nargs="+", default=[1, 64, 1024])
-    parser.add_argument("--bars", type=int, default=200_000)
+    parser.add_argument("--n-envs", type=int, nargs="+", default=None, help="default 1 64 1024 (quick 1 64)")
+    parser.add_argument("--bars", type=int, default=None, help="default 200,000 (quick 20,000)")
     parser.add_argument("--features", type=int, default=51)
     parser.add_argument("--window", type=int, default=1)
     parser.add_argument("--fill", default="close", choices=["close", "next_open"])
-    parser.add_argument("--seconds", type=float, default=1.0, help="rough time per measurement")
+    parser.add_argument("--seconds", type=float, default=None, help="time per measurement (1 s; quick 0.1)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, a sanity run in seconds")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    args.n_envs = args.n_envs or ([1, 64] if args.quick else [1, 64, 1024])
+    args.bars = args.bars or (20_000 if args.quick else 200_000)
+    args.seconds = args.seconds or (0.1 if args.quick else 1.0)
     torch.set_num_threads(args.threads)
 
     frame = synthetic_frame(args.bars, args.features)
@@ -131,6 +175,7 @@ def main() -> None:
     data = MarketData.from_frame(frame, names, normalizer, costs, device=args.device)
 
     base = EnvConfig(window=args.window, fill=args.fill, episode_length=256)
+    compared = check_same_work(data, base)
     plain = PlainGymEnv(data, base, seed=0)
     plain_calibration = plain_steps_per_second(plain, 2_000)
     plain_rate = plain_steps_per_second(plain, max(2_000, int(plain_calibration * args.seconds)))
@@ -139,6 +184,7 @@ def main() -> None:
         f"device={args.device} torch_threads={torch.get_num_threads()} bars={data.n_rows} features={args.features} "
         f"window={args.window} fill={args.fill} torch={torch.__version__}"
     )
+    print(f"equal work (checked before timing): {compared:,} transitions of TradingEnv and PlainGymEnv agree")
     header = ("N", "TradingEnv", "PlainGymEnv loop", "ratio", "SyncVectorEnv", "ratio")
     print(
         f"{header[0]:>6} | {header[1]:>12} | {header[2]:>16} | {header[3]:>7} | {header[4]:>13} | {header[5]:>7}"

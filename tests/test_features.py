@@ -498,7 +498,7 @@ def test_non_finite_values_are_refused_naming_the_column() -> None:
     )
     with pytest.raises(DataFileError, match="non-positive price in instrument 1"):
         _features(bad)
-    from marketrl.features import _check_finite
+    from marketrl.features.engine import _check_finite
 
     table = _features(bars).with_columns(
         pl.when(pl.int_range(pl.len()) == 3).then(float("inf")).otherwise(pl.col("rsi_6")).alias("rsi_6")

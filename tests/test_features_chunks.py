@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from polars.testing import assert_frame_equal
 
-import marketrl.features as features
+import marketrl.features.catalog as catalog
+import marketrl.features.engine as engine
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.features import FEATURE_NAMES, MAX_LOOKBACK, build_feature_file, feature_chunks
 from tests.support.synthetic import ohlcv_messages, random_walk_bars
@@ -68,13 +69,13 @@ def test_vwap_dev_day_restarts_each_utc_day() -> None:
 def test_chunk_frames_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory is bounded by the chunk: no query sees more than chunk_bars + MAX_LOOKBACK bars."""
     heights: list[int] = []
-    real_query = features._feature_query
+    real_query = engine._feature_query
 
     def recording_query(frame: pl.LazyFrame, bar_ns: int, with_book: bool) -> pl.LazyFrame:
         heights.append(frame.collect().height)
         return real_query(frame, bar_ns, with_book)
 
-    monkeypatch.setattr(features, "_feature_query", recording_query)
+    monkeypatch.setattr(engine, "_feature_query", recording_query)
     bars = _two_instruments_over_days(seed=73)
     _chunked(bars, 200)
     assert len(heights) == math.ceil(bars.height / 200)
@@ -95,7 +96,7 @@ def _weighted_window(x: np.ndarray, alpha: float, window: int) -> np.ndarray:
 def test_truncated_ema_equals_the_weighted_window(alpha: float, window: int) -> None:
     rng = np.random.default_rng(window)
     x = np.concatenate([4000 + np.cumsum(rng.normal(0, 2, 400)), np.full(50, 3990.0)])
-    ema = features._Ema("x", alpha, window)
+    ema = catalog._Ema("x", alpha, window)
     got = (
         pl.DataFrame({"x": x})
         .with_columns(ema.level().alias("level"))
@@ -111,7 +112,7 @@ def test_truncated_ema_equals_the_weighted_window(alpha: float, window: int) -> 
 def test_non_negative_ema_is_exactly_zero_over_an_all_zero_window() -> None:
     rng = np.random.default_rng(5)
     gains = np.concatenate([np.abs(rng.normal(0, 1e-3, 200)), np.zeros(80), [2e-4]])
-    ema = features._Ema("x", 1 / 14, 70, nonnegative=True)
+    ema = catalog._Ema("x", 1 / 14, 70, nonnegative=True)
     got = pl.DataFrame({"x": gains}).with_columns(ema.level().alias("level")).select(ema.truncated("level"))
     values = got.to_series().to_numpy()
     expected = _weighted_window(gains, 1 / 14, 70)
@@ -146,7 +147,7 @@ def test_flat_prices_give_the_documented_fallbacks() -> None:
 
 def test_streamed_parquet_holds_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Row groups per chunk, float columns byte-stream-split + zstd, statistics on the key columns only."""
-    monkeypatch.setattr(features, "CHUNK_BARS", 128)
+    monkeypatch.setattr(engine, "CHUNK_BARS", 128)
     raw = random_walk_bars(500, {7: 4000.0, 9: 15000.0}, seed=75)
     start, end = int(raw["ts_event"].min()), int(raw["ts_event"].max()) + 1
     src = write_dbn(

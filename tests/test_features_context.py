@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-import marketrl.features as features
+import marketrl.features.build as build
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataFileError, read_bars
 from marketrl.features import MAX_LOOKBACK, build_feature_file, skipped_reason, warmup_only_note
@@ -124,13 +124,13 @@ def test_context_files_used_are_recorded(tmp_path: Path) -> None:
 
 def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     reads: list[str] = []
-    real = features.read_bars
+    real = build.read_bars
 
     def counting(path: Path, *args: object, **kwargs: object) -> object:
         reads.append(Path(path).name)
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(features, "read_bars", counting)
+    monkeypatch.setattr(build, "read_bars", counting)
     return reads
 
 

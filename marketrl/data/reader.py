@@ -24,22 +24,26 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import math
-import os
 import re
-import time
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 import databento_dbn
 import numpy as np
 import polars as pl
 
 from marketrl.data.calendars.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
+from marketrl.data.checks import (
+    DEFAULT_MAX_PRICE_JUMP,
+    DataConfigError,
+    DataFileError,
+    check_price_jumps,
+    check_timestamps,
+    check_zstd_frames,
+)
 from marketrl.workflow.file_order import DBN_SUFFIXES, dbn_stem, time_ordered
 
 if TYPE_CHECKING:
@@ -98,19 +102,6 @@ _BAR_SIZE_RE = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
 _UNIT_NS = {"s": NS_PER_SECOND, "m": 60 * NS_PER_SECOND, "h": 3600 * NS_PER_SECOND, "d": NS_PER_DAY}
 
 
-class DataFileError(ValueError):
-    """A market-data file that cannot be turned into bars; the message names the file and the fault."""
-
-    def __init__(self, path: str | Path, fault: str) -> None:
-        super().__init__(f"{path}: {fault}")
-        self.path = Path(path)
-        self.fault = fault
-
-
-class DataConfigError(DataFileError):
-    """A file that the configuration cannot read (e.g. no session calendar for its dataset): never skipped."""
-
-
 @dataclass(frozen=True)
 class BarFile:
     """Time bars decoded from one file, sorted by (instrument_id, ts_event)."""
@@ -148,71 +139,6 @@ def parse_bar_size(bar_size: str) -> int:
     return ns
 
 
-class _FileBytes:
-    """Read-only ``bytes``-like view of an open file (``len``, ``[i]``, ``[a:b]``) by positional reads, so that
-    the zstd frame walk reads a few bytes per block rather than the whole file."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._size = os.fstat(fd).st_size
-
-    def __len__(self) -> int:
-        return self._size
-
-    @overload
-    def __getitem__(self, key: int) -> int: ...
-    @overload
-    def __getitem__(self, key: slice) -> bytes: ...
-    def __getitem__(self, key: int | slice) -> int | bytes:
-        if isinstance(key, slice):
-            return os.pread(self._fd, max(0, key.stop - key.start), key.start)
-        return os.pread(self._fd, 1, key)[0]
-
-
-def _check_zstd_frames(data: bytes | _FileBytes, path: Path) -> None:
-    """Walk the zstd frame and block headers (no decompression) and fail unless the data ends at a frame end.
-
-    databento only *warns* on a truncated stream, and says nothing when the cut lands on a record boundary; the
-    block walk catches both in microseconds.
-    """
-    pos, end = 0, len(data)
-    while pos < end:
-        magic = data[pos : pos + 4]
-        if len(magic) < 4:
-            raise DataFileError(path, "truncated zstd stream (incomplete frame header)")
-        magic_int = int.from_bytes(magic, "little")
-        if 0x184D2A50 <= magic_int <= 0x184D2A5F:  # skippable frame: 4-byte size, then payload
-            if pos + 8 > end:
-                raise DataFileError(path, "truncated zstd stream (skippable frame header)")
-            pos += 8 + int.from_bytes(data[pos + 4 : pos + 8], "little")
-            continue
-        if magic != _ZSTD_MAGIC:
-            raise DataFileError(path, f"corrupt zstd stream (bad frame magic at byte {pos})")
-        if pos + 5 > end:
-            raise DataFileError(path, "truncated zstd stream (incomplete frame header)")
-        descriptor = data[pos + 4]
-        content_size_flag, single_segment = descriptor >> 6, (descriptor >> 5) & 1
-        has_checksum, dict_id_flag = (descriptor >> 2) & 1, descriptor & 3
-        header_len = 1 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_id_flag]
-        header_len += (1 if single_segment else 0, 2, 4, 8)[content_size_flag]
-        pos += 4 + header_len
-        while True:
-            if pos + 3 > end:
-                raise DataFileError(path, "truncated zstd stream (frame ends before its last block)")
-            block_header = int.from_bytes(data[pos : pos + 3], "little")
-            is_last, block_type, block_size = block_header & 1, (block_header >> 1) & 3, block_header >> 3
-            if block_type == 3:
-                raise DataFileError(path, f"corrupt zstd stream (reserved block type at byte {pos})")
-            pos += 3 + (1 if block_type == 1 else block_size)
-            if pos > end:
-                raise DataFileError(path, "truncated zstd stream (last block is cut short)")
-            if is_last:
-                break
-        pos += 4 if has_checksum else 0
-        if pos > end:
-            raise DataFileError(path, "truncated zstd stream (missing frame checksum)")
-
-
 # Records decoded at a time (7 MB of ohlcv records, 47 MB of mbp-10): read_bars keeps only the columns it needs
 # from each chunk, so the raw records of a whole file never sit in memory at once.
 DECODE_CHUNK_RECORDS = 1 << 17
@@ -241,7 +167,7 @@ def _open_dbn(path: Path) -> _OpenedFile:
             if not head:
                 raise DataFileError(path, "empty file (0 bytes)")
             if head == _ZSTD_MAGIC:
-                _check_zstd_frames(_FileBytes(handle.fileno()), path)
+                check_zstd_frames(handle.fileno(), path)
             elif head[:3] != _DBN_MAGIC:
                 raise DataFileError(path, "not a DBN file (neither zstd- nor DBN-magic at the start)")
             handle.seek(0)
@@ -574,79 +500,6 @@ def _collect_rows(opened: _OpenedFile) -> tuple[_ByInstrument, _ByInstrument, in
     return main, book, records, dropped
 
 
-# Consecutive prices of one instrument more than this factor apart are a scale error (or a corrupt record), not
-# a market move: ``data.max_price_jump``.
-DEFAULT_MAX_PRICE_JUMP = 10.0
-
-
-# No electronic market data before this; a timestamp later than now (plus a day of clock slack) cannot be data.
-EARLIEST_PLAUSIBLE = datetime(1990, 1, 1, tzinfo=UTC)
-_FUTURE_SLACK_NS = 86_400 * NS_PER_SECOND
-
-
-def _check_plausible_time(ts_ns: int, what: str, path: Path) -> None:
-    """A timestamp before ``EARLIEST_PLAUSIBLE`` or after now is a corrupt record or header, or a wrong clock:
-    header and records may agree with each other and still be wrong (a whole file stamped 2118)."""
-    earliest = int(EARLIEST_PLAUSIBLE.timestamp()) * NS_PER_SECOND
-    latest = time.time_ns() + _FUTURE_SLACK_NS
-    if not earliest <= ts_ns <= latest:
-        when = "before 1990" if ts_ns < earliest else "in the future"
-        raise DataFileError(path, f"{what} {_iso(ts_ns)} is {when} (corrupt data or a wrong clock)")
-
-
-def _check_timestamps(frame: pl.DataFrame, opened: _OpenedFile) -> None:
-    """Every record's ts_event lies inside the header's [start, end) (OHLCV bars may open up to one bar before
-    start), and header and records lie between 1990 and now. A corrupt frame or a wrong clock shows up here as
-    records far outside the requested range."""
-    metadata, path = opened.metadata, opened.path
-    _check_plausible_time(int(metadata.start), "header start", path)
-    if frame.height == 0:
-        return
-    slack = OHLCV_SCHEMAS.get(opened.schema, 0)
-    start, end = int(metadata.start), metadata.end
-    ts = frame["ts_event"].cast(pl.Int64)
-    first, last = int(ts.min()), int(ts.max())  # type: ignore[arg-type]
-    undefined_end = end is None or int(end) == databento_dbn.UNDEF_TIMESTAMP
-    if first < start - slack or (not undefined_end and last >= int(end)):
-        bad = first if first < start - slack else last
-        raise DataFileError(
-            path,
-            f"record timestamp {_iso(bad)} outside the header's range [{_iso(start)}, "
-            f"{'open' if undefined_end else _iso(int(end))}) (corrupt data or a wrong clock)",
-        )
-    _check_plausible_time(last, "record timestamp", path)  # inside the header's range, unless it is open
-
-
-def _iso(ts_ns: int) -> str:
-    seconds, ns = divmod(ts_ns, NS_PER_SECOND)
-    return f"{datetime.fromtimestamp(seconds, tz=UTC).strftime('%Y-%m-%dT%H:%M:%S')}.{ns:09d}Z"
-
-
-def check_price_jumps(bars: pl.DataFrame, path: Path, max_jump: float) -> None:
-    """Fail when one instrument's price moves by more than a factor ``max_jump`` from one bar to the next
-    (open against the previous close) or within one bar (high against low). ``bars`` sorted by instrument."""
-    if bars.height == 0 or max_jump <= 0:
-        return
-    same = pl.col("instrument_id") == pl.col("instrument_id").shift(1)
-    step = (pl.col("open") / pl.col("close").shift(1)).log().abs()
-    within = (pl.col("high") / pl.col("low")).log().abs()
-    limit = math.log(max_jump)
-    # Non-positive prices are reported as such by the features stage, not as a jump.
-    positive = pl.min_horizontal("open", "high", "low", "close") > 0
-    jumped = (same & (pl.col("close").shift(1) > 0) & (step > limit)).fill_null(False)
-    bad = (jumped | (within > limit)) & positive
-    if not bars.select(bad.any()).item():
-        return
-    row = bars.with_columns(pl.col("close").shift(1).alias("_prev_close")).filter(bad).row(0, named=True)
-    same_bar = row["high"] / row["low"] > max_jump
-    seen = f"high {row['high']} vs low {row['low']}" if same_bar else f"{row['_prev_close']} -> {row['open']}"
-    raise DataFileError(
-        path,
-        f"price of {row['symbol']} ({row['instrument_id']}) jumps more than {max_jump:g}x at {row['ts_event']} "
-        f"({seen}): a price-scale error or corrupt record (limit: data.max_price_jump)",
-    )
-
-
 def _check_instrument_order(main: _ByInstrument, path: Path) -> None:
     """OHLCV records of one instrument must come in time order (tick records are ordered by ts_recv, so their
     ts_event may step back a little: those are sorted, not rejected). Call after ``main.take()``."""
@@ -694,7 +547,7 @@ def read_bars(
     except SessionConfigError as exc:
         raise DataConfigError(path, str(exc)) from exc
     rows = main.take()
-    _check_timestamps(rows, opened)
+    check_timestamps(rows, metadata, path, OHLCV_SCHEMAS.get(schema, 0))
     del opened  # nothing of the file is needed any more
     if is_ohlcv:  # after decoding, so that a broken file is reported as such whatever the bar size
         _check_instrument_order(main, path)

@@ -13,8 +13,13 @@ same-day session (US equities) has no session on a holiday: bars dated on it are
 inside the halt, and bars whose trading day would be a Saturday or Sunday (e.g. Friday after the CME close), are
 outside every session too: the reader drops and counts them.
 
-Everything is a polars expression on the UTC timestamps: the wall clock comes from ``convert_time_zone`` (the
-tz database, so DST changes are exact), the trading day from shifting the wall clock back by the open time.
+Labelling is a lookup, not a per-row wall-clock conversion: the timezone's UTC offsets over the data's span
+(the tz database's transitions, found with zoneinfo, so DST changes are exact to the second) turn each UTC
+timestamp into local nanoseconds with one sorted search and an add; the trading day is the local clock shifted
+back by the open time, divided by one day; a per-day table (weekends, holidays and the next-business-day roll
+of the days the data span, a few hundred rows at most) then gives each bar's trading day and whether it has a
+session, by a gather. tests/test_sessions.py checks it against the per-row ``convert_time_zone`` path and a
+zoneinfo loop over years of 1-minute timestamps.
 """
 
 from __future__ import annotations
@@ -37,9 +42,14 @@ __all__ = [
     "SessionConfigError",
     "calendar_for",
     "session_frame",
+    "utc_offsets",
 ]
 
-_NS_PER_DAY = 86_400 * 10**9
+_NS = 10**9
+_NS_PER_DAY = 86_400 * _NS
+# UTC offsets are sampled this far apart over the data's span and each change is bisected to the second: the tz
+# database has no zone whose offset changes twice within six hours.
+_OFFSET_SAMPLE_S = 6 * 3600
 HOLIDAY_YEARS = (1990, 2100)  # the years a rule set's holidays are generated for (all of Databento's history)
 _HOURS_KEYS = ("timezone", "open", "halt_start", "halt_end")
 _HOLIDAY_KEYS = ("holidays", "extra_holidays")
@@ -92,6 +102,38 @@ def _ns_of_day(value: dt.time) -> int:
 def _given(value: Any) -> bool:
     """False for what the schema fills in for an absent key ("" or an empty list)."""
     return value not in (None, "") and not (isinstance(value, list | tuple) and not value)
+
+
+@functools.cache
+def _zone(name: str) -> zoneinfo.ZoneInfo:
+    return zoneinfo.ZoneInfo(name)
+
+
+def _offset_s(zone: zoneinfo.ZoneInfo, seconds: int) -> int:
+    offset = dt.datetime.fromtimestamp(seconds, tz=dt.UTC).astimezone(zone).utcoffset()
+    return int(offset.total_seconds()) if offset is not None else 0
+
+
+def utc_offsets(timezone: str, first_ns: int, last_ns: int) -> tuple[list[int], list[int]]:
+    """The UTC offsets of ``timezone`` in force from ``first_ns`` to ``last_ns`` (UTC nanoseconds): the instants
+    (ns) from which each holds, the first one ``first_ns``, and the offsets (ns, local minus UTC). Transitions
+    are the tz database's (zoneinfo), exact to the second."""
+    zone = _zone(timezone)
+    first_s, last_s = first_ns // _NS, -(-last_ns // _NS)
+    starts, offsets = [first_ns], [_offset_s(zone, first_s) * _NS]
+    low = first_s
+    while low < last_s:
+        high = min(low + _OFFSET_SAMPLE_S, last_s)
+        after = _offset_s(zone, high)
+        if after * _NS != offsets[-1]:  # a transition in (low, high]: the first second with the new offset
+            lo, hi = low, high
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if _offset_s(zone, mid) * _NS == offsets[-1] else (lo, mid)
+            starts.append(hi * _NS)
+            offsets.append(after * _NS)
+        low = high
+    return starts, offsets
 
 
 def _parse_dates(value: Any) -> tuple[dt.date, ...]:
@@ -192,38 +234,86 @@ class SessionCalendar:
         close = self.halt_start if self.halt_start is not None else self.open
         return close <= self.open and self.open != dt.time(0, 0)
 
-    def _local_ns(self, ts: pl.Expr) -> pl.Expr:
-        """Local wall-clock time as nanoseconds since 1970-01-01 local midnight."""
-        local = ts.dt.convert_time_zone(self.timezone).dt.replace_time_zone(None)
-        return local.dt.cast_time_unit("ns").cast(pl.Int64)
+    def label(self, ts: pl.Series) -> pl.DataFrame:
+        """Per UTC timestamp of ``ts`` (Datetime): ``trading_day`` (Date; see ``trading_day``), ``in_halt`` (the
+        local time lies inside the daily halt) and ``closed`` (the trading day has no session: a weekend day or
+        a holiday)."""
+        ts_ns = ts.cast(pl.Datetime("ns", "UTC")).dt.epoch("ns").alias("ts_ns")
+        frame = pl.DataFrame([ts_ns])
+        if frame.height == 0 or ts_ns.null_count() == frame.height:
+            empty = {"trading_day": pl.Date, "in_halt": pl.Boolean, "closed": pl.Boolean}
+            return pl.DataFrame(
+                [pl.Series(name, [None] * frame.height, dtype) for name, dtype in empty.items()]
+            )
+        starts, offsets = utc_offsets(self.timezone, int(ts_ns.min()), int(ts_ns.max()))  # type: ignore[arg-type]
+        if len(offsets) == 1:
+            local = pl.col("ts_ns") + offsets[0]
+        else:  # the offset in force at each timestamp: the last transition at or before it
+            segment = pl.lit(pl.Series(starts, dtype=pl.Int64)).search_sorted(pl.col("ts_ns"), side="right")
+            local = pl.col("ts_ns") + pl.lit(pl.Series(offsets, dtype=pl.Int64)).gather(
+                segment.cast(pl.Int64) - 1
+            )
+        local_day = (local - _ns_of_day(self.open)) // _NS_PER_DAY  # days since 1970-01-01, by the open
+        frame = frame.select(local_day.cast(pl.Int32).alias("day"), self._halted(local).alias("in_halt"))
+        first, last = frame["day"].min(), frame["day"].max()
+        days, closed = self._day_table(int(first), int(last))  # type: ignore[arg-type]
+        index = pl.col("day") - first
+        return frame.select(
+            pl.lit(pl.Series(days, dtype=pl.Int32)).gather(index).cast(pl.Date).alias("trading_day"),
+            pl.col("in_halt"),
+            pl.lit(pl.Series(closed, dtype=pl.Boolean)).gather(index).alias("closed"),
+        )
+
+    def _day_table(self, first: int, last: int) -> tuple[list[int], list[bool]]:
+        """For the local open-shifted days ``first..last`` (days since the epoch): the trading day each belongs to
+        (days since the epoch, holidays rolled for ``names_next_day``) and whether it has no session."""
+        epoch, holidays = dt.date(1970, 1, 1), self.holiday_dates
+        roll = dict(zip(*self._holiday_roll, strict=True)) if self.names_next_day else {}
+        days, closed = [], []
+        for k in range(first, last + 1):
+            day = epoch + dt.timedelta(days=k + (1 if self.names_next_day else 0))
+            day = roll.get(day, day)  # only weekday holidays: Saturdays are never moved
+            days.append((day - epoch).days)
+            closed.append(day.weekday() >= 5 or day in holidays)
+        return days, closed
+
+    def _halted(self, local: pl.Expr) -> pl.Expr:
+        """True where the local clock ``local`` (ns since 1970-01-01 local midnight) lies inside the halt."""
+        if self.halt_start is None or self.halt_end is None:
+            return pl.lit(False)
+        time_of_day = local % _NS_PER_DAY
+        start, end = _ns_of_day(self.halt_start), _ns_of_day(self.halt_end)
+        if start < end:
+            return (time_of_day >= start) & (time_of_day < end)
+        return (time_of_day >= start) | (time_of_day < end)  # the halt wraps past midnight
 
     def trading_day(self, ts: pl.Expr) -> pl.Expr:
         """The trading day (Date) of each UTC timestamp in ``ts``: the local date its session closes on, moved to
         the next business day when that is a holiday and the session opened the evening before. (A same-day
         session keeps a holiday's date, and ``is_closed`` marks it; a weekend date stays, outside every session.)"""
-        shifted = self._local_ns(ts) - _ns_of_day(self.open)
-        day = ((shifted // _NS_PER_DAY) + (1 if self.names_next_day else 0)).cast(pl.Int32).cast(pl.Date)
-        if self.names_next_day and self.holiday_dates:
-            holidays, cleared_on = self._holiday_roll
-            day = day.replace(holidays, cleared_on)  # only weekday holidays: Saturdays are never moved
-        return day
+        return ts.map_batches(lambda s: self.label(s)["trading_day"], return_dtype=pl.Date)
 
     def is_closed(self, day: pl.Expr) -> pl.Expr:
         """True where the trading day ``day`` (a Date) has no session: a weekend day or a holiday."""
-        weekend = day.dt.weekday() >= 6
-        if not self.holiday_dates:
-            return weekend
-        return weekend | day.is_in(sorted(self.holiday_dates))
+
+        def closed(days: pl.Series) -> pl.Series:
+            numbers = days.cast(pl.Int32)
+            if numbers.null_count() == len(numbers):
+                return pl.Series([None] * len(numbers), dtype=pl.Boolean)
+            first, last = int(numbers.min()), int(numbers.max())  # type: ignore[arg-type]
+            epoch = dt.date(1970, 1, 1)
+            table = [
+                (epoch + dt.timedelta(days=k)).weekday() >= 5
+                or epoch + dt.timedelta(days=k) in self.holiday_dates
+                for k in range(first, last + 1)
+            ]
+            return pl.Series(table, dtype=pl.Boolean).gather(numbers - first)
+
+        return day.map_batches(closed, return_dtype=pl.Boolean)
 
     def in_halt(self, ts: pl.Expr) -> pl.Expr:
         """True where the local time of ``ts`` lies inside the daily halt."""
-        if self.halt_start is None or self.halt_end is None:
-            return pl.lit(False)
-        time_of_day = self._local_ns(ts) % _NS_PER_DAY
-        start, end = _ns_of_day(self.halt_start), _ns_of_day(self.halt_end)
-        if start < end:
-            return (time_of_day >= start) & (time_of_day < end)
-        return (time_of_day >= start) | (time_of_day < end)  # the halt wraps past midnight
+        return ts.map_batches(lambda s: self.label(s)["in_halt"], return_dtype=pl.Boolean)
 
     def to_config(self) -> dict[str, Any]:
         """Inverse of ``from_config`` (JSON-ready: the Parquet metadata ``marketrl.session`` stores it)."""
@@ -279,12 +369,19 @@ def session_frame(
     only weekend- and holiday-dated ones are dropped (a daily bar cannot be split at the halt, nor moved onto the
     next day's bar).
     """
-    ts = pl.col("ts_event")
     if daily_bars:
-        day, halted = ts.dt.date(), pl.lit(False)
+        day = bars.select(pl.col("ts_event").dt.date().alias("trading_day")).to_series()
+        labels = pl.DataFrame([day]).with_columns(
+            pl.lit(False).alias("in_halt"), calendar.is_closed(pl.col("trading_day")).alias("closed")
+        )
     else:
-        day, halted = calendar.trading_day(ts), calendar.in_halt(ts)
-    bars = bars.with_columns(day.alias("trading_day"))
-    outside = halted | calendar.is_closed(pl.col("trading_day"))
-    dropped, in_halt = (int(n) for n in bars.select(outside.sum(), halted.sum().alias("in_halt")).row(0))
+        # Chunk by chunk, so that the new column has the chunks of the others (no copy of the frame into one).
+        ts, offset, pieces = bars["ts_event"], 0, []
+        for length in ts.chunk_lengths() or [0]:
+            pieces.append(calendar.label(ts.slice(offset, length)))
+            offset += length
+        labels = pl.concat(pieces, how="vertical", rechunk=False)
+    bars = bars.with_columns(labels["trading_day"])
+    outside = labels["in_halt"] | labels["closed"]
+    dropped, in_halt = int(outside.sum()), int(labels["in_halt"].sum())
     return (bars.filter(~outside) if dropped else bars), dropped, in_halt

@@ -1,0 +1,53 @@
+"""The 51 bar features (plus a book group for quote schemas), and the DBN.zst → Parquet stage that caches them.
+
+- ``catalog``: the one catalog of the features (names, lookbacks, definitions);
+- ``engine``: the query planner and the chunk engine that computes the table;
+- ``build``: the file stage (``build_feature_file``) and its Parquet writing.
+
+The public names are re-exported here: ``from marketrl.features import X`` is the way to import them.
+"""
+
+from __future__ import annotations
+
+from marketrl.features.build import (
+    PARQUET_ZSTD_LEVEL,
+    build_feature_file,
+    feature_options,
+    skipped_reason,
+    warmup_only_note,
+)
+from marketrl.features.catalog import (
+    BASE_COLUMNS,
+    BOOK_CATALOG,
+    BOOK_FEATURE_NAMES,
+    CATALOG,
+    DAY_CUMULATIVE_FEATURES,
+    FEATURE_NAMES,
+    FEATURE_SET_VERSION,
+    LOOKBACKS,
+    MAX_LOOKBACK,
+    FeatureSpec,
+)
+from marketrl.features.engine import CHUNK_BARS, FeatureChunks, feature_chunks, non_finite_columns
+
+__all__ = [
+    "BASE_COLUMNS",
+    "BOOK_CATALOG",
+    "BOOK_FEATURE_NAMES",
+    "CATALOG",
+    "CHUNK_BARS",
+    "DAY_CUMULATIVE_FEATURES",
+    "FEATURE_NAMES",
+    "FEATURE_SET_VERSION",
+    "LOOKBACKS",
+    "MAX_LOOKBACK",
+    "PARQUET_ZSTD_LEVEL",
+    "FeatureChunks",
+    "FeatureSpec",
+    "build_feature_file",
+    "feature_chunks",
+    "feature_options",
+    "non_finite_columns",
+    "skipped_reason",
+    "warmup_only_note",
+]

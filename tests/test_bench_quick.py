@@ -1,0 +1,71 @@
+"""Every script of `make bench` runs to the end in its --quick mode (small sizes, seconds), and the equal-work
+checks each makes before timing pass: a broken bench fails `make test`. Never asserts a speed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+HAS_SB3 = importlib.util.find_spec("stable_baselines3") is not None
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=BENCH,  # env.py and agents.py import their siblings (adapters, env) from here
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"},
+    )
+    assert done.returncode == 0, f"{script} --quick failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.bench
+def test_features_bench_quick_compares_equal_rows() -> None:
+    out = _run("features.py")
+    assert "equal work (checked before timing" in out
+    assert "read_bars CME / UTC calendar" in out and "(b)/(a) =" in out
+    rows = [line for line in out.splitlines() if line.startswith("(b)/(a)")]
+    assert len(rows) == 1 and "rows out each" in rows[0]
+
+
+@pytest.mark.bench
+def test_env_bench_quick_checks_the_same_transitions() -> None:
+    out = _run("env.py")
+    assert "equal work (checked before timing)" in out and "TradingEnv and PlainGymEnv agree" in out
+    assert sum(line.strip().startswith(("1 |", "64 |")) for line in out.splitlines()) == 2
+
+
+@pytest.mark.bench
+def test_agents_bench_quick_runs_every_configuration() -> None:
+    out = _run("agents.py", "--clock", "cpu", *([] if HAS_SB3 else ["--skip-sb3"]))
+    for name in ("ppo-64", "dqn-64", "ppo-sb3-defaults", "ppo-1024", "dqn-1024"):
+        assert any(line.startswith(name) for line in out.splitlines()), name
+
+
+def test_unequal_rows_fail_in_one_line_naming_the_row() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        from features import UnequalWork, check_same_rows
+    finally:
+        sys.path.remove(str(BENCH))
+    ts = pl.Series([1_705_000_000 * 10**9 + k * 60 * 10**9 for k in range(3)]).cast(pl.Datetime("ns", "UTC"))
+    rows = pl.DataFrame(
+        {"instrument_id": [1, 1, 1], "ts_event": ts, "trading_day": [dt.date(2024, 1, 12)] * 3}
+    )
+    assert check_same_rows(rows, rows, "bars in") == 3
+    with pytest.raises(UnequalWork) as raised:
+        check_same_rows(rows, rows.head(2), "bars in")
+    message = str(raised.value)
+    assert "\n" not in message and "bars in: stage 3 rows, naive 2" in message and "only in stage" in message
