@@ -2,7 +2,11 @@
 import sys
 
 from marketrl.workflow import paths, pipeline, stages
-from marketrl.workflow.calibration_plan import CalibrationError, CalibrationSettings, n_jobs
+from marketrl.workflow.calibration_plan import (
+    CalibrationError,
+    CalibrationSettings,
+    n_jobs,
+)
 from marketrl.workflow.config import ConfigError, check_contract_specs, validate_config
 from marketrl.data.definitions import resolve_definitions
 
@@ -35,6 +39,17 @@ wildcard_constraints:
 def stage_config(stage):
     """The config keys `stage` reads (in params, so that changing one of them reruns the stage)."""
     return stages.stage_config(config, stage)
+
+
+def model_stage_config(stage):
+    """The config keys `stage` reads, for the job of one model ({algo}): in it, each per-model mapping
+    (stages.PER_MODEL_KEYS, e.g. training.extra_models) holds only that model's entry.
+    """
+
+    def for_model(wildcards):
+        return stages.stage_config(config, stage, model=wildcards.algo)
+
+    return for_model
 
 
 def code_hash(stage):
