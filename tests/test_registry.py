@@ -146,7 +146,8 @@ def test_a_model_from_tests_goes_through_hyperopt_train_evaluate_and_report(thro
     assert pipeline.model_files(config) == ["results/models/throwaway/fold_0/seed_0/model.pt"]
     checkpoint = torch.load(throwaway_run / pipeline.model_files(config)[0], weights_only=True)
     assert checkpoint["format"] == "marketrl-model" and checkpoint["model"] == "throwaway"
-    assert set(checkpoint["state"]["state_dict"]) == {"head.weight", "head.bias"}  # the one linear layer
+    weights = {key for key in checkpoint["state"]["state_dict"] if key.startswith("module.")}
+    assert weights == {"module.head.weight", "module.head.bias"}  # the one linear layer
     metrics = json.loads((throwaway_run / pipeline.eval_files(config)[0]).read_text())
     assert metrics["algo"] == "throwaway" and metrics["kind"] == "forecaster" and metrics["horizon"] == 1
     html = (throwaway_run / "results" / "eval_report.html").read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""One registry over every model the pipeline runs: the RL agents (`marketrl.agents`) and the forecasters
+"""The zoo: every model the pipeline runs, the RL agents (`marketrl.agents`) and the forecasters
 (`marketrl.models`), behind one protocol, so that hyperopt, training and evaluation dispatch by name.
 
 `ZOO` is built from the specs `marketrl.workflow.registry.REGISTRY` names: an `AgentSpec` becomes an `AgentEntry`,
