@@ -819,7 +819,7 @@ def section_vram(device: torch.device, sizes: Sizes, data: Any, dry: bool) -> di
         buffer_bytes=footprint["buffer_bytes"],
     )
     per_sample = footprint["bytes_per_sample"]
-    memory_bound = (budget.usable_bytes - static) // per_sample  # before the BATCH_LIMITS clamp
+    memory_bound = (budget.usable_bytes - static) // per_sample  # before the spec's batch_limits clamp
     over = int(memory_bound * VRAM_OVERSHOOT)
     out: dict[str, Any] = {
         "budget": budget.to_dict(),

@@ -41,6 +41,17 @@ def stage_config(stage):
     return stages.stage_config(config, stage)
 
 
+def model_stage_config(stage):
+    """The config keys `stage` reads, for the job of one model ({algo}): in it, each per-model mapping
+    (stages.PER_MODEL_KEYS, e.g. training.extra_models) holds only that model's entry.
+    """
+
+    def for_model(wildcards):
+        return stages.stage_config(config, stage, model=wildcards.algo)
+
+    return for_model
+
+
 def code_hash(stage):
     """Hash of the library code `stage` imports (in params, so that changing that code reruns the stage)."""
     return stages.code_hash(stage)

@@ -16,7 +16,7 @@ rule evaluate:
     resources:
         gpu=GPU_UNITS,
     params:
-        config=stage_config("evaluate"),
+        config=model_stage_config("evaluate"),
         code=code_hash("evaluate"),
     script:
         "../workflow_scripts/evaluate.py"

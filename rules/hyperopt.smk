@@ -14,7 +14,7 @@ rule hyperopt_worker:
     resources:
         gpu=GPU_UNITS,
     params:
-        config=stage_config("hyperopt_worker"),
+        config=model_stage_config("hyperopt_worker"),
         code=code_hash("hyperopt_worker"),
         results_dir=study_results_dir,
     script:
@@ -35,7 +35,7 @@ rule hyperopt_best:
         ENV_FILE
     threads: 1
     params:
-        config=stage_config("hyperopt_best"),
+        config=model_stage_config("hyperopt_best"),
         code=code_hash("hyperopt_best"),
         results_dir=study_results_dir,
     script:

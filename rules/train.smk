@@ -16,7 +16,7 @@ rule train:
     resources:
         gpu=GPU_UNITS,
     params:
-        config=stage_config("train"),
+        config=model_stage_config("train"),
         code=code_hash("train"),
         resume=resume_file,
     script:

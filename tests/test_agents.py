@@ -26,7 +26,7 @@ from marketrl.agents import (
     ppo,
     save_checkpoint,
 )
-from marketrl.agents.memory import BATCH_LIMITS, batch_size_bounds, footprint
+from marketrl.agents.memory import batch_size_bounds, footprint
 from marketrl.agents.networks import make_architecture
 from marketrl.env import EnvConfig, MarketData
 from marketrl.env.costs import CostModel
@@ -149,6 +149,9 @@ def test_hidden_dim_base_shapes_the_networks() -> None:
 def test_missing_hidden_dim_base_falls_back_to_128_64() -> None:
     assert hidden_sizes("dqn", {"learning_rate": 1e-3}) == {"q": [128, 64]}
     assert hidden_sizes("ppo", {}) == {"policy": [128, 64], "value": [128, 64]}
+    # checkpoints written before the agents registered specs carry "dueling": False for PPO too
+    before = {**make_architecture("ppo", 5, {}), "dueling": False}
+    assert set(build_networks(before)) == {"policy", "value"}
     assert linear_shapes(build_networks(make_architecture("ppo", 5, {}))["value"]) == [
         (5, 128),
         (128, 64),
@@ -193,7 +196,7 @@ def test_memory_footprint_by_hand_and_batch_bounds() -> None:
     nets = build_networks(make_architecture("ppo", 10, {"hidden_dim_base": 64}))
     assert sum(p.numel() for net in nets.values() for p in net.parameters()) == 14660
     big = HardwareBudget("cuda", "test", total_memory_bytes=2**37, free_memory_bytes=2**37)
-    assert batch_size_bounds(big, "dqn", 10, 64) == BATCH_LIMITS["dqn"]
+    assert batch_size_bounds(big, "dqn", 10, 64) == dqn.SPEC.batch_limits == (32, 8192)
     tiny = HardwareBudget("cuda", "test", total_memory_bytes=2**20, free_memory_bytes=2**20)
     with pytest.raises(BudgetError, match="dqn with obs_dim=10, hidden_dim_base=64, buffer_rows=100000"):
         batch_size_bounds(tiny, "dqn", 10, 64, buffer_rows=100_000)
@@ -306,7 +309,8 @@ def test_checkpoint_rebuilds_the_same_network(algo: str, data: MarketData, tmp_p
 
     policy, meta = load_policy(path, "cpu")
     obs = torch.randn(64, result.architecture["obs_dim"])
-    acting = "q" if algo == "dqn" else "policy"
+    acting = {"dqn": "q", "ppo": "policy"}[algo]
+    assert (dqn if algo == "dqn" else ppo).SPEC.acting_network == acting
     with torch.no_grad():
         torch.testing.assert_close(
             meta["networks"][acting](obs), result.networks[acting](obs), rtol=0, atol=0
@@ -333,6 +337,13 @@ def test_checkpoint_refuses_non_plain_extra_and_foreign_files(data: MarketData, 
         save_checkpoint(path, result, algo="dqn", normalizer_state={}, feature_names=FEATURES)
     torch.save({"weights": torch.zeros(2)}, path)
     with pytest.raises(CheckpointError, match="not a marketrl agent checkpoint"):
+        load_policy(path)
+    save_checkpoint(path, result, algo="ppo", normalizer_state={}, feature_names=FEATURES)
+    with pytest.raises(CheckpointError, match="a 'ppo' checkpoint, expected 'dqn'"):
+        dqn.SPEC.load(path)  # an agent's spec loads only its own checkpoints
+    raw = torch.load(path, weights_only=True)
+    torch.save({**raw, "algo": "linear"}, path)  # a registered name, but not an agent
+    with pytest.raises(CheckpointError, match=r"algo: expected an agent \('dqn', 'ppo'\), got 'linear'"):
         load_policy(path)
 
 

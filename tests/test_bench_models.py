@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.models import parse_args
+from marketrl.features import CATALOG
 from marketrl.models import MODELS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +38,7 @@ def test_quick_run_reports_every_model(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     args = report["args"]
     assert (args["steps"], args["check_every"], args["rounds"], args["repeats"]) == (10, 5, 10, 1)
-    assert report["features"] == 51
+    assert report["features"] == len(CATALOG)
     results = {r["model"]: r for r in report["results"]}
     assert list(results) == list(MODELS)
     for name, r in results.items():

@@ -214,6 +214,7 @@ def test_slices_hold_only_their_keys() -> None:
         "check_every",
         "device",
         "epochs",
+        "extra_models",
         "horizon",
         "n_envs",
         "patience",
@@ -424,7 +425,7 @@ def test_misspelt_key_fails_with_one_line_naming_it(tmp_path: Path) -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(framing)]
     assert lines == [
         "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: "
-        "check_every, checkpoint_every, device, epochs, gpu_jobs, horizon, max_updates, models, n_envs, "
+        "check_every, checkpoint_every, device, epochs, extra_models, gpu_jobs, horizon, max_updates, models, n_envs, "
         "patience, precision, seeds, total_steps"
     ]
     assert result.stdout.strip() == ""

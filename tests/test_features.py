@@ -85,13 +85,13 @@ def _perturb(bars: pl.DataFrame, mask: pl.Expr, seed: int) -> pl.DataFrame:
 
 
 def test_feature_set_constants_and_docs() -> None:
-    assert len(FEATURE_NAMES) == 51 and len(set(FEATURE_NAMES)) == 51
+    assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES) == len(CATALOG)
     assert not set(FEATURE_NAMES) & set(BOOK_FEATURE_NAMES)
     assert [spec.name for spec in (*CATALOG, *BOOK_CATALOG)] == [*FEATURE_NAMES, *BOOK_FEATURE_NAMES]
     assert LOOKBACKS == {spec.name: spec.lookback for spec in (*CATALOG, *BOOK_CATALOG)}
     assert MAX_LOOKBACK == max(LOOKBACKS.values())
     doc = (REPO / "docs" / "FEATURES.md").read_text()
-    # The numbered table of the 51 and the book table: `name` | formula | lookback, in column order.
+    # The numbered table of CATALOG and the book table: `name` | formula | lookback, in column order.
     numbered = re.findall(r"^\|\s*\d+\s*\|\s*`([a-z0-9_]+)`\s*\|.*\|\s*(\d+)[^|]*\|\s*$", doc, flags=re.M)
     book = re.findall(r"^\|\s*`(book_[a-z0-9_]+)`\s*\|.*\|\s*(\d+)[^|]*\|\s*$", doc, flags=re.M)
     assert [name for name, _ in numbered] == list(FEATURE_NAMES)
@@ -147,7 +147,7 @@ def test_build_writes_the_documented_table(tmp_path: Path) -> None:
     assert meta["marketrl.schema"] == "ohlcv-1m" and meta["marketrl.dbn_version"] == "3"
     assert meta["marketrl.rows"] == str(table.height) == str(summary["rows"])
     assert meta["marketrl.feature_names"].split(",") == list(FEATURE_NAMES)
-    assert summary["instruments"] == 2 and summary["features"] == 51
+    assert summary["instruments"] == 2 and summary["features"] == len(CATALOG)
     assert [p.name for p in dst.parent.iterdir()] == ["es-nq.parquet"]  # no temp file left
 
 
@@ -386,7 +386,7 @@ def test_quote_schema_adds_book_features(tmp_path: Path) -> None:
     summary = build_feature_file(src, tmp_path / "q.parquet")
     table = pl.read_parquet(tmp_path / "q.parquet")
     assert table.columns == [*BASE_COLUMNS, *FEATURE_NAMES, *BOOK_FEATURE_NAMES]
-    assert summary["features"] == 51 + len(BOOK_FEATURE_NAMES)
+    assert summary["features"] == len(CATALOG) + len(BOOK_CATALOG)
     assert table.select(pl.col(BOOK_FEATURE_NAMES).is_finite().all()).row(0) == (True,) * len(
         BOOK_FEATURE_NAMES
     )

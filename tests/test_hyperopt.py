@@ -13,6 +13,7 @@ import optuna
 import pytest
 
 from gpu_utils import NonFiniteError
+from marketrl.agents import dqn, ppo
 from marketrl.splits.folds import FoldConfig, make_fold_plan
 from marketrl.training.hyperopt import (
     INTERRUPTED,
@@ -21,8 +22,6 @@ from marketrl.training.hyperopt import (
     claim_trial,
     counted_trials,
     load_study,
-    suggest_dqn,
-    suggest_ppo,
     work_on_study,
     write_study_summary,
 )
@@ -151,7 +150,7 @@ def test_other_errors_fail_the_trial_and_propagate(tmp_path: Path) -> None:
 
 
 def test_search_spaces_always_tune_hidden_dim_base_and_never_costs() -> None:
-    for suggest in (suggest_dqn, suggest_ppo):
+    for suggest in (dqn.search_space, ppo.search_space):
         trial = optuna.trial.FixedTrial(
             {
                 "hidden_dim_base": 256,
@@ -179,7 +178,7 @@ def test_batch_choices_respect_hardware_bounds() -> None:
     seen = set()
     for number in range(30):
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=number))
-        seen.add(suggest_dqn(study.ask(), (64, 128))["batch_size"])
+        seen.add(dqn.search_space(study.ask(), (64, 128))["batch_size"])
     assert seen <= {64, 128}
 
 

@@ -1,4 +1,4 @@
-"""End to end with every model: all eleven of tests/configs/zoo.yaml go through hyperopt, training, evaluation and
+"""End to end with every model: all of the registry's (tests/configs/zoo.yaml's default) go through hyperopt, training, evaluation and
 into the report (one fold, one seed, one trial per study and tiny budgets keep it cheap)."""
 
 from __future__ import annotations
@@ -11,14 +11,16 @@ import pytest
 import torch
 
 from marketrl.models import MODELS
+from marketrl.training.zoo import ZOO
 from marketrl.workflow import pipeline
-from marketrl.workflow.config import AGENT_NAMES, MODEL_NAMES, load_config
+from marketrl.workflow.config import MODEL_NAMES, load_config
 from tests.conftest import REPO_ROOT
 from tests.test_workflow import snakemake, workdir_with_config
 
 pytestmark = pytest.mark.slow
 
 ZOO_CONFIG = REPO_ROOT / "tests" / "configs" / "zoo.yaml"
+AGENT_NAMES = {name for name, entry in ZOO.items() if entry.kind == "agent"}
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import yaml
 
 from marketrl.data.calendars.cme_hours import demo_file_days
 from marketrl.workflow import paths, pipeline
-from marketrl.workflow.config import validate_config
+from marketrl.workflow.config import load_config, validate_config
 from tests.conftest import REPO_ROOT
 
 TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
@@ -49,7 +49,7 @@ def test_full_dag_dry_run_default_config(tmp_path: Path) -> None:
     result = snakemake("-n", "results/eval_report.html", "--quiet", "rules", cwd=workdir)
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout + result.stderr)
-    config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    config = load_config(REPO_ROOT / "config.yaml")  # training.models: the registry's default
     n_models = len(config["training"]["models"]) * config["folds"]["n"] * config["training"]["seeds"]
     assert counts["demo_data"] == 1
     # one feature job per UTC-day file: every session's weekday file plus a Sunday file per weekend crossed

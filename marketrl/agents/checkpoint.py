@@ -2,9 +2,10 @@
 
 A checkpoint is a dict of tensors, lists, numbers, strings, booleans and None:
 
-    format "marketrl-agent", version 1, algo "dqn" | "ppo",
+    format "marketrl-agent", version 1, algo (the agent's registered name),
     architecture   the dict `networks.build_networks` rebuilds the exact networks from,
-    state_dicts    {"q": {...}} or {"policy": {...}, "value": {...}} (CPU float32 tensors),
+    state_dicts    one per network of the agent's spec: {"q": {...}} or {"policy": {...}, "value": {...}}
+                   (CPU float32 tensors),
     normalizer     FeatureNormalizer.state_dict() of the training split,
     feature_names  feature columns in observation order,
     env            the environment settings the agent was trained with (window, fill, contracts, ...),
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -25,17 +26,15 @@ import torch
 from gpu_utils import PrecisionError, PrecisionPlan, detect_precision
 from marketrl.agents.common import GreedyPolicy, TrainResult
 from marketrl.agents.networks import build_networks
+from marketrl.agents.spec import AgentSpec, ArchitectureError, agent_spec
 from marketrl.runtime.io import atomic_open
 
-__all__ = ["ACTING_NETWORK", "CheckpointError", "load_checkpoint", "load_policy", "save_checkpoint"]
+__all__ = ["CheckpointError", "load_checkpoint", "load_policy", "save_checkpoint"]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "marketrl-agent"
 VERSION = 1
-#: The network whose argmax is the greedy action, per algorithm.
-ACTING_NETWORK = {"dqn": "q", "ppo": "policy"}
-_SAVED_NETWORKS = {"dqn": ("q",), "ppo": ("policy", "value")}
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 
 
@@ -53,13 +52,16 @@ def save_checkpoint(
     precision: PrecisionPlan | Mapping[str, Any] | None = None,
     hparams: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    spec: AgentSpec | None = None,
 ) -> None:
     """Write ``result``'s networks and everything needed to rebuild and feed them, atomically.
 
-    ``precision`` and ``hparams`` default to the ones recorded in ``result``.
+    ``precision`` and ``hparams`` default to the ones recorded in ``result``; ``spec``: the agent (default: the
+    registered one named ``algo``), whose networks are saved.
     """
     if algo != result.algo:
         raise CheckpointError(f"{path}: algo {algo!r} does not match the trained agent ({result.algo!r})")
+    spec = _spec_of(algo, spec, str(path))
     if precision is None:
         precision = result.precision
     checkpoint = {
@@ -72,7 +74,7 @@ def save_checkpoint(
                 key: value.detach().to("cpu", copy=True)
                 for key, value in result.networks[name].state_dict().items()
             }
-            for name in _SAVED_NETWORKS[algo]
+            for name in spec.networks
         },
         "normalizer": dict(normalizer_state),
         "feature_names": list(feature_names),
@@ -88,8 +90,12 @@ def save_checkpoint(
         torch.save(checkpoint, handle)
 
 
-def load_checkpoint(path: str | os.PathLike[str], device: torch.device | str = "cpu") -> dict[str, Any]:
-    """The checkpoint dict (tensors mapped to ``device``), validated; ``torch.load(weights_only=True)``."""
+def load_checkpoint(
+    path: str | os.PathLike[str], device: torch.device | str = "cpu", spec: AgentSpec | None = None
+) -> dict[str, Any]:
+    """The checkpoint dict (tensors mapped to ``device``), validated; ``torch.load(weights_only=True)``.
+
+    ``spec``: the agent expected (default: any registered agent)."""
     try:
         checkpoint = torch.load(path, map_location=torch.device(device), weights_only=True)
     except FileNotFoundError:
@@ -102,23 +108,42 @@ def load_checkpoint(path: str | os.PathLike[str], device: torch.device | str = "
         raise CheckpointError(f"{path}: not a marketrl agent checkpoint")
     if checkpoint.get("version") != VERSION:
         raise CheckpointError(f"{path}: checkpoint version {checkpoint.get('version')!r}, expected {VERSION}")
-    if checkpoint.get("algo") not in ACTING_NETWORK:
-        raise CheckpointError(f"{path}: algo {checkpoint.get('algo')!r} is not dqn or ppo")
+    _spec_of(checkpoint.get("algo"), spec, str(path))
     return checkpoint
 
 
+def _spec_of(algo: Any, spec: AgentSpec | None, path: str) -> AgentSpec:
+    """The agent of a checkpoint's ``algo``: ``spec`` if given (and it is that agent), else the registered one."""
+    if spec is not None:
+        if algo != spec.name:
+            raise CheckpointError(f"{path}: a {algo!r} checkpoint, expected {spec.name!r}")
+        return spec
+    try:
+        return agent_spec(str(algo))
+    except ArchitectureError as error:
+        raise CheckpointError(f"{path}: {error}") from None
+
+
 def load_policy(
-    path: str | os.PathLike[str], device: torch.device | str = "cpu", precision: str | None = None
-) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, Any]]:
+    path: str | os.PathLike[str],
+    device: torch.device | str = "cpu",
+    precision: str | None = None,
+    spec: AgentSpec | None = None,
+) -> tuple[GreedyPolicy, dict[str, Any]]:
     """Rebuild the trained networks from the checkpoint alone; return (greedy policy, metadata).
 
+    ``spec``: the agent expected (default: the registered agent the checkpoint's ``algo`` names).
     The policy runs in the training precision where ``device`` supports it (else fp32, logged), or in
     ``precision`` (auto/bf16/fp16/fp32) if given. ``metadata`` is the checkpoint without ``state_dicts``, plus
     ``networks`` (the rebuilt modules, in eval mode) and ``plan`` (the PrecisionPlan used).
     """
     device = torch.device(device)
-    checkpoint = load_checkpoint(path, device)
-    networks = build_networks(checkpoint["architecture"])
+    checkpoint = load_checkpoint(path, device, spec)
+    spec = _spec_of(checkpoint["algo"], spec, str(path))
+    try:
+        networks = build_networks(checkpoint["architecture"], spec)
+    except ArchitectureError as error:
+        raise CheckpointError(f"{path}: {error}") from None
     for name, module in networks.items():
         try:
             module.load_state_dict(checkpoint["state_dicts"][name])
@@ -128,10 +153,9 @@ def load_policy(
             ) from None
         module.to(device).eval().requires_grad_(False)
     plan = _inference_plan(device, precision or checkpoint["precision"].get("mode", "fp32"), str(path))
-    algo = checkpoint["algo"]
     meta = {key: value for key, value in checkpoint.items() if key != "state_dicts"}
     meta.update(networks=networks, plan=plan)
-    return GreedyPolicy(networks[ACTING_NETWORK[algo]], plan), meta
+    return GreedyPolicy(networks[spec.acting_network], plan), meta
 
 
 def _inference_plan(device: torch.device, mode: str, where: str) -> PrecisionPlan:

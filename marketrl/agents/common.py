@@ -13,6 +13,7 @@ from torch import nn
 
 from gpu_utils import PrecisionPlan, resolve_precision
 from marketrl.agents.networks import build_networks, make_architecture
+from marketrl.agents.spec import AgentSpec
 from marketrl.env import EnvConfig, MarketData, TradingEnv
 from marketrl.loop.hparams import (
     check_run_setting,
@@ -102,8 +103,7 @@ class Setup(NamedTuple):
 
 
 def set_up(
-    algo: str,
-    hparams_class: type,
+    spec: AgentSpec,
     hparams: Mapping[str, Any] | None,
     train_data: MarketData,
     env_config: EnvConfig,
@@ -111,15 +111,15 @@ def set_up(
     device: torch.device | str,
     seed: int,
 ) -> Setup:
-    """Parse the hyperparameters, choose the precision, build the env and the seeded networks (on the device)
-    and the trainer's generator (``seed + GENERATOR_SEED_OFFSET``)."""
-    hp = parse_hparams(hparams_class, hparams, algo)
+    """Parse the hyperparameters (``spec.hparams_class``), choose the precision, build the env and the seeded
+    networks of the agent (on the device) and the trainer's generator (``seed + GENERATOR_SEED_OFFSET``)."""
+    hp = parse_hparams(spec.hparams_class, hparams, spec.name)
     device = torch.device(device)
     plan = resolve_precision(precision, device)
     env = TradingEnv(train_data, env_config, seed=seed, device=device)
-    architecture = make_architecture(algo, env.obs_dim, dataclasses.asdict(hp))
+    architecture = make_architecture(spec, env.obs_dim, dataclasses.asdict(hp))
     with seeded(seed):
-        networks = {name: net.to(device) for name, net in build_networks(architecture).items()}
+        networks = {name: net.to(device) for name, net in build_networks(architecture, spec).items()}
     generator = torch.Generator(device=device).manual_seed(seed + GENERATOR_SEED_OFFSET)
     return Setup(hp, device, plan, env, architecture, networks, generator)
 

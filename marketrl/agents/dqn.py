@@ -16,7 +16,7 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,15 +24,29 @@ from torch import nn
 
 from gpu_utils import DeviceMetrics, OptimStep, PrecisionPlan
 from marketrl.agents.common import GreedyPolicy, RunConfig, TrainResult, finish, set_up
-from marketrl.env import N_ACTIONS, MarketData
+from marketrl.agents.networks import QNetwork
+from marketrl.agents.spec import (
+    HIDDEN_DIM_BASES,
+    REWARD_SCALES,
+    AgentSpec,
+    Architecture,
+    MemoryModel,
+    batch_choices,
+)
+from marketrl.env import N_ACTIONS, EnvConfig, MarketData
 from marketrl.loop.hparams import check_ranges, check_run_setting, require
 from marketrl.loop.resume import TrainingCheckpoint, resume_or_start, to_device
 from marketrl.loop.schedule import EvalCallback, EvalSchedule
 
-__all__ = ["DQNConfig", "DQNHyperparams", "ReplayBuffer", "td_loss", "train"]
+if TYPE_CHECKING:
+    from marketrl.models.base import Trial
+
+__all__ = ["SPEC", "DQNConfig", "DQNHyperparams", "ReplayBuffer", "search_space", "td_loss", "train"]
 
 _RANDOM_POOL_STEPS = 64  # exploration draws are made for this many vector steps at once
 _REPLAY_FIELDS = ("obs", "next_obs", "actions", "rewards", "discounts")
+REPLAY_EXTRA_FIELDS = 3  # action, reward, bootstrap discount (besides obs and next obs)
+FORWARD_PASSES = 3  # online(s) with grad, online(s') for the double-DQN argmax, target(s')
 
 
 @dataclass(frozen=True)
@@ -260,7 +274,7 @@ def train(
     With ``checkpoint``, the loop resumes from its saved state (if any) and saves its full state whenever the
     checkpoint is due; the result is the same as one uninterrupted run.
     """
-    setup = set_up("dqn", DQNHyperparams, hparams, train_data, config.env, precision, device, seed)
+    setup = set_up(SPEC, hparams, train_data, config.env, precision, device, seed)
     hp, device, plan, env, generator = setup.hp, setup.device, setup.plan, setup.env, setup.generator
     n_envs = env.n_envs
     require(hp.buffer_size >= n_envs, "buffer_size", f"an integer >= env.n_envs ({n_envs})", hp.buffer_size)
@@ -388,3 +402,70 @@ def _record(window: dict[str, Any], state: LoopState) -> dict[str, Any]:
         "episodes": episodes,
         "episode_return_mean": window["episode_return"] / episodes if episodes else None,
     }
+
+
+# ------------------------------------------------------------------------------------------------ the registry
+
+
+def search_space(trial: Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
+    """DQN search space (docs/HYPEROPT.md); batch sizes within the device's bounds."""
+    return {
+        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", HIDDEN_DIM_BASES),
+        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-3, log=True),
+        "gamma": trial.suggest_float("gamma", 0.9, 0.999),
+        "batch_size": trial.suggest_categorical(
+            "batch_size", batch_choices(*batch_bounds, (64, 128, 256, 512))
+        ),
+        "exploration_fraction": trial.suggest_float("exploration_fraction", 0.05, 0.5),
+        "exploration_final_eps": trial.suggest_float("exploration_final_eps", 0.01, 0.1),
+        "target_update": trial.suggest_categorical("target_update", (250, 500, 1000, 2000)),
+        "gradient_steps": trial.suggest_categorical("gradient_steps", (1, 2, 4)),
+        "reward_scale": trial.suggest_categorical("reward_scale", REWARD_SCALES),
+    }
+
+
+def network_widths(base: int) -> dict[str, list[int]]:
+    """The Q-network ``obs → b → b/2 → b/4 → 3``."""
+    return {"q": [base, base // 2, base // 4]}
+
+
+def build_networks(architecture: Architecture) -> dict[str, nn.Module]:
+    """The Q-network (ReLU, optional dueling head), PyTorch default init."""
+    dueling = bool(architecture.options.get("dueling"))
+    q_net = QNetwork(
+        architecture.obs_dim,
+        architecture.hidden["q"],
+        architecture.n_actions,
+        architecture.activation,
+        dueling,
+    )
+    return {"q": q_net}
+
+
+def architecture_options(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """DQN's own entry of the architecture dict: whether the Q-network has a dueling head."""
+    return {"dueling": bool(hparams.get("dueling", False))}
+
+
+def run_config(*, total_steps: int, env: EnvConfig, eval_every: int, check_every: int) -> DQNConfig:
+    """DQN's run settings: length, env, evaluation cadence and the statistics cadence."""
+    return DQNConfig(total_steps=total_steps, env=env, eval_every=eval_every, check_every=check_every)
+
+
+SPEC = AgentSpec(
+    name="dqn",
+    hparams_class=DQNHyperparams,
+    search_space=search_space,
+    networks={"q": N_ACTIONS},
+    network_widths=network_widths,
+    activation="relu",
+    build_networks=build_networks,
+    acting_network="q",
+    batch_limits=(32, 8192),
+    memory=MemoryModel(
+        obs_per_row=2, extra_fields=REPLAY_EXTRA_FIELDS, forward_passes=FORWARD_PASSES, frozen_copy=True
+    ),
+    run_config=run_config,
+    train=train,
+    architecture_options=architecture_options,
+)

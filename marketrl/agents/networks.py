@@ -1,10 +1,8 @@
 """Network builders shared by training and checkpoint loading.
 
-Widths come from ``hidden_dim_base`` (b) in the hyperparameters:
-
-* DQN Q-network  ``obs → b → b/2 → b/4 → 3`` (ReLU; optional dueling head), PyTorch default init;
-* PPO policy     ``obs → b → b/2 → 3 logits`` (tanh), and a separate value net ``obs → 2b → b → b/2 → 1``;
-  orthogonal init (hidden gain √2, policy head 0.01, value head 1, zero biases).
+Widths come from ``hidden_dim_base`` (b) in the hyperparameters, by the agent's `AgentSpec.network_widths`
+(docs/AGENTS.md: DQN ``obs → b → b/2 → b/4 → 3``; PPO policy ``obs → b → b/2 → 3`` and value
+``obs → 2b → b → b/2 → 1``); each agent's file builds its own modules from them (`AgentSpec.build_networks`).
 
 Hyperparameter files without ``hidden_dim_base`` get ``[128, 64]`` for every network (older files keep working);
 ``net_arch`` (an explicit list of widths for every network) is used for like-for-like comparisons with
@@ -21,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from marketrl.agents.spec import AgentSpec, Architecture, ArchitectureError, agent_spec
 from marketrl.env import N_ACTIONS
 
 __all__ = [
@@ -31,25 +30,23 @@ __all__ = [
     "hidden_sizes",
     "make_architecture",
     "mlp",
+    "orthogonal_init",
 ]
 
 #: Hidden widths for every network when the hyperparameters carry neither hidden_dim_base nor net_arch.
 FALLBACK_HIDDEN = (128, 64)
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
+# Keys of every architecture dict; the rest are the agent's own options (AgentSpec.architecture_options).
+_COMMON_KEYS = ("algo", "obs_dim", "n_actions", "hidden", "activation")
 
 
-class ArchitectureError(ValueError):
-    """A network description (hyperparameters or checkpoint architecture) is invalid."""
-
-
-def hidden_sizes(algo: str, hparams: Mapping[str, Any]) -> dict[str, list[int]]:
-    """Hidden widths per network: ``{"q": [...]}`` for DQN, ``{"policy": [...], "value": [...]}`` for PPO.
+def hidden_sizes(agent: AgentSpec | str, hparams: Mapping[str, Any]) -> dict[str, list[int]]:
+    """Hidden widths per network of the agent (``{"q": [...]}`` for DQN, ``{"policy": [...], "value": [...]}``
+    for PPO).
 
     ``net_arch`` wins (same widths for every network), then ``hidden_dim_base``, then the [128, 64] fallback.
     """
-    if algo not in ("dqn", "ppo"):
-        raise ArchitectureError(f"algo: expected 'dqn' or 'ppo', got {algo!r}")
-    names = ("q",) if algo == "dqn" else ("policy", "value")
+    spec = agent_spec(agent)
     net_arch = hparams.get("net_arch")
     base = hparams.get("hidden_dim_base")
     if net_arch is not None and base is not None:
@@ -60,25 +57,24 @@ def hidden_sizes(algo: str, hparams: Mapping[str, Any]) -> dict[str, list[int]]:
             raise ArchitectureError(
                 f"hparams.net_arch: expected a non-empty list of integers >= 1, got {net_arch!r}"
             )
-        return {name: list(widths) for name in names}
+        return {name: list(widths) for name in spec.networks}
     if base is None:
-        return {name: list(FALLBACK_HIDDEN) for name in names}
+        return {name: list(FALLBACK_HIDDEN) for name in spec.networks}
     if isinstance(base, bool) or not isinstance(base, int) or base < 4:
         raise ArchitectureError(f"hparams.hidden_dim_base: expected an integer >= 4, got {base!r}")
-    if algo == "dqn":
-        return {"q": [base, base // 2, base // 4]}
-    return {"policy": [base, base // 2], "value": [2 * base, base, base // 2]}
+    return spec.network_widths(base)
 
 
-def make_architecture(algo: str, obs_dim: int, hparams: Mapping[str, Any]) -> dict[str, Any]:
+def make_architecture(agent: AgentSpec | str, obs_dim: int, hparams: Mapping[str, Any]) -> dict[str, Any]:
     """The plain-data description `build_networks` rebuilds from (stored in checkpoints)."""
+    spec = agent_spec(agent)
     return {
-        "algo": algo,
+        "algo": spec.name,
         "obs_dim": int(obs_dim),
         "n_actions": N_ACTIONS,
-        "hidden": hidden_sizes(algo, hparams),
-        "activation": "relu" if algo == "dqn" else "tanh",
-        "dueling": bool(hparams.get("dueling", False)) if algo == "dqn" else False,
+        "hidden": hidden_sizes(spec, hparams),
+        "activation": spec.activation,
+        **spec.architecture_options(hparams),
     }
 
 
@@ -117,34 +113,37 @@ class QNetwork(nn.Module):
         return self.value_head(features) + advantage - advantage.mean(dim=1, keepdim=True)
 
 
-def _orthogonal_init(net: nn.Sequential, head_gain: float) -> None:
+def orthogonal_init(net: nn.Sequential, head_gain: float) -> None:
+    """Orthogonal weights (hidden layers gain √2, the last layer ``head_gain``) and zero biases."""
     linears = [layer for layer in net if isinstance(layer, nn.Linear)]
     for index, layer in enumerate(linears):
         nn.init.orthogonal_(layer.weight, gain=head_gain if index == len(linears) - 1 else math.sqrt(2))
         nn.init.zeros_(layer.bias)
 
 
-def build_networks(architecture: Mapping[str, Any]) -> dict[str, nn.Module]:
+def build_networks(architecture: Mapping[str, Any], spec: AgentSpec | None = None) -> dict[str, nn.Module]:
     """Fresh networks (on the CPU, float32) for an architecture dict: ``{"q"}`` or ``{"policy", "value"}``.
 
-    Initialization draws from torch's global RNG: seed it (or fork it) before calling for reproducible weights.
+    ``spec``: the agent (default: the registered one its ``algo`` names). Initialization draws from torch's
+    global RNG: seed it (or fork it) before calling for reproducible weights.
     """
     try:
         algo = architecture["algo"]
-        obs_dim = int(architecture["obs_dim"])
-        n_actions = int(architecture["n_actions"])
-        hidden = {name: [int(w) for w in widths] for name, widths in architecture["hidden"].items()}
-        activation = architecture["activation"]
-    except (KeyError, TypeError, ValueError) as error:
+        parsed = Architecture(
+            obs_dim=int(architecture["obs_dim"]),
+            n_actions=int(architecture["n_actions"]),
+            hidden={name: [int(w) for w in widths] for name, widths in architecture["hidden"].items()},
+            activation=architecture["activation"],
+            options={k: v for k, v in architecture.items() if k not in _COMMON_KEYS},
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ArchitectureError(f"architecture: malformed or missing entry ({error})") from None
-    if activation not in _ACTIVATIONS:
-        raise ArchitectureError(f"architecture.activation: expected relu or tanh, got {activation!r}")
-    if algo == "dqn":
-        return {"q": QNetwork(obs_dim, hidden["q"], n_actions, activation, bool(architecture.get("dueling")))}
-    if algo == "ppo":
-        policy = mlp(obs_dim, hidden["policy"], n_actions, activation)
-        value = mlp(obs_dim, hidden["value"], 1, activation)
-        _orthogonal_init(policy, head_gain=0.01)
-        _orthogonal_init(value, head_gain=1.0)
-        return {"policy": policy, "value": value}
-    raise ArchitectureError(f"architecture.algo: expected 'dqn' or 'ppo', got {algo!r}")
+    if parsed.activation not in _ACTIVATIONS:
+        raise ArchitectureError(f"architecture.activation: expected relu or tanh, got {parsed.activation!r}")
+    spec = agent_spec(algo if spec is None else spec)
+    if spec.name != algo:
+        raise ArchitectureError(f"architecture.algo: {algo!r}, expected {spec.name!r}")
+    missing = [name for name in spec.networks if name not in parsed.hidden]
+    if missing:
+        raise ArchitectureError(f"architecture.hidden: no widths for {missing[0]!r} of {spec.name}")
+    return spec.build_networks(parsed)

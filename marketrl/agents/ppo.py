@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -29,14 +29,27 @@ from torch import nn
 
 from gpu_utils import DeviceMetrics, NonFiniteError, OptimStep, PrecisionPlan
 from marketrl.agents.common import GreedyPolicy, RunConfig, TrainResult, finish, set_up
-from marketrl.env import N_ACTIONS, MarketData
+from marketrl.agents.networks import mlp, orthogonal_init
+from marketrl.agents.spec import (
+    HIDDEN_DIM_BASES,
+    REWARD_SCALES,
+    AgentSpec,
+    Architecture,
+    MemoryModel,
+    batch_choices,
+)
+from marketrl.env import N_ACTIONS, EnvConfig, MarketData
 from marketrl.loop.hparams import check_ranges
 from marketrl.loop.resume import TrainingCheckpoint, resume_or_start
 from marketrl.loop.schedule import EvalCallback, EvalSchedule
 
-__all__ = ["PPOConfig", "PPOHyperparams", "compute_gae", "ppo_loss", "train"]
+if TYPE_CHECKING:
+    from marketrl.models.base import Trial
+
+__all__ = ["SPEC", "PPOConfig", "PPOHyperparams", "compute_gae", "ppo_loss", "search_space", "train"]
 
 _LOSS_TERMS = ["policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"]
+ROLLOUT_EXTRA_FIELDS = 7  # action, reward, done, old log-prob, value, advantage, return
 
 
 @dataclass(frozen=True)
@@ -173,7 +186,7 @@ def train(
     With ``checkpoint``, the loop resumes from its saved state (if any) and saves its full state after any
     update at which the checkpoint is due; the result is the same as one uninterrupted run.
     """
-    setup = set_up("ppo", PPOHyperparams, hparams, train_data, config.env, precision, device, seed)
+    setup = set_up(SPEC, hparams, train_data, config.env, precision, device, seed)
     hp, device, plan, env, generator = setup.hp, setup.device, setup.plan, setup.env, setup.generator
     n_envs, n_steps, obs_dim = env.n_envs, hp.n_steps, env.obs_dim
     rollout_size = n_steps * n_envs
@@ -363,3 +376,61 @@ def _finished_episode_returns(running: np.ndarray, rewards: np.ndarray, done: np
 def _explained_variance(values: np.ndarray, returns: np.ndarray) -> float | None:
     variance = float(np.var(returns))
     return None if variance == 0 else 1.0 - float(np.var(returns - values)) / variance
+
+
+# ------------------------------------------------------------------------------------------------ the registry
+
+
+def search_space(trial: Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
+    """PPO search space (docs/HYPEROPT.md); minibatch sizes within the device's bounds."""
+    return {
+        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", HIDDEN_DIM_BASES),
+        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-3, log=True),
+        "gamma": trial.suggest_float("gamma", 0.9, 0.999),
+        "gae_lambda": trial.suggest_float("gae_lambda", 0.8, 0.99),
+        "n_steps": trial.suggest_categorical("n_steps", (32, 64, 128)),
+        "n_epochs": trial.suggest_int("n_epochs", 2, 8),
+        "batch_size": trial.suggest_categorical(
+            "batch_size", batch_choices(*batch_bounds, (256, 512, 1024, 2048))
+        ),
+        "clip_range": trial.suggest_float("clip_range", 0.1, 0.3),
+        "ent_coef": trial.suggest_float("ent_coef", 1e-4, 5e-2, log=True),
+        "reward_scale": trial.suggest_categorical("reward_scale", REWARD_SCALES),
+    }
+
+
+def network_widths(base: int) -> dict[str, list[int]]:
+    """The policy ``obs → b → b/2 → 3 logits`` and a separate, wider value net ``obs → 2b → b → b/2 → 1``."""
+    return {"policy": [base, base // 2], "value": [2 * base, base, base // 2]}
+
+
+def build_networks(architecture: Architecture) -> dict[str, nn.Module]:
+    """Policy and value MLPs (tanh), orthogonal init (hidden gain √2, policy head 0.01, value head 1)."""
+    hidden, activation = architecture.hidden, architecture.activation
+    policy = mlp(architecture.obs_dim, hidden["policy"], architecture.n_actions, activation)
+    value = mlp(architecture.obs_dim, hidden["value"], 1, activation)
+    orthogonal_init(policy, head_gain=0.01)
+    orthogonal_init(value, head_gain=1.0)
+    return {"policy": policy, "value": value}
+
+
+def run_config(*, total_steps: int, env: EnvConfig, eval_every: int, check_every: int) -> PPOConfig:
+    """PPO's run settings: length, env and evaluation cadence (statistics are read once per update, so
+    ``check_every`` does not apply)."""
+    return PPOConfig(total_steps=total_steps, env=env, eval_every=eval_every)
+
+
+SPEC = AgentSpec(
+    name="ppo",
+    hparams_class=PPOHyperparams,
+    search_space=search_space,
+    networks={"policy": N_ACTIONS, "value": 1},
+    network_widths=network_widths,
+    activation="tanh",
+    build_networks=build_networks,
+    acting_network="policy",
+    batch_limits=(64, 65536),  # the minibatch size
+    memory=MemoryModel(obs_per_row=1, extra_fields=ROLLOUT_EXTRA_FIELDS),
+    run_config=run_config,
+    train=train,
+)

@@ -166,7 +166,7 @@ def evaluate_job(
     bars carry the ``prediction`` and ``forward_return`` columns (`forecast_columns`).
     """
     device = resolve_device(config["training"]["device"])
-    loaded = get_entry(algo).load(model_path, device)
+    loaded = get_entry(algo, config["training"]["extra_models"]).load(model_path, device)
     meta = loaded.meta
     normalizer = FeatureNormalizer.from_state_dict(meta["normalizer"])
     plan = FoldPlan.load(folds_path)

@@ -1,7 +1,8 @@
-"""The supervised model zoo: nine forecasters of the forward return behind one protocol (docs/MODELS.md).
+"""The supervised model zoo: forecasters of the forward return behind one protocol (docs/MODELS.md).
 
-`MODELS[name]` is a `ModelSpec` (hyperparameter dataclass, search space, train, load). `save_model` /
-`load_model` write and read a model checkpoint (plain data, `torch.load(weights_only=True)`).
+`MODELS[name]` is a `ModelSpec` (hyperparameter dataclass, search space, train, load): every entry of the model
+registry (`marketrl.workflow.registry.REGISTRY`) whose spec lives in this package. `save_model` / `load_model`
+write and read a model checkpoint (plain data, `torch.load(weights_only=True)`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 
 import torch
 
-from marketrl.models import alstm, dlinear, gru, lightgbm_model, linear, lstm, mlp, tcn, transformer
 from marketrl.models.base import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
@@ -22,6 +22,7 @@ from marketrl.models.base import (
     TrainHooks,
 )
 from marketrl.runtime.io import atomic_write
+from marketrl.workflow.registry import REGISTRY, load_spec, names_under
 
 __all__ = [
     "MODELS",
@@ -35,20 +36,7 @@ __all__ = [
     "save_model",
 ]
 
-MODELS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in (
-        linear.SPEC,
-        lightgbm_model.SPEC,
-        mlp.SPEC,
-        lstm.SPEC,
-        gru.SPEC,
-        alstm.SPEC,
-        tcn.SPEC,
-        transformer.SPEC,
-        dlinear.SPEC,
-    )
-}
+MODELS: dict[str, ModelSpec] = {name: load_spec(REGISTRY[name]) for name in names_under(__name__)}
 
 
 def get_model(name: str) -> ModelSpec:
@@ -64,11 +52,14 @@ def save_model(path: str | os.PathLike[str], model: TrainedModel, **extra: Any) 
         torch.save(model.checkpoint(**extra), tmp)
 
 
-def model_from_checkpoint(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> TrainedModel:
-    """Rebuild a trained model from a checkpoint dict (as `TrainedModel.checkpoint` makes it)."""
+def model_from_checkpoint(
+    checkpoint: Mapping[str, Any], device: torch.device | str = "cpu", spec: ModelSpec | None = None
+) -> TrainedModel:
+    """Rebuild a trained model from a checkpoint dict (as `TrainedModel.checkpoint` makes it), with ``spec``
+    (default: the model of this package its ``model`` names)."""
     if checkpoint.get("format") != CHECKPOINT_FORMAT or checkpoint.get("version") != CHECKPOINT_VERSION:
         raise ValueError(f"checkpoint: expected format {CHECKPOINT_FORMAT!r} version {CHECKPOINT_VERSION}")
-    return get_model(str(checkpoint["model"])).load(checkpoint, device)
+    return (spec or get_model(str(checkpoint["model"]))).load(checkpoint, device)
 
 
 def load_model(path: str | os.PathLike[str], device: torch.device | str = "cpu") -> TrainedModel:

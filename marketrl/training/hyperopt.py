@@ -49,16 +49,7 @@ from marketrl.training.study_storage import (  # claims, storage and recovery; t
     trial_claims,
     work_on_study,
 )
-from marketrl.training.zoo import (  # the search spaces live with the registry; re-exported for callers
-    HIDDEN_DIM_BASES,  # noqa: F401
-    REWARD_SCALES,  # noqa: F401
-    SearchSpace,
-    TrainRequest,
-    get_entry,
-    positions_sharpe,
-    suggest_dqn,  # noqa: F401
-    suggest_ppo,  # noqa: F401
-)
+from marketrl.training.zoo import SearchSpace, TrainRequest, get_entry, positions_sharpe
 from marketrl.workflow.config import derive_seed
 
 log = logging.getLogger(__name__)
@@ -138,7 +129,7 @@ def run_trial(
     ``seed_scores``; `space` is the model's search space (`marketrl.training.zoo`, built once per worker).
     """
     started = time.perf_counter()
-    entry = get_entry(algo)
+    entry = get_entry(algo, config["training"]["extra_models"])
     hparams = space(trial)
     trial.set_user_attr(SAMPLED, True)
     slot = trial.user_attrs.get(SLOT, trial.number)
@@ -206,7 +197,7 @@ def run_worker(
     Its name carries `study_key` of the config, the inputs and `code` (the stage's code hash).
     """
     started = time.perf_counter()
-    entry = get_entry(algo)
+    entry = get_entry(algo, config["training"]["extra_models"])
     device = resolve_device(config["training"]["device"])
     precision = detect_precision(device, config["training"]["precision"])
     plan = FoldPlan.load(folds_path)
@@ -305,7 +296,7 @@ def write_study_summary(
     }
     summary = {
         "algo": algo,
-        "kind": get_entry(algo).kind,
+        "kind": get_entry(algo, config["training"]["extra_models"]).kind,
         "objective": OBJECTIVE,
         "direction": "maximize",
         "best_params": best.params,

@@ -123,7 +123,7 @@ def train_job(
     `resume_path` is the resumable checkpoint: an undeclared side file (marketrl.workflow.paths.RESUME), removed once
     model.pt is written.
     """
-    entry = get_entry(algo)
+    entry = get_entry(algo, config["training"]["extra_models"])
     hparams = load_hparams(hparams_path, algo)
     training = config["training"]
     device = resolve_device(training["device"])

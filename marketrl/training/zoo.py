@@ -1,7 +1,11 @@
-"""One registry over every model the pipeline runs: the RL agents (`marketrl.agents`) and the forecasters
+"""The zoo: every model the pipeline runs, the RL agents (`marketrl.agents`) and the forecasters
 (`marketrl.models`), behind one protocol, so that hyperopt, training and evaluation dispatch by name.
 
-    entry = ZOO[name]                               # or get_entry(name): one-line error naming the known models
+`ZOO` is built from the specs `marketrl.workflow.registry.REGISTRY` names: an `AgentSpec` becomes an `AgentEntry`,
+a `ModelSpec` a `ForecasterEntry`; nothing here tests a model's name. ``training.extra_models`` (a config's
+``name: "module:SPEC"`` entries) adds models from outside marketrl the same way (`get_entry(name, extra)`).
+
+    entry = ZOO[name]                               # or get_entry(name, extra): one-line error naming the known
     space = entry.search_space(budget, window, config)  # once per hyperopt worker; space(trial) -> hparams
     trained = entry.train(request)                  # TrainRequest: splits, config slice, hparams, seed, hooks
     trained.save(path, window, extra)               # a checkpoint torch.load(weights_only=True) reads back
@@ -16,33 +20,29 @@ fills and costs.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
 from gpu_utils import HardwareBudget, PrecisionPlan
-from marketrl.agents import dqn, ppo
-from marketrl.agents.checkpoint import load_policy, save_checkpoint
+from marketrl.agents.checkpoint import save_checkpoint
 from marketrl.agents.common import TrainResult, env_settings
 from marketrl.agents.memory import batch_size_bounds
+from marketrl.agents.spec import HIDDEN_DIM_BASES, AgentSpec
 from marketrl.env import EnvConfig, MarketData, evaluate_positions, policy_positions
 from marketrl.evaluation.metrics import performance_summary
 from marketrl.loop.resume import TrainingCheckpoint
-from marketrl.models import MODELS, RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
-from marketrl.models.base import Trial
+from marketrl.models import RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
+from marketrl.models.base import CHECKPOINT_FORMAT, ModelSpec, Trial
 from marketrl.splits.datasets import WindowData, env_config_from_config
-from marketrl.workflow.config import AGENT_NAMES, FORECASTER_NAMES
-
-if TYPE_CHECKING:
-    from marketrl.models.base import ModelSpec
+from marketrl.workflow.registry import REGISTRY, RegistryError, load_spec
 
 __all__ = [
     "EVALS_PER_RUN",
-    "HIDDEN_DIM_BASES",
-    "REWARD_SCALES",
     "ZOO",
     "AgentEntry",
     "ForecasterEntry",
@@ -50,18 +50,14 @@ __all__ = [
     "LoadedModel",
     "TrainRequest",
     "Trained",
+    "entry_from_spec",
     "get_entry",
     "positions_sharpe",
     "run_settings",
-    "suggest_dqn",
-    "suggest_ppo",
 ]
 
 Kind = Literal["agent", "forecaster"]
 EVALS_PER_RUN = 10  # validation scores (and progress lines) per training run, for every model
-HIDDEN_DIM_BASES = (64, 128, 256, 512)
-# Per-bar returns are ~1e-4: rewards are multiplied by this before the losses (the objective is unaffected).
-REWARD_SCALES = (1.0, 10.0, 100.0, 1000.0)
 
 #: on_score(step, validation Sharpe): progress logging and hyperopt pruning (may raise to stop the run)
 ScoreHook = Callable[[int, float], None]
@@ -73,49 +69,6 @@ def positions_sharpe(data: MarketData, positions: torch.Tensor, env_config: EnvC
     """Annualized Sharpe of daily net returns of `positions` on `data` (0 when flat): the validation objective."""
     sharpe = performance_summary(evaluate_positions(data, positions, env_config))["sharpe"]
     return 0.0 if sharpe is None or not math.isfinite(sharpe) else float(sharpe)
-
-
-# ----------------------------------------------------------------------------------------------- search spaces
-
-
-def _batch_choices(low: int, high: int, candidates: Sequence[int]) -> list[int]:
-    chosen = [size for size in candidates if low <= size <= high]
-    return chosen or [max(low, min(candidates))]
-
-
-def suggest_dqn(trial: Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
-    """DQN search space (docs/HYPEROPT.md)."""
-    return {
-        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", HIDDEN_DIM_BASES),
-        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-3, log=True),
-        "gamma": trial.suggest_float("gamma", 0.9, 0.999),
-        "batch_size": trial.suggest_categorical(
-            "batch_size", _batch_choices(*batch_bounds, (64, 128, 256, 512))
-        ),
-        "exploration_fraction": trial.suggest_float("exploration_fraction", 0.05, 0.5),
-        "exploration_final_eps": trial.suggest_float("exploration_final_eps", 0.01, 0.1),
-        "target_update": trial.suggest_categorical("target_update", (250, 500, 1000, 2000)),
-        "gradient_steps": trial.suggest_categorical("gradient_steps", (1, 2, 4)),
-        "reward_scale": trial.suggest_categorical("reward_scale", REWARD_SCALES),
-    }
-
-
-def suggest_ppo(trial: Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
-    """PPO search space (docs/HYPEROPT.md)."""
-    return {
-        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", HIDDEN_DIM_BASES),
-        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-3, log=True),
-        "gamma": trial.suggest_float("gamma", 0.9, 0.999),
-        "gae_lambda": trial.suggest_float("gae_lambda", 0.8, 0.99),
-        "n_steps": trial.suggest_categorical("n_steps", (32, 64, 128)),
-        "n_epochs": trial.suggest_int("n_epochs", 2, 8),
-        "batch_size": trial.suggest_categorical(
-            "batch_size", _batch_choices(*batch_bounds, (256, 512, 1024, 2048))
-        ),
-        "clip_range": trial.suggest_float("clip_range", 0.1, 0.3),
-        "ent_coef": trial.suggest_float("ent_coef", 1e-4, 5e-2, log=True),
-        "reward_scale": trial.suggest_categorical("reward_scale", REWARD_SCALES),
-    }
 
 
 # ------------------------------------------------------------------------------------------------ the protocol
@@ -202,24 +155,24 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class AgentEntry:
-    """DQN or PPO: trained on the TradingEnv for `TrainRequest.steps` env steps."""
+    """An RL agent (`marketrl.agents.spec.AgentSpec`): trained on the TradingEnv for `TrainRequest.steps` env
+    steps."""
 
-    name: str
+    spec: AgentSpec
     kind: Kind = "agent"
 
     @property
-    def trainer(self) -> Any:
-        """The agent's module (`dqn` or `ppo`)."""
-        return {"dqn": dqn, "ppo": ppo}[self.name]
+    def name(self) -> str:
+        """The model name (training.models, the {algo} wildcard)."""
+        return self.spec.name
 
     def search_space(
         self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
     ) -> SearchSpace:
         """The agent's space with batch sizes the device's memory holds (for the widest network)."""
         obs_dim = window.splits["train"].n_features * config["env"]["window"] + 1
-        bounds = batch_size_bounds(budget, self.name, obs_dim, max(HIDDEN_DIM_BASES))
-        suggest = suggest_dqn if self.name == "dqn" else suggest_ppo
-        return lambda trial: suggest(trial, bounds)
+        bounds = batch_size_bounds(budget, self.spec, obs_dim, max(HIDDEN_DIM_BASES))
+        return lambda trial: self.spec.search_space(trial, bounds)
 
     def train(self, request: TrainRequest) -> Trained:
         """Train on the training split; validation Sharpe EVALS_PER_RUN times (when there is a validation split)."""
@@ -234,16 +187,13 @@ class AgentEntry:
                 return score
 
         eval_every = max(1, request.steps // EVALS_PER_RUN) if on_eval is not None else 0
-        if self.name == "dqn":
-            run_config: Any = dqn.DQNConfig(
-                total_steps=request.steps,
-                env=env_config,
-                eval_every=eval_every,
-                check_every=request.config["training"]["check_every"],
-            )
-        else:
-            run_config = ppo.PPOConfig(total_steps=request.steps, env=env_config, eval_every=eval_every)
-        result: TrainResult = self.trainer.train(
+        run_config = self.spec.make_run_config(
+            total_steps=request.steps,
+            env=env_config,
+            eval_every=eval_every,
+            check_every=request.config["training"]["check_every"],
+        )
+        result: TrainResult = self.spec.train(
             request.train_data,
             run_config,
             dict(request.hparams),
@@ -264,6 +214,7 @@ class AgentEntry:
                 precision=request.precision.to_dict(),
                 hparams=dict(request.hparams),
                 extra=dict(extra),
+                spec=self.spec,
             )
 
         return Trained(
@@ -277,7 +228,7 @@ class AgentEntry:
 
     def load(self, path: str, device: torch.device) -> LoadedModel:
         """The greedy policy of an agent checkpoint."""
-        policy, meta = load_policy(path, device)
+        policy, meta = self.spec.load(path, device)
         return LoadedModel(
             name=self.name,
             kind=self.kind,
@@ -311,15 +262,16 @@ def run_settings(config: Mapping[str, Any], updates: int) -> RunSettings:
 
 @dataclass(frozen=True)
 class ForecasterEntry:
-    """A zoo model of `marketrl.models`: it learns the forward return; its trading rule makes the positions."""
+    """A forecaster (`marketrl.models.base.ModelSpec`): it learns the forward return; its trading rule makes the
+    positions."""
 
-    name: str
+    spec: ModelSpec
     kind: Kind = "forecaster"
 
     @property
-    def spec(self) -> ModelSpec:
-        """The model's `ModelSpec` (hyperparameters, space, train, load)."""
-        return MODELS[self.name]
+    def name(self) -> str:
+        """The model name (training.models, the {algo} wildcard)."""
+        return self.spec.name
 
     def search_space(
         self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
@@ -379,10 +331,10 @@ class ForecasterEntry:
     def load(self, path: str, device: torch.device) -> LoadedModel:
         """The model and its trading rule from a `save_model` checkpoint."""
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        model = model_from_checkpoint(checkpoint, device)
+        if checkpoint.get("format") == CHECKPOINT_FORMAT and checkpoint.get("model") != self.name:
+            raise ValueError(f"{path}: a {checkpoint.get('model')} checkpoint, expected {self.name}")
+        model = model_from_checkpoint(checkpoint, device, self.spec)
         extra = dict(checkpoint["extra"])
-        if model.name != self.name:
-            raise ValueError(f"{path}: a {model.name} checkpoint, expected {self.name}")
         meta = {
             "env": extra.get("env"),
             "extra": extra,
@@ -402,15 +354,41 @@ class ForecasterEntry:
 
 Entry = AgentEntry | ForecasterEntry
 
-#: Every model, in config order (marketrl.workflow.config.MODEL_NAMES; tests/test_zoo.py checks both agree).
+
+def entry_from_spec(name: str, spec: Any) -> Entry:
+    """The zoo entry of a registered spec; its type is the model's kind (`RegistryError` for anything else, or
+    for a spec named other than its registry name)."""
+    if isinstance(spec, AgentSpec):
+        entry: Entry = AgentEntry(spec)
+    elif isinstance(spec, ModelSpec):
+        entry = ForecasterEntry(spec)
+    else:
+        raise RegistryError(f"{name}: {type(spec).__name__} is neither an AgentSpec nor a ModelSpec")
+    if entry.name != name:
+        raise RegistryError(f"{name}: the spec is named {entry.name!r}")
+    return entry
+
+
+#: Every built-in model, in the registry's order (the default of training.models).
 ZOO: dict[str, Entry] = {
-    **{name: AgentEntry(name) for name in AGENT_NAMES},
-    **{name: ForecasterEntry(name) for name in FORECASTER_NAMES},
+    name: entry_from_spec(name, load_spec(location)) for name, location in REGISTRY.items()
 }
 
 
-def get_entry(name: str) -> Entry:
-    """The registry entry of a model, or a one-line error naming the known ones."""
-    if name not in ZOO:
-        raise KeyError(f"training.models: unknown model {name!r} (known: {', '.join(ZOO)})")
-    return ZOO[name]
+@functools.cache
+def _extra_entry(name: str, location: str) -> Entry:
+    try:
+        return entry_from_spec(name, load_spec(location))
+    except RegistryError as error:
+        raise RegistryError(f"config key 'training.extra_models.{name}': {error}") from None
+
+
+def get_entry(name: str, extra: Mapping[str, str] | None = None) -> Entry:
+    """The zoo entry of a model: a built-in one, or one of ``extra`` (``training.extra_models``: name ->
+    "module:SPEC", imported on first use); a one-line error naming the known ones."""
+    if name in ZOO:
+        return ZOO[name]
+    if extra and name in extra:
+        return _extra_entry(name, extra[name])
+    known = ", ".join([*ZOO, *(extra or {})])
+    raise KeyError(f"training.models: unknown model {name!r} (known: {known})")

@@ -12,15 +12,13 @@ import jsonschema
 import yaml
 
 from marketrl.workflow.contract_specs import contract_spec_problem
+from marketrl.workflow.registry import MODEL_NAMES
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
-#: Every model `training.models` may list, in the default order: the RL agents, then the forecasters. Kept here,
-#: free of torch, because the workflow validates the config at every DAG parse; `marketrl.training.zoo.ZOO` (the registry)
-#: is tested to hold exactly these names.
-AGENT_NAMES = ("dqn", "ppo")
-FORECASTER_NAMES = ("linear", "lightgbm", "mlp", "lstm", "gru", "alstm", "tcn", "transformer", "dlinear")
-MODEL_NAMES = AGENT_NAMES + FORECASTER_NAMES
+#: Defaults that come from code rather than the schema file: the model list is the registry's
+#: (`marketrl.workflow.registry.MODEL_NAMES`, names only: the DAG parse imports no model).
+CODE_DEFAULTS: dict[str, Any] = {"training.models": list(MODEL_NAMES)}
 
 
 class ConfigError(ValueError):
@@ -59,12 +57,13 @@ def schema_errors(config: dict[str, Any], schema: dict[str, Any] | None = None) 
     return messages
 
 
-def _fill_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+def _fill_defaults(config: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     for key, sub in schema.get("properties", {}).items():
-        if key not in config and "default" in sub:
-            config[key] = copy.deepcopy(sub["default"])
+        dotted = f"{prefix}{key}"
+        if key not in config and (dotted in CODE_DEFAULTS or "default" in sub):
+            config[key] = copy.deepcopy(CODE_DEFAULTS.get(dotted, sub.get("default")))
         if isinstance(config.get(key), dict) and sub.get("type") == "object":
-            _fill_defaults(config[key], sub)
+            _fill_defaults(config[key], sub, f"{dotted}.")
     return config
 
 
@@ -78,18 +77,26 @@ def check_renamed_keys(config: dict[str, Any]) -> None:
         )
 
 
-def check_models(models: list[str]) -> None:
-    """Every name of training.models is a known model (one line listing the known ones)."""
-    unknown = [name for name in models if name not in MODEL_NAMES]
+def check_models(models: list[str], extra_models: Mapping[str, str] | None = None) -> None:
+    """Every name of training.models is a registered model or one of training.extra_models, which must not reuse
+    a registered name (one line naming the key)."""
+    extra = dict(extra_models or {})
+    clash = [name for name in extra if name in MODEL_NAMES]
+    if clash:
+        raise ConfigError(
+            f"config key 'training.extra_models.{clash[0]}': {clash[0]!r} is a registered model; choose another name"
+        )
+    known = [*MODEL_NAMES, *extra]
+    unknown = [name for name in models if name not in known]
     if unknown:
         raise ConfigError(
-            f"config key 'training.models': unknown model {unknown[0]!r}; known models: {', '.join(MODEL_NAMES)}"
+            f"config key 'training.models': unknown model {unknown[0]!r}; known models: {', '.join(known)}"
         )
 
 
 def check_semantics(config: dict[str, Any]) -> None:
     """Cross-key checks that a JSON schema cannot express; raise ConfigError naming the key."""
-    check_models(config["training"]["models"])
+    check_models(config["training"]["models"], config["training"]["extra_models"])
     data = config["data"]
     if data["source"] == "files" and not data["files"].strip():
         raise ConfigError(

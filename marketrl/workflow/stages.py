@@ -17,6 +17,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from marketrl.workflow.registry import registered_modules
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS_DIR = REPO_ROOT / "workflow_scripts"
 CODE_PACKAGES = (
@@ -101,6 +103,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.check_every",
         "training.device",
         "training.epochs",
+        "training.extra_models",
         "training.horizon",
         "training.n_envs",
         "training.patience",
@@ -112,6 +115,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "hyperopt.pruner_warmup_evals",
         "hyperopt.seeds_per_trial",
         "hyperopt.storage",
+        "training.extra_models",
     ),
     "train": (
         "seed",
@@ -121,6 +125,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.checkpoint_every",
         "training.device",
         "training.epochs",
+        "training.extra_models",
         "training.horizon",
         "training.max_updates",
         "training.n_envs",
@@ -134,6 +139,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         *_ENV,
         "evaluation.random_baseline_seeds",  # the turnover-matched random traders beside each agent run
         "training.device",
+        "training.extra_models",
         "training.n_envs",
     ),
     "baselines": (
@@ -199,6 +205,10 @@ DOWNSTREAM: dict[str, tuple[str, ...]] = {
 }
 STAGES = tuple(DOWNSTREAM)
 
+# Mappings keyed by model name, of which a model's jobs get only their own entry (`stage_config(..., model=)`):
+# registering one more model by config changes no other model's job params, so it reruns nothing else.
+PER_MODEL_KEYS = ("training.extra_models",)
+
 
 class StageError(ValueError):
     """An unknown stage name (a rule and this table disagree)."""
@@ -211,8 +221,11 @@ def _keys_of(stage: str) -> tuple[str, ...] | str:
         raise StageError(f"unknown stage {stage!r} (expected one of {', '.join(STAGES)})") from None
 
 
-def stage_config(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
-    """The part of a validated config that `stage` reads: nested like the config, keys in sorted order."""
+def stage_config(config: Mapping[str, Any], stage: str, model: str | None = None) -> dict[str, Any]:
+    """The part of a validated config that `stage` reads: nested like the config, keys in sorted order.
+
+    ``model``: the slice of one model's job, where each of `PER_MODEL_KEYS` holds only that model's entry.
+    """
     keys = _keys_of(stage)
     if keys == ALL_KEYS:
         keys = tuple(k for k in config_keys(config) if _in_all_keys(k))
@@ -223,7 +236,10 @@ def stage_config(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
         for section in sections:
             source = source[section]
             target = target.setdefault(section, {})
-        target[leaf] = copy.deepcopy(source[leaf])
+        value = source[leaf]
+        if model is not None and dotted in PER_MODEL_KEYS:
+            value = {name: entry for name, entry in value.items() if name == model}
+        target[leaf] = copy.deepcopy(value)
     return sliced
 
 
@@ -231,8 +247,8 @@ def _in_all_keys(key: str) -> bool:
     return key.split(".", 1)[0] not in NOT_IN_ALL_KEYS
 
 
-# Mappings that a stage reads as one value (their keys are the user's: symbol roots, calendar fields).
-WHOLE_VALUE_KEYS = ("costs.instruments", "data.session")
+# Mappings that a stage reads as one value (their keys are the user's: symbol roots, calendar fields, model names).
+WHOLE_VALUE_KEYS = ("costs.instruments", "data.session", "training.extra_models")
 
 
 def config_keys(config: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
@@ -300,9 +316,14 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
+# Whoever imports the registry's loader imports, at run time, every module the registry names.
+SPEC_LOADER = "marketrl.workflow.registry.load_spec"
+
+
 @functools.cache
 def _imported_modules(path: Path, module: str) -> frozenset[str]:
-    """Names a file imports anywhere (module level or inside functions), relative imports resolved."""
+    """Names a file imports anywhere (module level or inside functions), relative imports resolved; a file that
+    imports `SPEC_LOADER` also imports the registered model modules."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
@@ -316,6 +337,8 @@ def _imported_modules(path: Path, module: str) -> frozenset[str]:
                 base = node.module or ""
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+    if SPEC_LOADER in names:
+        names.update(registered_modules())
     return frozenset(names)
 
 

@@ -1,0 +1,144 @@
+"""What an RL agent registers: its `AgentSpec`, the `SPEC` at the end of its own file (`dqn.py`, `ppo.py`), as a
+forecaster's file ends in a `marketrl.models.base.ModelSpec`.
+
+The shared agent machinery (`networks`, `memory`, `checkpoint`, `common.set_up`) reads everything that differs
+between agents from the spec — network names and widths, builder, acting network, batch limits, memory per
+sample — so no file but the agent's own tests its name. `agent_spec(name)` finds a registered agent
+(`marketrl.workflow.registry`) for the callers that hold only a name (a checkpoint's ``algo``, a benchmark).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from marketrl.agents.common import GreedyPolicy, RunConfig, TrainResult
+    from marketrl.env import EnvConfig
+    from marketrl.models.base import Trial
+
+__all__ = [
+    "HIDDEN_DIM_BASES",
+    "REWARD_SCALES",
+    "AgentSpec",
+    "Architecture",
+    "ArchitectureError",
+    "MemoryModel",
+    "agent_spec",
+    "batch_choices",
+]
+
+#: hidden_dim_base choices of every agent's search space (the memory bounds are computed for the widest).
+HIDDEN_DIM_BASES = (64, 128, 256, 512)
+#: Per-bar returns are ~1e-4: rewards are multiplied by this before the losses (the objective is unaffected).
+REWARD_SCALES = (1.0, 10.0, 100.0, 1000.0)
+
+
+class ArchitectureError(ValueError):
+    """A network description (hyperparameters or checkpoint architecture) is invalid."""
+
+
+def batch_choices(low: int, high: int, candidates: Sequence[int]) -> list[int]:
+    """The candidate batch sizes within the device's bounds [low, high] (else the smallest one that fits)."""
+    chosen = [size for size in candidates if low <= size <= high]
+    return chosen or [max(low, min(candidates))]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A checked architecture dict, as an agent's network builder receives it.
+
+    hidden: widths per network; options: the agent's own entries (`AgentSpec.architecture_options`, e.g. dueling).
+    """
+
+    obs_dim: int
+    n_actions: int
+    hidden: dict[str, list[int]]
+    activation: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """What one training sample holds and costs, besides the networks (for `memory.footprint`).
+
+    obs_per_row / extra_fields: observations and other floats per replay or rollout row; forward_passes: passes
+    of the networks per sample in one gradient step; frozen_copy: the loop keeps a frozen copy of the networks
+    (DQN's target network).
+    """
+
+    obs_per_row: int
+    extra_fields: int
+    forward_passes: int = 1
+    frozen_copy: bool = False
+
+
+def _no_options(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One RL agent: hyperparameters, search space, networks, acting network, batch limits, train and load.
+
+    search_space(trial, batch_bounds): batch sizes within the device's (min, max) for the widest network.
+    networks: the outputs of each network the agent builds and a checkpoint saves (action scores or a value);
+    network_widths(hidden_dim_base): their hidden widths; build_networks(architecture): fresh modules for them
+      (CPU, float32, torch's global RNG).
+    run_config(total_steps, env, eval_every, check_every): the trainer's run settings.
+    train: ``train(train_data, run_config, hparams, precision, device, seed, on_eval=, checkpoint=)``.
+    """
+
+    name: str
+    hparams_class: type
+    search_space: Callable[[Trial, tuple[int, int]], dict[str, Any]]
+    networks: Mapping[str, int]
+    network_widths: Callable[[int], dict[str, list[int]]]
+    activation: str
+    build_networks: Callable[[Architecture], dict[str, nn.Module]]
+    acting_network: str
+    batch_limits: tuple[int, int]
+    memory: MemoryModel
+    run_config: Callable[..., RunConfig]
+    train: Callable[..., TrainResult]
+    architecture_options: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_options
+
+    def __post_init__(self) -> None:
+        if self.acting_network not in self.networks:
+            raise ArchitectureError(
+                f"{self.name}: acting network {self.acting_network!r} is none of {', '.join(self.networks)}"
+            )
+
+    def make_run_config(
+        self, *, total_steps: int, env: EnvConfig, eval_every: int, check_every: int
+    ) -> RunConfig:
+        """The trainer's run settings from the pipeline's (each agent takes the ones it uses)."""
+        return self.run_config(
+            total_steps=total_steps, env=env, eval_every=eval_every, check_every=check_every
+        )
+
+    def load(
+        self, path: str | os.PathLike[str], device: torch.device | str = "cpu", precision: str | None = None
+    ) -> tuple[GreedyPolicy, dict[str, Any]]:
+        """(greedy policy, metadata) of one of this agent's checkpoints (`checkpoint.load_policy`)."""
+        from marketrl.agents.checkpoint import load_policy
+
+        return load_policy(path, device, precision, spec=self)
+
+
+def agent_spec(agent: AgentSpec | str) -> AgentSpec:
+    """The spec itself, or the registered agent of that name (`ArchitectureError` naming the known agents)."""
+    if isinstance(agent, AgentSpec):
+        return agent
+    from marketrl.workflow.registry import REGISTRY, load_spec, names_under
+
+    spec = load_spec(REGISTRY[agent]) if agent in REGISTRY else None
+    if not isinstance(spec, AgentSpec):
+        known = ", ".join(repr(name) for name in names_under("marketrl.agents"))
+        raise ArchitectureError(f"algo: expected an agent ({known}), got {agent!r}")
+    return spec

@@ -1,0 +1,82 @@
+"""The model registry: every model's name and where its spec lives, as ``"module:attribute"`` strings.
+
+Plain strings on purpose: the workflow validates ``training.models`` at every DAG parse, which must not import torch,
+and only the stages that run a model import its spec (`load_spec`, called by `marketrl.training.zoo`). The spec's
+type is the model's kind: an `marketrl.agents.spec.AgentSpec` (trained on the TradingEnv) or a
+`marketrl.models.base.ModelSpec` (a forecaster). Adding a model is its file plus one line in `REGISTRY`
+(docs/ARCHITECTURE.md, "Adding a model"); ``training.extra_models`` adds entries from outside marketrl by config.
+
+The code hashes of the stages follow these strings as imports (`marketrl.workflow.stages.stage_sources`): a
+module that imports `load_spec` depends on every registered module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "MODEL_NAMES",
+    "REGISTRY",
+    "RegistryError",
+    "load_spec",
+    "names_under",
+    "registered_modules",
+    "spec_location",
+]
+
+#: name -> "module:attribute" of its spec, in the default order of training.models (the agents, then the
+#: forecasters). One line per model.
+REGISTRY: dict[str, str] = {
+    "dqn": "marketrl.agents.dqn:SPEC",
+    "ppo": "marketrl.agents.ppo:SPEC",
+    "linear": "marketrl.models.linear:SPEC",
+    "lightgbm": "marketrl.models.lightgbm_model:SPEC",
+    "mlp": "marketrl.models.mlp:SPEC",
+    "lstm": "marketrl.models.lstm:SPEC",
+    "gru": "marketrl.models.gru:SPEC",
+    "alstm": "marketrl.models.alstm:SPEC",
+    "tcn": "marketrl.models.tcn:SPEC",
+    "transformer": "marketrl.models.transformer:SPEC",
+    "dlinear": "marketrl.models.dlinear:SPEC",
+}
+MODEL_NAMES = tuple(REGISTRY)
+
+_LOCATION = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*)$")
+
+
+class RegistryError(ValueError):
+    """A spec location is malformed, or does not name a model spec."""
+
+
+def spec_location(location: str) -> tuple[str, str]:
+    """(module, attribute) of a ``"module:attribute"`` string."""
+    match = _LOCATION.match(location)
+    if match is None:
+        raise RegistryError(f"{location!r}: expected 'package.module:ATTRIBUTE'")
+    return match.group(1), match.group(2)
+
+
+def load_spec(location: str) -> Any:
+    """Import the spec a location names (the module is imported once; later calls are a dict lookup)."""
+    module_name, attribute = spec_location(location)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise RegistryError(f"{location!r}: cannot import {module_name} ({error})") from None
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise RegistryError(f"{location!r}: {module_name} has no {attribute}") from None
+
+
+def names_under(package: str, registry: Mapping[str, str] = REGISTRY) -> tuple[str, ...]:
+    """The registered names whose spec lives in ``package`` (e.g. the agents of ``marketrl.agents``), in order."""
+    return tuple(name for name, location in registry.items() if location.startswith(f"{package}."))
+
+
+def registered_modules(registry: Mapping[str, str] = REGISTRY) -> tuple[str, ...]:
+    """The modules the registry's locations name, in order."""
+    return tuple(dict.fromkeys(spec_location(location)[0] for location in registry.values()))

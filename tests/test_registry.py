@@ -1,0 +1,155 @@
+"""One registry (marketrl/workflow/registry.py): every list of model names agrees with it, and a model defined
+outside marketrl (tests/support/throwaway_model.py), registered by ``training.extra_models``, goes through
+hyperopt, training, evaluation and the report of a real tiny pipeline run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from marketrl.agents.spec import AgentSpec
+from marketrl.models import MODELS
+from marketrl.models.base import ModelSpec
+from marketrl.training.zoo import ZOO, get_entry
+from marketrl.workflow import pipeline, stages
+from marketrl.workflow.config import ConfigError, load_config, load_schema, validate_config
+from marketrl.workflow.registry import (
+    MODEL_NAMES,
+    REGISTRY,
+    RegistryError,
+    load_spec,
+    names_under,
+    registered_modules,
+)
+from tests.conftest import REPO_ROOT
+from tests.test_workflow import snakemake, workdir_with_config
+
+THROWAWAY = {"throwaway": "tests.support.throwaway_model:SPEC"}
+TEST_CONFIGS = sorted((REPO_ROOT / "tests" / "configs").glob("*.yaml"))
+
+
+def _table_names(doc: str, heading: str) -> list[str]:
+    """The first column's `names` of the table under a markdown heading."""
+    section = doc.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([a-z0-9_]+)` \|", section, flags=re.MULTILINE)
+
+
+def test_every_list_of_model_names_is_the_registry() -> None:
+    # the zoo and the forecasters' MODELS are built from the registry, in its order, each spec of its own name
+    assert tuple(ZOO) == MODEL_NAMES == tuple(REGISTRY)
+    assert all(entry.name == name for name, entry in ZOO.items())
+    agents = names_under("marketrl.agents")
+    assert agents == ("dqn", "ppo") and tuple(MODELS) == names_under("marketrl.models")
+    assert tuple(MODEL_NAMES) == (*agents, *MODELS)  # the agents, then the forecasters
+    assert all(isinstance(load_spec(REGISTRY[name]), AgentSpec) for name in agents)
+    assert all(isinstance(spec, ModelSpec) for spec in MODELS.values())
+    assert {name for name, entry in ZOO.items() if entry.kind == "agent"} == set(agents)
+    # the config default is the registry, and the schema keeps no copy of the names
+    assert validate_config({})["training"]["models"] == list(MODEL_NAMES)
+    models_schema = load_schema()["properties"]["training"]["properties"]["models"]
+    assert "default" not in models_schema and "enum" not in models_schema.get("items", {})
+    raw_default = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())["training"]
+    assert "models" not in raw_default  # config.yaml runs the default: every registered model
+    # the test configs: the zoo run lists every model (by the default), the others registered names only
+    for path in TEST_CONFIGS:
+        models = load_config(path)["training"]["models"]
+        assert set(models) <= set(MODEL_NAMES), path.name
+    assert load_config(REPO_ROOT / "tests" / "configs" / "zoo.yaml")["training"]["models"] == list(
+        MODEL_NAMES
+    )
+    # the docs: the forecasters' table in docs/MODELS.md, in registry order
+    assert _table_names((REPO_ROOT / "docs" / "MODELS.md").read_text(), "## The models") == list(MODELS)
+
+
+def test_registered_modules_count_in_the_code_hashes_of_the_stages_that_load_them() -> None:
+    relative = {
+        stage: {p.relative_to(REPO_ROOT).as_posix() for p in stages.stage_sources(stage)}
+        for stage in stages.STAGES
+    }
+    files = {module.replace(".", "/") + ".py" for module in registered_modules()}
+    for stage in ("hyperopt_worker", "hyperopt_best", "train", "evaluate"):
+        assert files <= relative[stage], stage
+    assert not files & relative["report"]  # names only: the report stage imports no model
+
+
+def test_bad_registry_locations_fail_in_one_line() -> None:
+    with pytest.raises(RegistryError, match=r"'nocolon': expected 'package.module:ATTRIBUTE'"):
+        load_spec("nocolon")
+    with pytest.raises(RegistryError, match=r"cannot import tests.support.nowhere"):
+        load_spec("tests.support.nowhere:SPEC")
+    with pytest.raises(RegistryError, match=r"tests.support.throwaway_model has no SPECS"):
+        load_spec("tests.support.throwaway_model:SPECS")
+    # a location that names something other than a spec, or a spec under another name
+    with pytest.raises(
+        RegistryError, match=r"'training.extra_models.oops': .*neither an AgentSpec nor a ModelSpec"
+    ):
+        get_entry("oops", {"oops": "tests.support.throwaway_model:search_space"})
+    with pytest.raises(
+        RegistryError, match=r"'training.extra_models.renamed': .*the spec is named 'throwaway'"
+    ):
+        get_entry("renamed", {"renamed": THROWAWAY["throwaway"]})
+    with pytest.raises(KeyError, match=r"unknown model 'throwaway' \(known: dqn, ppo, linear"):
+        get_entry("throwaway")  # not registered unless the config says so
+
+
+def test_extra_models_are_config_checked_and_reach_only_their_own_jobs() -> None:
+    config = validate_config({"training": {"models": ["linear", "throwaway"], "extra_models": THROWAWAY}})
+    assert get_entry("throwaway", config["training"]["extra_models"]).kind == "forecaster"
+    with pytest.raises(ConfigError, match=r"^config key 'training.models': unknown model 'throwaway'; known"):
+        validate_config({"training": {"models": ["throwaway"]}})
+    with pytest.raises(
+        ConfigError, match=r"^config key 'training.extra_models.dqn': 'dqn' is a registered model"
+    ):
+        validate_config({"training": {"extra_models": {"dqn": THROWAWAY["throwaway"]}}})
+    with pytest.raises(
+        ConfigError, match=r"^config key 'training.extra_models.throwaway': 'tests/x.py' does not"
+    ):
+        validate_config({"training": {"extra_models": {"throwaway": "tests/x.py"}}})
+    # a model's job sees its own entry only, so registering another model changes no other job's params
+    for stage in ("hyperopt_worker", "hyperopt_best", "train", "evaluate"):
+        assert "extra_models" in stages.stage_config(config, stage)["training"]
+        own = stages.stage_config(config, stage, model="throwaway")["training"]["extra_models"]
+        assert own == THROWAWAY
+        fewer = copy.deepcopy(config)
+        fewer["training"]["extra_models"] = {}
+        assert stages.stage_config(config, stage, model="linear") == stages.stage_config(
+            fewer, stage, model="linear"
+        )
+
+
+# ------------------------------------------------------------------------------------------ the throwaway model
+
+
+@pytest.fixture(scope="module")
+def throwaway_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The zoo test config with only the throwaway model, registered by config (about a minute on 2 cores)."""
+    config = yaml.safe_load((REPO_ROOT / "tests" / "configs" / "zoo.yaml").read_text())
+    config["training"].update(models=["throwaway"], extra_models=THROWAWAY)
+    workdir = workdir_with_config(tmp_path_factory.mktemp("throwaway_run"), config)
+    result = snakemake("--cores", "2", cwd=workdir, timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return workdir
+
+
+@pytest.mark.slow
+def test_a_model_from_tests_goes_through_hyperopt_train_evaluate_and_report(throwaway_run: Path) -> None:
+    config = load_config(throwaway_run / "config.yaml")
+    study = json.loads((throwaway_run / "results" / "hyperopt" / "throwaway.json").read_text())
+    assert study["algo"] == "throwaway" and study["kind"] == "forecaster"
+    assert study["best_params"]["hidden_dim_base"] == 4 and study["n_trials"] == 1
+    assert pipeline.model_files(config) == ["results/models/throwaway/fold_0/seed_0/model.pt"]
+    checkpoint = torch.load(throwaway_run / pipeline.model_files(config)[0], weights_only=True)
+    assert checkpoint["format"] == "marketrl-model" and checkpoint["model"] == "throwaway"
+    weights = {key for key in checkpoint["state"]["state_dict"] if key.startswith("module.")}
+    assert weights == {"module.head.weight", "module.head.bias"}  # the one linear layer
+    metrics = json.loads((throwaway_run / pipeline.eval_files(config)[0]).read_text())
+    assert metrics["algo"] == "throwaway" and metrics["kind"] == "forecaster" and metrics["horizon"] == 1
+    html = (throwaway_run / "results" / "eval_report.html").read_text(encoding="utf-8")
+    assert "<strong>throwaway</strong>" in html  # its leaderboard row
+    assert "results/eval/throwaway/fold_0/seed_0/metrics.json" in html  # read by the report
