@@ -17,10 +17,10 @@ __all__ = ["INTERNAL_ERRORS", "KNOWN_ERRORS", "is_known_error", "one_line"]
 KNOWN_ERRORS: frozenset[str] = frozenset(
     {
         "marketrl.agents.checkpoint.CheckpointError",
-        "marketrl.agents.networks.ArchitectureError",
+        "marketrl.agents.spec.ArchitectureError",
         "marketrl.data.calendars.sessions.SessionConfigError",
         "marketrl.data.download.DownloadError",
-        "marketrl.data.reader.DataFileError",
+        "marketrl.data.checks.DataFileError",
         "marketrl.env.config.EnvConfigError",
         "marketrl.env.config.EnvDataError",
         "marketrl.env.costs.CostConfigError",
