@@ -36,6 +36,7 @@ KNOWN_ERRORS: frozenset[str] = frozenset(
         "marketrl.workflow.calibration_plan.CalibrationError",
         "marketrl.workflow.config.ConfigError",
         "marketrl.workflow.file_order.DbnHeaderError",
+        "marketrl.workflow.registry.RegistryError",
         "gpu_utils.budget.BudgetError",
         "gpu_utils.device.DeviceError",
         "gpu_utils.precision.PrecisionError",
