@@ -8,6 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= 4
 SNAKEMAKE := $(BIN)/snakemake
+PYTEST_ARGS ?=  # extra pytest arguments for test and test-slow, e.g. PYTEST_ARGS=--durations=40
 
 .PHONY: run test test-slow setup lint dryrun bench clean-results test-slurm test-postgres
 
@@ -33,12 +34,12 @@ dryrun: $(STAMP)
 	$(SNAKEMAKE) -n results/eval_report.html --quiet rules
 
 test: $(STAMP) lint dryrun
-	$(BIN)/python -m pytest --ignore=tests/postgres -m "not slow"
+	$(BIN)/python -m pytest --ignore=tests/postgres -m "not slow" $(PYTEST_ARGS)
 
 # The suites that must start many pipelines or Snakemake processes (crash/kill, determinism reruns, the load run,
 # the model zoo, calibration end to end, the full-size DAG, fault runs, the docs' dry-runs): marker `slow`.
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest --ignore=tests/postgres -m slow
+	$(BIN)/python -m pytest --ignore=tests/postgres -m slow $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,bench]'
