@@ -1,5 +1,6 @@
 # marketrl: two commands. `make run` sets up .venv (pinned) and runs the pipeline on the demo data;
-# `make test` sets up the same way and runs every test, lint and the DAG dry-run.
+# `make test` sets up the same way and runs lint, the DAG dry-run and every test but the `slow` ones (~6 min on 2
+# cores); `make test-slow` runs the `slow` ones: the suites that start many pipelines (.ci/run runs both).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -7,8 +8,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= 4
 SNAKEMAKE := $(BIN)/snakemake
+PYTEST_ARGS ?=  # extra pytest arguments for test and test-slow, e.g. PYTEST_ARGS=--durations=40
 
-.PHONY: run test setup lint dryrun bench clean-results test-slurm test-postgres
+.PHONY: run test test-slow setup lint dryrun bench clean-results test-slurm test-postgres
 
 run: $(STAMP)
 	$(SNAKEMAKE) --cores $(CORES) results/eval_report.html
@@ -33,7 +35,12 @@ dryrun: $(STAMP)
 	$(SNAKEMAKE) -n results/eval_report.html --quiet rules
 
 test: $(STAMP) lint dryrun
-	$(BIN)/python -m pytest --ignore=tests/postgres
+	$(BIN)/python -m pytest --ignore=tests/postgres -m "not slow" $(PYTEST_ARGS)
+
+# The suites that must start many pipelines or Snakemake processes (crash/kill, determinism reruns, the load run,
+# the model zoo, calibration end to end, the full-size DAG, fault runs, the docs' dry-runs): marker `slow`.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest --ignore=tests/postgres -m slow $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,bench]'

@@ -1,13 +1,12 @@
 """Cache correctness of the DAG: after a finished run, a change reruns exactly the stages that depend on it.
 
-The finished run is the session's shared clean run of the fast tiny config (tests.faults.pipeline.baseline_run),
-copied once with its mtimes and .snakemake metadata. Each test dry-runs one change with Snakemake's default
-rerun triggers and compares the planned jobs, rule by rule.
+The finished run is the session's shared finished run of the tiny config (tests/conftest.py `shared_run`), copied
+once with its mtimes and .snakemake metadata (the copy is changed; the shared run is not). Each test dry-runs one
+change with Snakemake's default rerun triggers and compares the planned jobs, rule by rule.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import shutil
@@ -22,7 +21,7 @@ import yaml
 from marketrl.workflow import paths, pipeline, stages
 from marketrl.workflow.config import load_config, validate_config
 from tests.conftest import REPO_ROOT
-from tests.faults.pipeline import baseline_run, merged
+from tests.faults.pipeline import copy_of_shared_run, merged
 from tests.test_workflow import job_counts
 
 # What Snakemake needs of a checkout (plus tests/, to show that editing a test reruns nothing).
@@ -70,10 +69,8 @@ def planned_jobs(
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    workdir = tmp_path_factory.mktemp("dag_cache") / "run"
-    shutil.copytree(baseline_run(), workdir, symlinks=True)  # copy2 keeps mtimes: nothing looks stale
-    return workdir
+def finished_run(shared_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_of_shared_run(tmp_path_factory.mktemp("dag_cache") / "run")
 
 
 @pytest.fixture(scope="module")
@@ -87,21 +84,16 @@ def n_models(config: dict[str, Any]) -> int:
 
 # ---------------------------------------------------------------------------------------------- config changes
 
-slow = pytest.mark.slow
 
-
-@slow
 def test_unchanged_config_plans_nothing(finished_run: Path) -> None:
     assert planned_jobs(finished_run) == {}
 
 
-@slow
 def test_report_only_key_reruns_only_the_report(finished_run: Path, tmp_path: Path) -> None:
     changes = {"evaluation": {"bootstrap_samples": 321}}
     assert planned_jobs(finished_run, changes, config_dir=tmp_path) == {"report": 1}
 
 
-@slow
 def test_training_steps_rerun_train_evaluate_report(
     finished_run: Path, run_config: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -114,7 +106,6 @@ def test_training_steps_rerun_train_evaluate_report(
     }
 
 
-@slow
 def test_costs_rerun_everything_after_the_folds(
     finished_run: Path, run_config: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -156,13 +147,11 @@ def checkout_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@slow
 def test_a_checkout_copy_plans_nothing(finished_run: Path, checkout_copy: Path) -> None:
     # The code hashes cover paths relative to the checkout and file contents, not where the checkout lives.
     assert planned_jobs(finished_run, checkout=checkout_copy) == {}
 
 
-@slow
 def test_comment_in_a_report_module_reruns_only_the_report(finished_run: Path, checkout_copy: Path) -> None:
     module = checkout_copy / "marketrl" / "report" / "figures.py"
     original = module.read_bytes()
@@ -173,7 +162,6 @@ def test_comment_in_a_report_module_reruns_only_the_report(finished_run: Path, c
         module.write_bytes(original)
 
 
-@slow
 def test_editing_a_test_file_reruns_nothing(finished_run: Path, checkout_copy: Path) -> None:
     helper = checkout_copy / "tests" / "report_fixtures.py"
     original = helper.read_bytes()
@@ -229,7 +217,6 @@ def test_slices_hold_only_their_keys() -> None:
         stages.stage_config(config, "nope")
 
 
-@slow
 def test_every_stage_runs_on_exactly_its_slice(
     finished_run: Path, run_config: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -406,27 +393,3 @@ def test_architecture_doc_table_matches_the_stage_slices() -> None:
     assert table.strip() == stages.config_key_table(validate_config({})), (
         "docs/ARCHITECTURE.md: regenerate the table with marketrl.workflow.stages.config_key_table"
     )
-
-
-def test_misspelt_key_fails_with_one_line_naming_it(tmp_path: Path) -> None:
-    config = yaml.safe_load((REPO_ROOT / "tests" / "configs" / "tiny.yaml").read_text())
-    bad = copy.deepcopy(config)
-    bad["training"]["totl_steps"] = 5
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(bad))
-    result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-n"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 1
-    framing = "Using workflow specific profile"  # Snakemake's own line, printed before the Snakefile runs
-    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(framing)]
-    assert lines == [
-        "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: "
-        "check_every, checkpoint_every, device, epochs, extra_models, gpu_jobs, horizon, max_updates, models, n_envs, "
-        "patience, precision, seeds, total_steps"
-    ]
-    assert result.stdout.strip() == ""
-    assert not (tmp_path / "results").exists()

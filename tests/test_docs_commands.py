@@ -5,7 +5,8 @@ a fenced shell block (bash, sh, shell, console), every `snakemake ...` line of a
 inline code span that starts with a Snakemake program. Each one dry-runs in a temp copy of the checkout (never in
 its own results/), with a placeholder for a config file the example names but the checkout lacks (`my.yaml`).
 Commands of other programs in shell blocks must be listed in `EXEMPT_PROGRAMS` with the reason they are not run;
-an unlisted one fails, so a new kind of example is looked at rather than skipped.
+an unlisted one fails, so a new kind of example is looked at rather than skipped. The dry-runs are `slow` (one
+Snakemake start-up each: make test-slow); the parser and the classification of every command run in make test.
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ SNAKEMAKE_COMMANDS = list(
 )[::-1]
 
 
+@pytest.mark.slow  # one Snakemake start-up per documented command (make test-slow)
 @pytest.mark.parametrize("command", SNAKEMAKE_COMMANDS, ids=[c.where for c in SNAKEMAKE_COMMANDS])
 def test_documented_snakemake_command_plans(command: DocCommand, checkout: Path) -> None:
     for piece, module in NEEDS_MODULE.items():
@@ -216,6 +218,7 @@ def test_parser_reads_blocks_continuations_and_inline_spans() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_target_swallowed_by_configfile_fails_the_check(checkout: Path) -> None:
     """The form the README once showed: --configfile takes several files, so it reads the target as a config."""
     swallowed = dry_run(["--cores", "4", "--configfile", "my.yaml", "results/eval_report.html"], checkout)

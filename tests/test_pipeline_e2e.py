@@ -1,4 +1,9 @@
-"""End to end: the tiny config runs the whole pipeline and produces every expected file, consistently."""
+"""End to end: the tiny config runs the whole pipeline and produces every expected file, consistently.
+
+The run is the session's shared finished run (tests/conftest.py `shared_run`: tests/configs/tiny.yaml, 2 folds of
+both agents), so these tests only read it. That a second run has nothing to do is checked on a copy of the same run
+by tests/test_dag_cache.py::test_unchanged_config_plans_nothing.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,6 @@ import json
 from pathlib import Path
 
 import polars as pl
-import pytest
 import torch
 import yaml
 
@@ -15,18 +19,7 @@ from marketrl.splits.folds import FoldPlan
 from marketrl.workflow import pipeline
 from marketrl.workflow.config import load_config
 from tests.conftest import REPO_ROOT
-from tests.test_workflow import TINY, snakemake, workdir_with_config
-
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One full run of the tiny config (about a minute and a half on 2 cores), shared by this module's tests."""
-    workdir = workdir_with_config(tmp_path_factory.mktemp("tiny_run"), TINY)
-    result = snakemake("--cores", "2", cwd=workdir, timeout=900)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return workdir
+from tests.test_workflow import TINY
 
 
 def expected_outputs(config: dict) -> list[str]:
@@ -39,44 +32,44 @@ def expected_outputs(config: dict) -> list[str]:
     return files
 
 
-def test_every_expected_file_exists(tiny_run: Path) -> None:
+def test_every_expected_file_exists(shared_run: Path) -> None:
     config = load_config(TINY)
-    missing = [path for path in expected_outputs(config) if not (tiny_run / path).is_file()]
+    missing = [path for path in expected_outputs(config) if not (shared_run / path).is_file()]
     assert missing == []
-    leftovers = [str(p) for p in (tiny_run / "results").rglob("*.tmp*")]
+    leftovers = [str(p) for p in (shared_run / "results").rglob("*.tmp*")]
     assert leftovers == []  # atomic writes leave no temp files behind
-    assert len(list((tiny_run / "results" / "logs").rglob("*.log"))) >= 20
-    assert len(list((tiny_run / "results" / "benchmarks").rglob("*.tsv"))) >= 20
+    assert len(list((shared_run / "results" / "logs").rglob("*.log"))) >= 20
+    assert len(list((shared_run / "results" / "benchmarks").rglob("*.tsv"))) >= 20
 
 
-def test_feature_tables_follow_the_contract(tiny_run: Path) -> None:
-    table = pl.read_parquet(next((tiny_run / "results" / "features").glob("*.parquet")))
+def test_feature_tables_follow_the_contract(shared_run: Path) -> None:
+    table = pl.read_parquet(next((shared_run / "results" / "features").glob("*.parquet")))
     assert [c for c in table.columns if c in FEATURE_NAMES] == list(FEATURE_NAMES)
     assert all(table.schema[name] == pl.Float32 for name in FEATURE_NAMES)
     assert set(table["symbol"].unique()) == {"ES.c.0", "NQ.c.0"}
 
 
-def test_test_days_never_in_tuning_or_training(tiny_run: Path) -> None:
-    plan = FoldPlan.load(tiny_run / "results" / "folds.json")
+def test_test_days_never_in_tuning_or_training(shared_run: Path) -> None:
+    plan = FoldPlan.load(shared_run / "results" / "folds.json")
     test_days = {day for fold in plan.folds for day in fold.test_days}
     assert test_days and not test_days & set(plan.tuning.days)
     for fold in plan.folds:
         assert max(fold.train_days) < min(fold.test_days)
     for algo in ("dqn", "ppo"):
-        study = json.loads((tiny_run / f"results/hyperopt/{algo}.json").read_text())
+        study = json.loads((shared_run / f"results/hyperopt/{algo}.json").read_text())
         assert study["tuning_window"]["last_day"] < str(min(test_days))
 
 
-def test_hidden_dim_base_reaches_the_trained_network(tiny_run: Path) -> None:
+def test_hidden_dim_base_reaches_the_trained_network(shared_run: Path) -> None:
     expected = {
         "dqn": lambda b: {"q": [b, b // 2, b // 4]},
         "ppo": lambda b: {"policy": [b, b // 2], "value": [2 * b, b, b // 2]},
     }
     for algo, shapes in expected.items():
-        study = json.loads((tiny_run / f"results/hyperopt/{algo}.json").read_text())
+        study = json.loads((shared_run / f"results/hyperopt/{algo}.json").read_text())
         base = study["best_params"]["hidden_dim_base"]
         assert study["n_trials"] == 2 and len(study["trials"]) == 2
-        for model in (tiny_run / "results" / "models" / algo).rglob("model.pt"):
+        for model in (shared_run / "results" / "models" / algo).rglob("model.pt"):
             checkpoint = torch.load(model, weights_only=True)
             assert checkpoint["architecture"]["hidden"] == shapes(base)
             log = json.loads((model.parent / "train_log.json").read_text())
@@ -88,31 +81,25 @@ def test_hidden_dim_base_reaches_the_trained_network(tiny_run: Path) -> None:
             assert any("loss" in entry or "policy_loss" in entry for entry in log["history"])
 
 
-def test_evaluation_outputs_are_consistent(tiny_run: Path) -> None:
-    plan = FoldPlan.load(tiny_run / "results" / "folds.json")
-    for metrics_path in (tiny_run / "results" / "eval").rglob("metrics.json"):
+def test_evaluation_outputs_are_consistent(shared_run: Path) -> None:
+    plan = FoldPlan.load(shared_run / "results" / "folds.json")
+    for metrics_path in (shared_run / "results" / "eval").rglob("metrics.json"):
         metrics = json.loads(metrics_path.read_text())
         bars = pl.read_parquet(metrics_path.with_name("bars.parquet"))
         fold = plan.fold(metrics["fold"])
         days = set(bars["trading_day"].unique())
         assert days <= set(fold.test_days)
         assert (bars["net_return"] - (bars["gross_return"] - bars["cost"])).abs().max() < 1e-12
-    baselines = json.loads((tiny_run / "results/eval/baselines/fold_0/metrics.json").read_text())
+    baselines = json.loads((shared_run / "results/eval/baselines/fold_0/metrics.json").read_text())
     assert set(baselines["strategies"]) == {"buy_and_hold", "flat", "momentum", "random"}
     assert baselines["strategies"]["flat"]["total_return"] == 0.0
 
 
-def test_report_is_self_contained(tiny_run: Path) -> None:
-    html = (tiny_run / "results" / "eval_report.html").read_text()
+def test_report_is_self_contained(shared_run: Path) -> None:
+    html = (shared_run / "results" / "eval_report.html").read_text()
     assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
     assert "ES.c.0" in html and "hidden_dim_base" in html
-    assert (tiny_run / "results" / "eval_report.html").stat().st_size < 5 * 1024 * 1024
-
-
-def test_second_run_has_nothing_to_do(tiny_run: Path) -> None:
-    result = snakemake("-n", cwd=tiny_run)
-    assert result.returncode == 0
-    assert "Nothing to be done" in result.stdout + result.stderr
+    assert (shared_run / "results" / "eval_report.html").stat().st_size < 5 * 1024 * 1024
 
 
 def test_tiny_config_is_valid() -> None:

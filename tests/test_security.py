@@ -1,9 +1,9 @@
 """Security: the API key never lands anywhere, checkpoints load as plain data only, hostile symbols render as
 text, and the demo pipeline makes no network connection.
 
-The pipeline checks reuse the session's shared runs (tests/faults/pipeline.py): `guarded_run` ran the tiny config
-with a sentinel DATABENTO_API_KEY and every inet socket blocked; `load_run` ran on data whose first instrument is
-called `<script>alert(1)</script>`.
+The pipeline checks read the session's runs (tests/faults/pipeline.py): the shared finished run (`shared_run`) ran
+the tiny config with a sentinel DATABENTO_API_KEY and every inet socket blocked; `load_run` (slow) ran on data whose
+first instrument is called `<script>alert(1)</script>`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from tests.faults.pipeline import (
     SENTINEL_KEY,
     XSS_SYMBOL,
     fast_tiny_config,
-    guarded_run,
     load_run,
     new_workdir,
     run_snakemake,
+    shared_network_log,
 )
 
 SOURCE_DIRS = ("marketrl", "gpu_utils", "workflow_scripts", "bench")
@@ -38,9 +38,8 @@ def files_containing(root: Path, needle: bytes) -> list[str]:
 # ------------------------------------------------------------------------------------------------- the API key
 
 
-@pytest.mark.slow
-def test_api_key_in_environment_is_never_written() -> None:
-    workdir, network_log = guarded_run()
+def test_api_key_in_environment_is_never_written(shared_run: Path) -> None:
+    workdir, network_log = shared_run, shared_network_log()
     armed = [line for line in network_log.read_text().splitlines() if " armed " in line]
     # Positive control: the jobs really ran with the key in their environment ...
     assert any("train.py" in line and "key_set=True" in line for line in armed)
@@ -146,9 +145,8 @@ def test_script_symbol_renders_as_text_in_the_report() -> None:
 # --------------------------------------------------------------------------------------------- no network
 
 
-@pytest.mark.slow
-def test_demo_run_makes_no_network_connection() -> None:
-    workdir, network_log = guarded_run()
+def test_demo_run_makes_no_network_connection(shared_run: Path) -> None:
+    workdir, network_log = shared_run, shared_network_log()
     lines = network_log.read_text().splitlines()
     assert [line for line in lines if " blocked " in line] == []
     armed = " ".join(line for line in lines if " armed " in line)

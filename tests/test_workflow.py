@@ -15,6 +15,7 @@ from marketrl.data.calendars.cme_hours import demo_file_days
 from marketrl.workflow import paths, pipeline
 from marketrl.workflow.config import load_config, validate_config
 from tests.conftest import REPO_ROOT
+from tests.support.dag_parse import dag_parse
 
 TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
 
@@ -92,70 +93,114 @@ def test_a_features_job_gets_the_files_before_it_as_context_inputs(tmp_path: Pat
     assert inputs == {monday: [files[s] for s in [monday, *stems[:3]]], first: [files[first]]}
 
 
-def test_unknown_config_key_fails_before_any_job(tmp_path: Path) -> None:
+# Config errors: rules/common.smk's parse-time checks, run in process (tests/support/dag_parse.py). The one real
+# Snakemake run of a config error is test_config_error_is_one_line_on_stderr_and_exit_1 below.
+
+
+def test_unknown_config_key_fails_before_any_job() -> None:
     config = yaml.safe_load(TINY.read_text())
     config["folds"]["n_folds"] = 3
-    workdir = workdir_with_config(tmp_path, config)
-    result = snakemake("--cores", "1", cwd=workdir)
-    assert result.returncode != 0
-    assert "n_folds" in result.stdout + result.stderr
-    assert not (workdir / "results").exists()
+    parsed = dag_parse(config)
+    assert parsed.status == 1
+    assert len(parsed.error_lines) == 1 and "'folds.n_folds': unknown key" in parsed.error_lines[0]
+    assert "RAW_FILES" not in parsed.namespace  # stopped before the input files (and so before any job)
 
 
-def test_old_algos_key_fails_in_one_line_naming_training_models(tmp_path: Path) -> None:
+def test_old_algos_key_fails_in_one_line_naming_training_models() -> None:
     config = yaml.safe_load(TINY.read_text())
     config["training"]["algos"] = config["training"].pop("models")
-    result = snakemake("-n", cwd=workdir_with_config(tmp_path, config))
-    assert result.returncode != 0
-    errors = [line for line in result.stderr.splitlines() if "marketrl config error" in line]
-    assert len(errors) == 1 and "'training.algos': renamed to 'training.models'" in errors[0]
-    assert not (tmp_path / "results").exists()
+    parsed = dag_parse(config)
+    assert parsed.status == 1
+    assert (
+        len(parsed.error_lines) == 1
+        and "'training.algos': renamed to 'training.models'" in parsed.error_lines[0]
+    )
 
 
-def test_impossible_value_fails_naming_key(tmp_path: Path) -> None:
+def test_impossible_value_fails_naming_key() -> None:
     config = yaml.safe_load(TINY.read_text())
     config["folds"]["test_days"] = 0
-    result = snakemake("--cores", "1", cwd=workdir_with_config(tmp_path, config))
-    assert result.returncode != 0
-    assert "test_days" in result.stdout + result.stderr
+    parsed = dag_parse(config)
+    assert parsed.status == 1
+    assert len(parsed.error_lines) == 1 and "config key 'folds.test_days'" in parsed.error_lines[0]
 
 
 def test_files_glob_matching_nothing_fails_naming_key(tmp_path: Path) -> None:
     config = yaml.safe_load(TINY.read_text())
     config["data"] = {"source": "files", "files": str(tmp_path / "nothing" / "*.dbn.zst")}
-    result = snakemake("-n", cwd=workdir_with_config(tmp_path, config))
-    assert result.returncode != 0
-    output = result.stdout + result.stderr
-    assert "config key 'data.files'" in output and "matched no files" in output
+    parsed = dag_parse(config)
+    assert parsed.status == 1
+    (line,) = parsed.error_lines
+    assert "config key 'data.files'" in line and "matched no files" in line
 
 
-def test_definitions_are_merged_at_dag_parse(tmp_path: Path, dbn_samples: Path) -> None:
+def test_empty_files_glob_fails_before_any_job() -> None:
+    config = yaml.safe_load(TINY.read_text())
+    config["data"] = {"source": "files", "files": ""}
+    parsed = dag_parse(config)
+    assert parsed.status == 1
+    (line,) = parsed.error_lines
+    assert line.startswith("marketrl config error: config key 'data.files': empty glob")
+
+
+def test_definitions_are_merged_at_dag_parse(dbn_samples: Path) -> None:
     """rules/common.smk reads data.definitions before any job: a real ESU4/NQU4 definition file that disagrees with
-    an explicit costs.instruments entry stops the dry-run with one line naming both."""
+    an explicit costs.instruments entry stops the parse with one line naming both."""
     definitions = dbn_samples / "nautilus_trader/historical_bars_catalog/databento/futures_definition.dbn.zst"
     config = yaml.safe_load(TINY.read_text())
     config["data"]["definitions"] = str(definitions)
     config["costs"] = {"instruments": {"NQ": {"tick_size": 0.25, "tick_value": 12.5}}}  # NQ is $5.00 a tick
-    result = snakemake("-n", cwd=workdir_with_config(tmp_path, config))
-    assert result.returncode == 1
-    assert (
+    parsed = dag_parse(config)
+    assert parsed.status == 1
+    assert parsed.error_lines == [
         "marketrl config error: config key 'costs.instruments.NQ': tick 0.25 / 12.5 disagrees with NQU4 in "
         f"{definitions} (0.25 / 5); fix or remove one of them"
-    ) in result.stderr.splitlines()
-    assert not (tmp_path / "results").exists()
+    ]
+    # Without the conflicting entry the definitions' specs reach the config the rules read.
+    del config["costs"]
+    merged = dag_parse(config)
+    assert merged.status is None, merged.stderr
+    assert {"ES", "NQ"} <= set(merged.config["costs"]["instruments"])
 
 
-def test_futures_without_a_contract_spec_fail_at_dag_parse(tmp_path: Path) -> None:
-    """No costs section: the dry-run stops with one line naming costs.instruments, not a job pricing CL as ES."""
+def test_futures_without_a_contract_spec_fail_at_dag_parse() -> None:
+    """No costs section: the parse stops with one line naming costs.instruments, not a job pricing CL as ES."""
     config = yaml.safe_load(TINY.read_text())
     del config["costs"]
-    result = snakemake("-n", cwd=workdir_with_config(tmp_path, config))
-    assert result.returncode == 1
-    errors = [line for line in result.stderr.splitlines() if "marketrl config error" in line]
-    assert len(errors) == 1 and errors[0].startswith(
+    parsed = dag_parse(config)
+    assert parsed.status == 1
+    assert len(parsed.error_lines) == 1 and parsed.error_lines[0].startswith(
         "marketrl config error: config key 'costs.instruments': no contract spec for costs.model futures; "
-    ), result.stderr[-2000:]
-    assert not (tmp_path / "results").exists()
+    ), parsed.stderr
+
+
+def test_a_valid_config_passes_the_parse_time_checks() -> None:
+    """The positive control of dag_parse: the tiny config goes on to the rules, with its input files resolved."""
+    parsed = dag_parse(yaml.safe_load(TINY.read_text()))
+    assert parsed.status is None and parsed.stderr == ""
+    assert list(parsed.namespace["RAW_FILES"]) == list(
+        pipeline.raw_data_files(validate_config(yaml.safe_load(TINY.read_text())))
+    )
+    assert parsed.config["training"]["device"] == "cpu"  # defaults filled in: what the rules read
+
+
+def test_config_error_is_one_line_on_stderr_and_exit_1(tmp_path: Path) -> None:
+    """The one real Snakemake run of a config error (the form every in-process check above relies on): a real run,
+    not a dry-run, exits 1 with exactly one line on stderr besides Snakemake's own framing, no traceback, nothing
+    on stdout and no results/."""
+    config = yaml.safe_load(TINY.read_text())
+    config["training"]["totl_steps"] = 5
+    result = snakemake("--cores", "1", cwd=workdir_with_config(tmp_path, config))
+    assert result.returncode == 1
+    framing = "Using workflow specific profile"  # Snakemake's own line, printed before the Snakefile runs
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(framing)]
+    assert lines == [
+        "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: "
+        "check_every, checkpoint_every, device, epochs, extra_models, gpu_jobs, horizon, max_updates, models, n_envs, "
+        "patience, precision, seeds, total_steps"
+    ]
+    assert "Traceback" not in result.stderr and result.stdout.strip() == ""
+    assert not (tmp_path / "results").exists() and not (tmp_path / ".snakemake" / "metadata").exists()
 
 
 @pytest.mark.parametrize("rule_file", sorted((REPO_ROOT / "rules").glob("*.smk")))

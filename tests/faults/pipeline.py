@@ -282,8 +282,8 @@ def _baseline() -> Path:
     return _complete_run(session_workdir(fast_tiny_config()))
 
 
-def _guarded() -> tuple[Path, Path]:
-    workdir = session_workdir(fast_tiny_config())
+def _guard_env(workdir: Path) -> tuple[dict[str, str], Path]:
+    """The sentinel DATABENTO_API_KEY and blocked inet sockets, with the log of blocked attempts in `workdir`."""
     network_log = workdir / "blocked_network.log"
     network_log.touch()
     env = {
@@ -291,7 +291,51 @@ def _guarded() -> tuple[Path, Path]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(NO_NETWORK_DIR), os.environ.get("PYTHONPATH")])),
         "MARKETRL_NETWORK_LOG": str(network_log),
     }
+    return env, network_log
+
+
+def _guarded() -> tuple[Path, Path]:
+    workdir = session_workdir(fast_tiny_config())
+    env, network_log = _guard_env(workdir)
     return _complete_run(workdir, env), network_log
+
+
+def _shared() -> tuple[Path, Path]:
+    workdir = session_workdir(yaml.safe_load(TINY.read_text()))
+    env, network_log = _guard_env(workdir)
+    return _complete_run(workdir, env), network_log
+
+
+@functools.cache
+def _shared_future() -> Future[tuple[Path, Path]]:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared-run").submit(_shared)
+
+
+def start_shared_run() -> None:
+    """Start the shared finished run in the background (if not started yet), without waiting for it."""
+    _shared_future()
+
+
+def shared_run() -> tuple[Path, Path]:
+    """THE finished run of the session: tests/configs/tiny.yaml as it is (10 sessions, 2 folds, dqn and ppo), run
+    once with a sentinel DATABENTO_API_KEY set and every inet socket blocked.
+
+    Returns the workdir and the log of blocked network attempts. Every test that only reads a finished run reads
+    this one (the `shared_run` fixture of tests/conftest.py); a test that changes anything in it works on a copy
+    (`copy_of_shared_run`), so no later reader sees a changed run.
+    """
+    return _shared_future().result()
+
+
+def shared_network_log() -> Path:
+    """The shared run's log of blocked network attempts (empty when nothing tried to connect)."""
+    return shared_run()[1]
+
+
+def copy_of_shared_run(destination: Path) -> Path:
+    """A copy of the shared run at `destination`, mtimes and .snakemake metadata kept: nothing in it looks stale."""
+    shutil.copytree(shared_run()[0], destination, symlinks=True)  # copy2 keeps mtimes
+    return destination
 
 
 @functools.cache
