@@ -1,4 +1,4 @@
-"""The 51 bar features (plus a book group for quote schemas), and the DBN.zst → Parquet stage that caches them.
+"""The bar features of the catalog (plus a book group for quote schemas), and the DBN.zst → Parquet stage that caches them.
 
 - ``catalog``: the one catalog of the features (names, lookbacks, definitions);
 - ``engine``: the query planner and the chunk engine that computes the table;

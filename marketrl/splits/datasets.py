@@ -233,7 +233,7 @@ def load_features(manifest_path: str | Path) -> pl.DataFrame:
 
 
 def feature_names_of(table: pl.DataFrame) -> list[str]:
-    """The 51 base features, plus the book group when every file carries it."""
+    """The catalog's base features, plus the book group when every file carries it."""
     names = list(FEATURE_NAMES)
     if all(name in table.columns for name in BOOK_FEATURE_NAMES):
         names += list(BOOK_FEATURE_NAMES)
