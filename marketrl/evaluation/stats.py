@@ -543,25 +543,24 @@ def sharpe_contrasts(
     lags = newey_west_lags(n)
     estimate, se = _contrast_and_se(x, w, lags)
     floor = se_floor * np.where(np.isfinite(se), se, 0.0)
-    groups = []  # (contrast rows, series columns they use, block)
+    groups = []  # (contrast rows, the series they use [n, c], their weights [rows, c], block)
     for block in np.unique(blocks):
         rows = np.flatnonzero(blocks == block)
         columns = np.flatnonzero(np.any(w[rows] != 0, axis=0))
         if columns.size == 0:
             columns = np.array([0])
-        groups.append((rows, columns, float(block)))
+        groups.append((rows, x[:, columns], w[np.ix_(rows, columns)], float(block)))
     rng = np.random.default_rng(seed)
     t_boot = np.empty((n_boot, w.shape[0]))
-    widest = max(g[1].size for g in groups)
+    widest = max(g[1].shape[1] for g in groups)
     rows_per_chunk = max(1, _MAX_CHUNK_ELEMENTS // (n * widest))
     for start in range(0, n_boot, rows_per_chunk):
         count = min(rows_per_chunk, n_boot - start)
         uniforms = rng.random((count, n))
         origins = rng.integers(0, n, size=(count, n))
-        for rows, columns, block in groups:
+        for rows, series, group_weights, block in groups:
             indices = _stationary_indices(uniforms, origins, block)
-            resampled = x[:, columns][indices]  # [count, n, |columns|]
-            boot_estimate, boot_se = _contrast_and_se(resampled, w[np.ix_(rows, columns)], lags)
+            boot_estimate, boot_se = _contrast_and_se(series[indices], group_weights, lags)
             boot_se = np.maximum(boot_se, floor[rows])
             t_boot[start : start + count, rows] = _studentized(boot_estimate - estimate[rows], boot_se)
     return SharpeContrasts(estimate, se, t_boot, blocks)
