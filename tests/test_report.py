@@ -19,7 +19,13 @@ from marketrl.evaluation.metrics import performance_summary
 from marketrl.evaluation.stats import ANNUALIZER, expected_max_sharpe, probabilistic_sharpe_from_moments
 from marketrl.report import SECTIONS, ReportInputError, build_report
 from marketrl.report.inputs import HyperoptSummary
-from marketrl.report.verdict import Comparison, deflation_for, verdict_sentence
+from marketrl.report.verdict import (
+    MEASURED_FALSE_CLAIMS_PHI_05,
+    Comparison,
+    deflation_for,
+    false_claim_note,
+    verdict_sentence,
+)
 from tests.report_fixtures import PipelineOutputs, write_pipeline_outputs
 
 SIZE_BUDGET_BYTES = 5 * 1024 * 1024
@@ -241,6 +247,20 @@ def test_verdict_beats_only_on_the_primary_family() -> None:
     comparisons = [_comparison(name, beats=True) for name in ("buy_and_hold", "flat", "momentum", "random")]
     said_beats, sentence = verdict_sentence("ppo", comparisons, (True, ""), 1.5, beats_every=False)
     assert not said_beats and "does not beat" in sentence and "secondary family" in sentence
+
+
+def test_autocorrelation_warning_states_the_measured_rate() -> None:
+    """The caution quotes bench/verdict_size.py's measured rate at the nearest measured test-day count, and the
+    numbers it quotes are the ones docs/PERFORMANCE.md records."""
+    assert false_claim_note(0.05, 20) == "" and false_claim_note(float("nan"), 20) == ""
+    performance = (Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md").read_text()
+    for days, (rate, lo, hi, worlds) in MEASURED_FALSE_CLAIMS_PHI_05.items():
+        note = false_claim_note(0.3, days)
+        assert f"{100 * rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]" in note and f"{days} test days" in note
+        assert (
+            f"| 0.5 | {days} | {worlds} | {100 * rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] |" in performance
+        )
+    assert "at 20 test days" in false_claim_note(0.3, 9)
 
 
 def test_verdict_without_enough_data_claims_nothing() -> None:
