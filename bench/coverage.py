@@ -1,6 +1,7 @@
 """Measured coverage of the report's intervals and error rates of its claims at the pipeline's sample sizes.
 
     PYTHONPATH=$PWD .venv/bin/python bench/coverage.py --sims 300 --boot 500
+    PYTHONPATH=$PWD .venv/bin/python bench/coverage.py --sims 300 --boot 500 --only tails   # issue 23's tables
 
 Worlds: Gaussian AR(1) daily returns (phi = 0.2 unless stated) with a known true Sharpe. Prints one markdown table per
 check; docs/METRICS.md ("Coverage") records the output and the K used.
@@ -14,6 +15,8 @@ import math
 import numpy as np
 
 from marketrl.evaluation.stats import (
+    SE_FLOOR,
+    contrast_estimates,
     familywise_test,
     sharpe_contrasts,
     stationary_bootstrap_ci,
@@ -75,6 +78,49 @@ def false_claims(days: list[int], sims: int, boot: int, phi: float) -> None:
         print(f"| {n} | {single / sims:.2f} | {family_naive / sims:.2f} | {family_rw / sims:.2f} |")
 
 
+TAIL_LEVELS = (0.95, 0.99, 0.999)
+
+
+def true_t_quantiles(n: int, phi: float, true_sharpe: float, worlds: int, seed: int) -> np.ndarray:
+    """Quantiles TAIL_LEVELS of the true t = (SR̂ − SR)/ŝe over ``worlds`` simulated series (upper tail)."""
+    rng = np.random.default_rng(seed)
+    draws = []
+    chunk = max(1, 2_000_000 // n)
+    for start in range(0, worlds, chunk):
+        rows = min(chunk, worlds - start)
+        x = ar1(n, phi, true_sharpe, rng, columns=rows).T[:, :, None]  # [rows, n, 1]
+        estimate, se = contrast_estimates(x, [[1.0]])
+        draws.append((estimate[:, 0] - true_sharpe) / se[:, 0])
+    return np.quantile(np.concatenate(draws), TAIL_LEVELS)
+
+
+def t_star_tails(days: list[int], sims: int, boot: int, phi: float, floors: list[float]) -> None:
+    """Pooled t* of the studentized bootstrap (K worlds × boot draws) against the true t, per SE floor."""
+    true_sharpe = 0.1
+    levels = " | ".join(f"q{q:g} true" for q in TAIL_LEVELS)
+    ratios = " | ".join(f"q{q:g} t*/true" for q in TAIL_LEVELS)
+    print(
+        f"\nTails of t* vs the true studentized Sharpe, AR(1) phi={phi}, true daily Sharpe {true_sharpe}, K={sims}"
+    )
+    print(f"| test days | SE floor | {levels} | {ratios} |\n|---|---|" + "---|" * 2 * len(TAIL_LEVELS))
+    for n in days:
+        truth = true_t_quantiles(n, phi, true_sharpe, 200_000, seed=7 + n)
+        rng = np.random.default_rng(300 + n)
+        worlds = [ar1(n, phi, true_sharpe, rng)[:, :1] for _ in range(sims)]
+        for floor in floors:
+            pooled = np.concatenate(
+                [
+                    sharpe_contrasts(x, [[1.0]], n_boot=boot, seed=k, se_floor=floor).t_boot[:, 0]
+                    for k, x in enumerate(worlds)
+                ]
+            )
+            star = np.quantile(pooled[~np.isnan(pooled)], TAIL_LEVELS)
+            cells = (
+                " | ".join(f"{v:.2f}" for v in truth) + " | " + " | ".join(f"{r:.2f}" for r in star / truth)
+            )
+            print(f"| {n} | {floor:g} | {cells} |")
+
+
 def seed_iqm_coverage(seed_counts: list[int], sims: int, boot: int) -> None:
     print(f"\nSeed-IQM CI coverage (nominal 95%), normal seed scores, one fold, K={sims}")
     print("| seeds | stratified percentile bootstrap |\n|---|---|")
@@ -91,9 +137,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sims", type=int, default=300, help="simulated worlds per cell (K)")
     parser.add_argument("--boot", type=int, default=500, help="bootstrap resamples per interval")
+    parser.add_argument(
+        "--only",
+        choices=["all", "tails"],
+        default="all",
+        help="tails tables and the Sharpe CI coverage at 9-250 days only",
+    )
+    parser.add_argument(
+        "--floors", type=float, nargs="+", default=[0.0, SE_FLOOR], help="SE floors to compare"
+    )
     args = parser.parse_args()
     days = [3, 5, 7, 9, 20, 40]
     print(f"bench/coverage.py --sims {args.sims} --boot {args.boot}")
+    for phi in (0.0, 0.5):
+        t_star_tails([9, 20, 60, 250], args.sims, args.boot, phi=phi, floors=args.floors)
+    if args.only == "tails":
+        sharpe_coverage([9, 20, 60, 250], args.sims, args.boot, phi=0.2, true_sharpe=0.1)
+        return
     sharpe_coverage(days, args.sims, args.boot, phi=0.2, true_sharpe=0.1)
     for phi in (0.0, 0.2, 0.5):
         false_claims(days, args.sims, args.boot, phi=phi)

@@ -19,7 +19,13 @@ from marketrl.evaluation.metrics import performance_summary
 from marketrl.evaluation.stats import ANNUALIZER, expected_max_sharpe, probabilistic_sharpe_from_moments
 from marketrl.report import SECTIONS, ReportInputError, build_report
 from marketrl.report.inputs import HyperoptSummary
-from marketrl.report.verdict import Comparison, deflation_for, verdict_sentence
+from marketrl.report.verdict import (
+    MEASURED_FALSE_CLAIMS_PHI_05,
+    Comparison,
+    deflation_for,
+    false_claim_note,
+    verdict_sentence,
+)
 from tests.report_fixtures import PipelineOutputs, write_pipeline_outputs
 
 SIZE_BUDGET_BYTES = 5 * 1024 * 1024
@@ -201,6 +207,12 @@ def test_power_section_states_the_detectable_edge(report: tuple[PipelineOutputs,
     assert 'id="power"' in html and "What this run could detect" in html
     detectable = [attrs for tag, attrs in parsed.tags if attrs.get("data-metric") == "detectable"]
     assert len(detectable) == 1 and float(detectable[0]["data-value"]) > 0
+    (one,) = [attrs for tag, attrs in parsed.tags if attrs.get("data-metric") == "one-comparison-detectable"]
+    # the headline claim needs every comparison of a model and the step across models: it costs power
+    assert 0 < float(one["data-value"]) < float(detectable[0]["data-value"])
+    primary = {algo: parsed.cell("p-beats-every", algo=algo, seed="model") for algo in ("ppo", "dqn")}
+    assert primary["ppo"]["data-claim"] == "beats" and float(primary["ppo"]["data-value"]) <= 0.05
+    assert primary["dqn"]["data-claim"] == "none" and float(primary["dqn"]["data-value"]) > 0.05
     for baseline in ("buy_and_hold", "momentum"):
         assert float(parsed.cell(f"detectable-{baseline}", algo="dqn")["data-value"]) > 0
 
@@ -216,22 +228,44 @@ def _comparison(name: str, beats: bool = False, worse: bool = False) -> Comparis
         (
             {"buy_and_hold": "b", "flat": "b", "momentum": "", "random": "b"},
             False,
-            "against momentum the test",
+            "against momentum the per-baseline test",
         ),
         ({"buy_and_hold": "w", "flat": "", "momentum": "", "random": ""}, False, "worse than buy & hold"),
-        ({"buy_and_hold": "", "flat": "", "momentum": "", "random": ""}, False, "above about 1.50"),
+        ({"buy_and_hold": "", "flat": "", "momentum": "", "random": ""}, False, "of about 1.50"),
     ],
 )
 def test_verdict_rule_is_conservative(claims: dict[str, str], beats: bool, phrase: str) -> None:
     comparisons = [_comparison(name, c == "b", c == "w") for name, c in claims.items()]
-    said_beats, sentence = verdict_sentence("ppo", comparisons, (True, ""), 1.5)
+    # the primary family claims "beats every baseline" exactly in the first case
+    said_beats, sentence = verdict_sentence("ppo", comparisons, (True, ""), 1.5, beats_every=beats)
     assert said_beats is beats
     assert phrase in sentence
 
 
+def test_verdict_beats_only_on_the_primary_family() -> None:
+    """Five per-baseline "better" marks do not make the headline: only the primary family's rejection does."""
+    comparisons = [_comparison(name, beats=True) for name in ("buy_and_hold", "flat", "momentum", "random")]
+    said_beats, sentence = verdict_sentence("ppo", comparisons, (True, ""), 1.5, beats_every=False)
+    assert not said_beats and "does not beat" in sentence and "secondary family" in sentence
+
+
+def test_autocorrelation_warning_states_the_measured_rate() -> None:
+    """The caution quotes bench/verdict_size.py's measured rate at the nearest measured test-day count, and the
+    numbers it quotes are the ones docs/PERFORMANCE.md records."""
+    assert false_claim_note(0.05, 20) == "" and false_claim_note(float("nan"), 20) == ""
+    performance = (Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md").read_text()
+    for days, (rate, lo, hi, worlds) in MEASURED_FALSE_CLAIMS_PHI_05.items():
+        note = false_claim_note(0.3, days)
+        assert f"{100 * rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]" in note and f"{days} test days" in note
+        assert (
+            f"| 0.5 | {days} | {worlds} | {100 * rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] |" in performance
+        )
+    assert "at 20 test days" in false_claim_note(0.3, 9)
+
+
 def test_verdict_without_enough_data_claims_nothing() -> None:
     comparisons = [_comparison(name, beats=True) for name in ("buy_and_hold", "flat", "momentum", "random")]
-    beats, sentence = verdict_sentence("ppo", comparisons, (False, "2 test day(s)"), 9.0)
+    beats, sentence = verdict_sentence("ppo", comparisons, (False, "2 test day(s)"), 9.0, beats_every=True)
     assert not beats
     assert "not enough out-of-sample data for a verdict (2 test day(s))" in sentence
 

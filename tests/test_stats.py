@@ -16,14 +16,18 @@ from scipy import stats as scipy_stats
 from marketrl.evaluation.stats import (
     ANNUALIZER,
     SESSIONS_PER_YEAR,
+    SharpeContrasts,
     StatsInputError,
     bonferroni_critical,
     bootstrap_t_intervals,
+    contrast_mean_blocks,
     default_mean_block,
     deflated_sharpe_ratio,
     expected_max_sharpe,
     familywise_test,
     interquartile_mean,
+    intersection_union_detectable,
+    intersection_union_stepdown,
     is_finite_number,
     minimum_detectable_sharpe_difference,
     optimal_mean_block,
@@ -343,6 +347,148 @@ def test_family_on_pure_noise_rejects_at_most_alpha():
         contrasts = sharpe_contrasts(rng.normal(0.0, 0.01, size=(30, 5)), weights, n_boot=200, seed=k)
         false_worlds += bool(familywise_test(contrasts).reject.any())
     assert false_worlds <= 8
+
+
+def _iut_oracle(t, t_boot, groups, alpha):
+    """Intersection–union stepdown by its definition, with plain loops: each group's statistic is its smallest t
+    and its null draws are those of the contrast attaining it; then Romano–Wolf across the groups."""
+    stats, draws = [], []
+    for rows in groups:
+        k = min(rows, key=lambda r: t[r])
+        stats.append(t[k])
+        draws.append([row[k] for row in t_boot])
+    return _stepdown_oracle(stats, np.array(draws).T, alpha)
+
+
+def test_intersection_union_stepdown_matches_the_definition():
+    rng = np.random.default_rng(12)
+    for _ in range(30):
+        n_groups, per_group = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+        k = n_groups * per_group
+        t_boot = rng.standard_normal((300, k)) @ (np.eye(k) + 0.3 * rng.random((k, k)))
+        t = rng.normal(2.0, 1.5, size=k)
+        contrasts = SharpeContrasts(t, np.ones(k), t_boot, np.ones(k))
+        groups = [list(range(g * per_group, (g + 1) * per_group)) for g in range(n_groups)]
+        result = intersection_union_stepdown(contrasts, groups, 0.05)
+        assert set(np.flatnonzero(result.reject)) == _iut_oracle(t, t_boot, groups, 0.05)
+        for g, rows in enumerate(groups):
+            assert result.t_min[g] == pytest.approx(min(t[rows]))
+            assert result.binding[g] == rows[int(np.argmin(t[rows]))]
+
+
+def test_one_direction_repro_rejects_every_claim_the_mirrored_family_loses():
+    """Issue 23's repro: t = [6, 6, 6, 6, 2] with independent null draws. In one direction the stepdown's last
+    step tests 2 against one N(0, 1) (critical 1.64) and rejects all five; with the mirrored rows [W; −W] the
+    last step still carries the five mirrored draws, so 2 is not rejected. The intersection–union claim "beats
+    every baseline" over the five is rejected."""
+    t_boot = np.random.default_rng(5).standard_normal((4000, 5))
+    t = np.array([6.0, 6.0, 6.0, 6.0, 2.0])
+    one_direction = romano_wolf_stepdown(t, t_boot, 0.05)
+    assert one_direction.reject.all()
+    mirrored = romano_wolf_stepdown(np.concatenate([t, -t]), np.hstack([t_boot, -t_boot]), 0.05)
+    assert mirrored.reject[:4].all() and not mirrored.reject[4] and mirrored.p_adjusted[4] > 0.1
+    beats_every = intersection_union_stepdown(SharpeContrasts(t, np.ones(5), t_boot, np.ones(5)), [range(5)])
+    assert beats_every.reject[0] and beats_every.first_step_critical == pytest.approx(1.645, abs=0.08)
+
+
+def test_each_contrast_gets_its_own_block():
+    rng = np.random.default_rng(2)
+    iid = rng.normal(size=(250, 2))
+    persistent = np.column_stack([ar1_series(250, 0.8, 0.0, rng), ar1_series(250, 0.8, 0.0, rng)])
+    x = np.hstack([iid, persistent]) * 0.01
+    blocks = contrast_mean_blocks(x, [[1.0, -1.0, 0, 0], [0, 0, 1.0, -1.0]])
+    assert blocks[0] == 1.0 and blocks[1] >= 2.0
+    assert default_mean_block(*x.T) >= 2.0  # the old choice handed the iid pair the persistent block
+    contrasts = sharpe_contrasts(x, [[1.0, -1.0, 0, 0], [0, 0, 1.0, -1.0]], n_boot=50, seed=0)
+    np.testing.assert_array_equal(contrasts.mean_block, blocks)
+
+
+def test_se_floor_bounds_the_studentized_draws():
+    x = np.random.default_rng(9).normal(0.001, 0.01, size=(9, 1))
+    free = sharpe_contrasts(x, [[1.0]], n_boot=3000, seed=1, se_floor=0.0)
+    floored = sharpe_contrasts(x, [[1.0]], n_boot=3000, seed=1, se_floor=0.5)
+    spread = float(np.max(np.abs(sharpe_contrasts(x, [[1.0]], n_boot=3000, seed=1).t_boot)))
+    assert np.max(np.abs(floored.t_boot)) <= np.max(np.abs(free.t_boot)) and spread == pytest.approx(
+        float(np.max(np.abs(floored.t_boot)))
+    )
+    # |θ* − θ̂| / (0.5·ŝe) bounds every floored draw
+    boot_shift = floored.t_boot[:, 0] * 0.0 + np.abs(free.t_boot[:, 0])
+    assert np.all(np.abs(floored.t_boot[:, 0]) <= boot_shift + 1e-12)
+    with pytest.raises(StatsInputError, match="se_floor"):
+        sharpe_contrasts(x, [[1.0]], se_floor=2.0)
+
+
+def _iut_world(rng: np.random.Generator, n: int, edge: float) -> np.ndarray:
+    """2 models and 3 baselines (the second flat) of n i.i.d. days; model 0's daily Sharpe is ``edge``."""
+    x = rng.normal(0.0, 1.0, size=(n, 5))
+    x[:, 3] = 0.0
+    x[:, 0] += edge
+    return x * 0.01
+
+
+IUT_WEIGHTS = np.array(
+    [[1.0 if s == m else (-1.0 if s == 2 + b else 0.0) for s in range(5)] for m in range(2) for b in range(3)]
+)
+
+
+def test_intersection_union_detectable_edge_has_the_stated_power_in_simulation():
+    """The edge the headline claim detects with 80% power, from the bootstrap draws, against K = 150 simulated
+    worlds with that edge planted over every baseline (binomial sd at 0.8: 0.033)."""
+    n, groups = 60, [[0, 1, 2], [3, 4, 5]]
+    rng = np.random.default_rng(31)
+    pilots = []
+    for k in range(15):
+        contrasts = sharpe_contrasts(_iut_world(rng, n, 0.0), IUT_WEIGHTS, n_boot=400, seed=k)
+        critical = intersection_union_stepdown(contrasts, groups).first_step_critical
+        pilots.append(intersection_union_detectable(contrasts, groups[0], critical, 0.8))
+    edge = float(np.median(pilots))
+    one_comparison = minimum_detectable_sharpe_difference(n, float(scipy_stats.norm.ppf(0.95)))
+    assert edge > one_comparison  # the claim needs all three comparisons and the step over two models
+    hits = []
+    for k in range(150):
+        contrasts = sharpe_contrasts(_iut_world(rng, n, edge), IUT_WEIGHTS, n_boot=300, seed=100 + k)
+        hits.append(bool(intersection_union_stepdown(contrasts, groups).reject[0]))
+    assert 0.68 <= np.mean(hits) <= 0.92
+
+
+def test_unstudentized_stepdown_agrees_with_arch_stepm_and_spa():
+    """Cross-check of the stepdown against arch 8 (`StepM`, `SPA`, unstudentized: arch's statistic is the max of
+    mean loss differences). Same matrices, same stationary block; the resamples differ, so decisions are
+    compared where the evidence is clear and the single-step p-value within Monte Carlo error."""
+    arch_bootstrap = pytest.importorskip("arch.bootstrap")
+    rng = np.random.default_rng(17)
+    for trial in range(6):
+        n = 200
+        benchmark = rng.normal(0.0, 1.0, n)
+        edges = np.array([0.7, 0.6, -0.3, -0.5]) if trial % 2 == 0 else np.array([0.6, 0.7, 0.5, 0.8])
+        models = rng.normal(0.0, 1.0, (n, 4)) - edges  # losses: lower is better, edge = benchmark − model
+        diff = benchmark[:, None] - models
+        indices = stationary_bootstrap_indices(n, 2.0, 3000, np.random.default_rng(trial))
+        means = diff.mean(axis=0)
+        draws = diff[indices].mean(axis=1) - means
+        ours = romano_wolf_stepdown(means, draws, 0.05)
+        stepm = arch_bootstrap.StepM(
+            benchmark, models, size=0.05, block_size=2, reps=3000, studentize=False, seed=trial
+        )
+        try:
+            stepm.compute()
+            selected = set(int(m) for m in stepm.superior_models)
+        except (
+            IndexError,
+            ValueError,
+            KeyError,
+        ):  # arch issue #862: StepM can raise when every model is selected
+            selected = set(range(4))
+        assert set(np.flatnonzero(ours.reject)) == selected == set(np.flatnonzero(edges >= 0.5))
+        # SPA's "upper" p-value (no recentring) is the single-step max p-value; near-null models keep it mid-range
+        weak = models + edges - np.array([0.1, 0.0, -0.1, 0.05])
+        weak_diff = benchmark[:, None] - weak
+        weak_means = weak_diff.mean(axis=0)
+        weak_draws = weak_diff[indices].mean(axis=1) - weak_means
+        spa = arch_bootstrap.SPA(benchmark, weak, block_size=2, reps=3000, studentize=False, seed=trial)
+        spa.compute()
+        single_step = (1 + np.sum(weak_draws.max(axis=1) >= weak_means.max())) / (weak_draws.shape[0] + 1)
+        assert single_step == pytest.approx(float(spa.pvalues["upper"]), abs=0.04)
 
 
 def test_minimum_detectable_difference_formula():
