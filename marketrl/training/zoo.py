@@ -150,21 +150,27 @@ class LoadedModel:
     horizon: int | None = None
 
 
-# ------------------------------------------------------------------------------------------------------ agents
+class _NamedBySpec:
+    """The model name of a registry entry is its spec's name (training.models, the {algo} wildcard)."""
 
-
-@dataclass(frozen=True)
-class AgentEntry:
-    """An RL agent (`marketrl.agents.spec.AgentSpec`): trained on the TradingEnv for `TrainRequest.steps` env
-    steps."""
-
-    spec: AgentSpec
-    kind: Kind = "agent"
+    spec: AgentSpec | ModelSpec
 
     @property
     def name(self) -> str:
         """The model name (training.models, the {algo} wildcard)."""
         return self.spec.name
+
+
+# ------------------------------------------------------------------------------------------------------ agents
+
+
+@dataclass(frozen=True)
+class AgentEntry(_NamedBySpec):
+    """An RL agent (`marketrl.agents.spec.AgentSpec`): trained on the TradingEnv for `TrainRequest.steps` env
+    steps."""
+
+    spec: AgentSpec
+    kind: Kind = "agent"
 
     def search_space(
         self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
@@ -261,17 +267,12 @@ def run_settings(config: Mapping[str, Any], updates: int) -> RunSettings:
 
 
 @dataclass(frozen=True)
-class ForecasterEntry:
+class ForecasterEntry(_NamedBySpec):
     """A forecaster (`marketrl.models.base.ModelSpec`): it learns the forward return; its trading rule makes the
     positions."""
 
     spec: ModelSpec
     kind: Kind = "forecaster"
-
-    @property
-    def name(self) -> str:
-        """The model name (training.models, the {algo} wildcard)."""
-        return self.spec.name
 
     def search_space(
         self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
