@@ -26,6 +26,7 @@ from gpu_utils.precision import (
     resolve_precision,
     select_precision,
 )
+from gpu_utils.seeds import SeedOptimStep, per_seed_grad_norms, stack_modules, unstack_state
 from gpu_utils.step import OptimStep, make_optimizer
 from gpu_utils.sync import SyncCounter, disable_distribution_validation, distribution_validation
 
@@ -41,6 +42,7 @@ __all__ = [
     "OptimStep",
     "PrecisionError",
     "PrecisionPlan",
+    "SeedOptimStep",
     "SyncCounter",
     "detect_precision",
     "disable_distribution_validation",
@@ -48,9 +50,12 @@ __all__ = [
     "lookup_gpu",
     "make_optimizer",
     "mlp_parameter_count",
+    "per_seed_grad_norms",
     "resolve_device",
     "resolve_precision",
     "sample_bytes",
     "select_precision",
+    "stack_modules",
     "static_memory_bytes",
+    "unstack_state",
 ]
