@@ -25,6 +25,9 @@ except (ConfigError, CalibrationError) as err:
 
 GPU_UNITS = pipeline.gpu_units(config)
 ENV_FILE = "../envs/pipeline.yaml"
+NO_MODEL = "(?!)"  # a regex that matches nothing: a rule for a kind of model the config does not run
+STOCHASTIC_MODELS = "|".join(pipeline.stochastic_models(config)) or NO_MODEL
+DETERMINISTIC_MODELS = "|".join(pipeline.deterministic_models(config)) or NO_MODEL
 
 
 wildcard_constraints:
@@ -91,11 +94,14 @@ def study_results_dir(wildcards):
     return paths.RESULTS
 
 
+def seed_outputs(template):
+    """One output per seed of a model x fold job ({algo} and {fold} stay wildcards)."""
+    return expand(template, seed=pipeline.seed_indices(config), allow_missing=True)
+
+
 def resume_file(wildcards):
     """The training job's resumable checkpoint: an undeclared side file (see marketrl/workflow/paths.py)."""
-    return paths.RESUME.format(
-        algo=wildcards.algo, fold=wildcards.fold, seed=wildcards.seed
-    )
+    return paths.RESUME.format(algo=wildcards.algo, fold=wildcards.fold)
 
 
 def trained_model(wildcards):

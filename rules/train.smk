@@ -1,15 +1,19 @@
+# One job per model x fold trains all its seeds (one batch where the model can; docs/ARCHITECTURE.md); every
+# seed keeps its own model.pt and train_log.json, so naming one seed's file as a target reruns its job.
 rule train:
     input:
         manifest=paths.FEATURE_MANIFEST,
         folds=paths.FOLDS,
         hparams=hyperopt_params,
     output:
-        model=paths.MODEL,
-        log_json=paths.TRAIN_LOG,
+        models=seed_outputs(paths.MODEL),
+        logs=seed_outputs(paths.TRAIN_LOG),
     log:
-        paths.log("train/{algo}/fold_{fold}/seed_{seed}"),
+        paths.log("train/{algo}/fold_{fold}"),
     benchmark:
-        paths.benchmark("train/{algo}/fold_{fold}/seed_{seed}")
+        paths.benchmark("train/{algo}/fold_{fold}")
+    wildcard_constraints:
+        algo=STOCHASTIC_MODELS,
     conda:
         ENV_FILE
     threads: 1
@@ -19,5 +23,24 @@ rule train:
         config=model_stage_config("train"),
         code=code_hash("train"),
         resume=resume_file,
+        seeds=pipeline.seed_indices(config),
     script:
         "../workflow_scripts/train.py"
+
+
+# A deterministic model (ridge: its seeds could not differ) trains one run, seed 0.
+use rule train as train_once with:
+    output:
+        models=[paths.MODEL.replace("{seed}", "0")],
+        logs=[paths.TRAIN_LOG.replace("{seed}", "0")],
+    log:
+        paths.log("train/{algo}/fold_{fold}"),
+    benchmark:
+        paths.benchmark("train/{algo}/fold_{fold}")
+    wildcard_constraints:
+        algo=DETERMINISTIC_MODELS,
+    params:
+        config=model_stage_config("train"),
+        code=code_hash("train"),
+        resume=resume_file,
+        seeds=[0],

@@ -79,7 +79,8 @@ def run_config(finished_run: Path) -> dict[str, Any]:
 
 
 def n_models(config: dict[str, Any]) -> int:
-    return len(pipeline.model_files(config))
+    """Train (and evaluate) jobs: one per model x fold, whatever the seeds."""
+    return len(config["training"]["models"]) * config["folds"]["n"]
 
 
 # ---------------------------------------------------------------------------------------------- config changes
@@ -280,15 +281,15 @@ def test_every_stage_runs_on_exactly_its_slice(
     train_job(
         algo="dqn",
         fold=0,
-        seed_index=0,
+        seed_indices=[0],
         manifest_path=manifest,
         folds_path=folds,
         hparams_path=paths.HYPEROPT_BEST.format(algo="dqn"),
         config=sliced("train", training={"total_steps": 256, "checkpoint_every": 128}),
-        model_path=str(model),
-        log_path=str(tmp_path / "train_log.json"),
+        model_paths=[str(model)],
+        log_paths=[str(tmp_path / "train_log.json")],
         resume_path=str(tmp_path / "resume.pt"),
-    )
+    )[0]
     assert model.is_file() and not (tmp_path / "resume.pt").exists()
     evaluate_job(
         algo="dqn",
@@ -323,15 +324,15 @@ def test_every_stage_runs_on_exactly_its_slice(
     train_job(
         algo="linear",
         fold=0,
-        seed_index=0,
+        seed_indices=[0],
         manifest_path=manifest,
         folds_path=folds,
         hparams_path=str(tmp_path / "linear.json"),
         config=sliced("train"),
-        model_path=str(tmp_path / "linear.pt"),
-        log_path=str(tmp_path / "linear_log.json"),
+        model_paths=[str(tmp_path / "linear.pt")],
+        log_paths=[str(tmp_path / "linear_log.json")],
         resume_path=str(tmp_path / "linear_resume.pt"),
-    )
+    )[0]
     evaluate_job(
         algo="linear",
         fold=0,

@@ -47,14 +47,14 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     train_job(
         algo="dqn",
         fold=0,
-        seed_index=0,
+        seed_indices=[0],
         hparams_path=str(hparams),
         config=config,
-        model_path=str(model),
-        log_path=str(root / "train_log.json"),
+        model_paths=[str(model)],
+        log_paths=[str(root / "train_log.json")],
         resume_path=str(root / "resume.pt"),
         **paths,
-    )
+    )[0]
     return {"root": root, "config": config, "model": model, "paths": paths}
 
 

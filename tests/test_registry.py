@@ -20,6 +20,7 @@ from marketrl.training.zoo import ZOO, get_entry
 from marketrl.workflow import pipeline, stages
 from marketrl.workflow.config import ConfigError, load_config, load_schema, validate_config
 from marketrl.workflow.registry import (
+    DETERMINISTIC,
     MODEL_NAMES,
     REGISTRY,
     RegistryError,
@@ -65,6 +66,17 @@ def test_every_list_of_model_names_is_the_registry() -> None:
     )
     # the docs: the forecasters' table in docs/MODELS.md, in registry order
     assert _table_names((REPO_ROOT / "docs" / "MODELS.md").read_text(), "## The models") == list(MODELS)
+
+
+def test_the_deterministic_list_is_what_the_specs_say() -> None:
+    # the workflow cannot import the specs (torch), so it reads registry.DETERMINISTIC: it must match them
+    said = [name for name, entry in ZOO.items() if getattr(entry.spec, "deterministic", False)]
+    assert said == list(DETERMINISTIC) and said, said
+    config = {"training": {"models": list(ZOO), "seeds": 5}}
+    assert pipeline.seed_indices(config, "linear") == [0] and pipeline.seed_indices(config, "dqn") == list(
+        range(5)
+    )
+    assert set(pipeline.stochastic_models(config)) | set(pipeline.deterministic_models(config)) == set(ZOO)
 
 
 def test_registered_modules_count_in_the_code_hashes_of_the_stages_that_load_them() -> None:

@@ -93,14 +93,14 @@ def run_jobs(inputs: dict, algo: str) -> dict:
     train_log = train_job(
         algo=algo,
         fold=0,
-        seed_index=0,
+        seed_indices=[0],
         hparams_path=str(hparams),
         config=inputs["config"],
-        model_path=str(out / "model.pt"),
-        log_path=str(out / "train_log.json"),
+        model_paths=[str(out / "model.pt")],
+        log_paths=[str(out / "train_log.json")],
         resume_path=str(out / "resume.pt"),
         **paths,
-    )
+    )[0]
     metrics = evaluate_job(
         algo=algo,
         fold=0,
@@ -280,14 +280,14 @@ def test_forecaster_train_job_saves_and_removes_its_resume_file(inputs: dict, al
     log = train_job(
         algo=algo,
         fold=0,
-        seed_index=0,
+        seed_indices=[0],
         manifest_path=inputs["manifest_path"],
         folds_path=inputs["folds_path"],
         hparams_path=str(hparams),
         config=config,
-        model_path=str(out / "model.pt"),
-        log_path=str(out / "train_log.json"),
+        model_paths=[str(out / "model.pt")],
+        log_paths=[str(out / "train_log.json")],
         resume_path=str(out / "resume.pt"),
-    )
+    )[0]
     assert log["checkpoints_saved"] >= 1 and log["resumed_from_step"] is None
     assert (out / "model.pt").is_file() and not (out / "resume.pt").exists()

@@ -1,4 +1,4 @@
-"""Snakemake script: train one algorithm on one fold with one seed."""
+"""Snakemake script: train one algorithm on one fold with all its seeds (one batch where the model can)."""
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
@@ -9,12 +9,12 @@ with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     train_job(
         algo=snakemake.wildcards.algo,
         fold=int(snakemake.wildcards.fold),
-        seed_index=int(snakemake.wildcards.seed),
+        seed_indices=list(snakemake.params.seeds),
         manifest_path=snakemake.input.manifest,
         folds_path=snakemake.input.folds,
         hparams_path=snakemake.input.hparams,
         config=snakemake.params.config,
-        model_path=snakemake.output.model,
-        log_path=snakemake.output.log_json,
+        model_paths=list(snakemake.output.models),
+        log_paths=list(snakemake.output.logs),
         resume_path=snakemake.params.resume,
     )

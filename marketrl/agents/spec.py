@@ -107,6 +107,9 @@ class AgentSpec:
     run_config: Callable[..., RunConfig]
     train: Callable[..., TrainResult]
     architecture_options: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_options
+    #: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=)`` -> one
+    #: TrainResult per seed, the seeds trained as one batch; None: the seeds train one after another
+    train_seeds: Callable[..., list[TrainResult]] | None = None
 
     def __post_init__(self) -> None:
         if self.acting_network not in self.networks:

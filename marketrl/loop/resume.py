@@ -89,6 +89,7 @@ class TrainingCheckpoint:
         self.saves = 0
         self.resumed_from: int | None = None
         self._next_at = every
+        self._parts: list[TrainingCheckpoint] = []
 
     def load(self) -> dict[str, Any] | None:
         """The saved loop state of this run, or None (no file, another run's file, or an unreadable one)."""
@@ -140,9 +141,28 @@ class TrainingCheckpoint:
         log.info("checkpoint at step %d: %s", step, self.path)
         hold_point(f"training_checkpoint_saved:{self.path}")
 
+    def part(self, name: str) -> TrainingCheckpoint:
+        """A sibling resume file for one part of this run (e.g. one seed of a batch trained one after another):
+        ``resume.pt`` -> ``resume.{name}.pt``, same cadence, the fingerprint plus the part's name; `remove`
+        deletes it with this one."""
+        part = TrainingCheckpoint(
+            self.path.with_name(f"{self.path.stem}.{name}{self.path.suffix}"),
+            self.every,
+            {**self.fingerprint, "part": name},
+        )
+        self._parts.append(part)
+        return part
+
+    @property
+    def total_saves(self) -> int:
+        """Saves of this file and of its parts."""
+        return self.saves + sum(part.saves for part in self._parts)
+
     def remove(self) -> None:
-        """Delete the file (the run finished and its final model is written)."""
+        """Delete the file and its parts' (the run finished and its final models are written)."""
         self.path.unlink(missing_ok=True)
+        for part in self._parts:
+            part.remove()
 
     def _after(self, step: int) -> int:
         return (step // self.every + 1) * self.every if self.every > 0 else 0

@@ -267,3 +267,8 @@ class ModelSpec:
     train: TrainFn
     load: LoadFn
     neural: bool
+    #: ``train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds, hooks)`` -> one
+    #: TrainedModel per seed, the seeds trained as one batch; None: the seeds train one after another
+    train_seeds: Callable[..., list[TrainedModel]] | None = None
+    #: seeds cannot differ (a closed form): the pipeline trains and scores one run, not copies
+    deterministic: bool = False

@@ -142,4 +142,4 @@ def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> T
     return _trained(hp, int(checkpoint["n_features"]), weights, intercept, dict(checkpoint["settings"]), {})
 
 
-SPEC = ModelSpec("linear", RidgeHParams, search_space, train, load, neural=False)
+SPEC = ModelSpec("linear", RidgeHParams, search_space, train, load, neural=False, deterministic=True)

@@ -41,6 +41,7 @@ from marketrl.report.verdict import AgentVerdict, agent_verdicts, deflation_for,
 from marketrl.runtime import provenance
 from marketrl.runtime.io import atomic_open
 from marketrl.workflow.config import derive_seed
+from marketrl.workflow.registry import DETERMINISTIC
 
 log = logging.getLogger(__name__)
 
@@ -490,6 +491,7 @@ def build_context(
         "first_test_day": test_days[0] if test_days else "",
         "last_test_day": test_days[-1] if test_days else "",
         "n_seeds": {algo: sum(1 for a in agents if a.name == algo) for algo in algos},
+        "deterministic": [algo for algo in algos if algo in DETERMINISTIC],
         "n_random_seeds": len(random_seeds),
         "equity_figure": figures.equity_figure(strategies, algos),
         "drawdown_figure": figures.drawdown_figure(strategies, algos),

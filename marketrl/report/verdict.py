@@ -47,6 +47,7 @@ from marketrl.report.strategies import (
     seed_aggregate,
 )
 from marketrl.workflow.config import derive_seed
+from marketrl.workflow.registry import DETERMINISTIC
 
 # ------------------------------------------------------------------------------ selection diagnostic (DSR)
 
@@ -197,6 +198,7 @@ class AgentVerdict:
     algo: str
     n_seeds: int
     seeds: list[SeedRow]
+    deterministic: bool
     deflation: Deflation
     sharpe: ConfidenceInterval  # mean over seeds of the per-seed Sharpe, annualised, bootstrap-t CI
     iqm_sharpe: ConfidenceInterval  # across-seed IQM; NaN interval below evaluation.min_seeds
@@ -443,11 +445,12 @@ def _family_sentence(
     )
 
 
-def _shortfalls(n_days: int, n_seeds: int, rules: VerdictRules) -> list[str]:
+def _shortfalls(n_days: int, n_seeds: int, rules: VerdictRules, deterministic: bool = False) -> list[str]:
     shortfalls = []
     if n_days < rules.min_test_days:
         shortfalls.append(f"{n_days} test day(s), evaluation.min_test_days = {rules.min_test_days}")
-    if n_seeds < rules.min_seeds:
+    # a deterministic model has one distinct run: copies of it would add no information
+    if n_seeds < (1 if deterministic else rules.min_seeds):
         shortfalls.append(f"{n_seeds} seed(s), evaluation.min_seeds = {rules.min_seeds}")
     return shortfalls
 
@@ -526,7 +529,7 @@ def agent_verdicts(
 
     verdicts = []
     for i, algo in enumerate(algos):
-        shortfalls = _shortfalls(n_days, len(members[algo]), rules)
+        shortfalls = _shortfalls(n_days, len(members[algo]), rules, algo in DETERMINISTIC)
         enough = not shortfalls
         comparisons = []
         for name in baseline_names:
@@ -580,6 +583,7 @@ def agent_verdicts(
                 algo=algo,
                 n_seeds=len(members[algo]),
                 seeds=seeds,
+                deterministic=algo in DETERMINISTIC,
                 deflation=deflation_for(inputs, algo),
                 sharpe=sharpe,
                 iqm_sharpe=iqm,

@@ -121,12 +121,12 @@ def run_trial(
     space: SearchSpace,
     budget: HardwareBudget | None = None,
 ) -> float:
-    """Train one configuration on the tuning train rows with hyperopt.seeds_per_trial seeds; report validation
-    scores for pruning; return the median of the seeds' final validation Sharpe ratios.
+    """Train one configuration on the tuning train rows with hyperopt.seeds_per_trial seeds (one batch where the
+    model can); report the median of the seeds' validation scores for pruning; return the median of the seeds'
+    final validation Sharpe ratios.
 
-    The report index runs on across the seeds (seed 1's first report follows seed 0's last), so the pruner
-    compares the same seed's scores between trials. The per-seed scores are the trial's user attribute
-    ``seed_scores``; `space` is the model's search space (`marketrl.training.zoo`, built once per worker).
+    The per-seed scores are the trial's user attribute ``seed_scores``; `space` is the model's search space
+    (`marketrl.training.zoo`, built once per worker).
     """
     started = time.perf_counter()
     entry = get_entry(algo, config["training"]["extra_models"])
@@ -136,8 +136,9 @@ def run_trial(
     n_seeds = config["hyperopt"]["seeds_per_trial"]
     reports = 0
 
-    def on_score(step: int, score: float) -> None:
+    def on_score(step: int, scores: list[float]) -> None:
         nonlocal reports
+        score = float(statistics.median(scores))
         trial.report(score, reports)
         hold_point(f"hyperopt_trial_reported:{algo}:{trial.number}")
         reports += 1
@@ -146,34 +147,30 @@ def run_trial(
 
     setup_s = time.perf_counter() - started
     trial.set_user_attr("setup_s", setup_s)
-    scores = []
-    for seed_number in range(n_seeds):
-        # seed 0 keeps the seed of a one-seed trial, so hyperopt.seeds_per_trial=1 is the earlier objective
-        parts = (slot,) if seed_number == 0 else (slot, seed_number)
-        trained = entry.train(
-            TrainRequest(
-                train_data=window.splits["train"],
-                validation_data=window.splits["validation"],
-                config=config,
-                hparams=hparams,
-                precision=precision,
-                device=device,
-                seed=derive_seed(config["seed"], "hyperopt-trial", algo, *parts),
-                steps=config["hyperopt"]["trial_steps"],
-                updates=config["hyperopt"]["trial_updates"],
-                on_score=on_score,
-                budget=budget,
-            )
+    # seed 0 keeps the seed of a one-seed trial, so hyperopt.seeds_per_trial=1 is the earlier objective
+    seeds = tuple(
+        derive_seed(config["seed"], "hyperopt-trial", algo, *((slot,) if number == 0 else (slot, number)))
+        for number in range(n_seeds)
+    )
+    runs = entry.train(
+        TrainRequest(
+            train_data=window.splits["train"],
+            validation_data=window.splits["validation"],
+            config=config,
+            hparams=hparams,
+            precision=precision,
+            device=device,
+            seeds=seeds,
+            steps=config["hyperopt"]["trial_steps"],
+            updates=config["hyperopt"]["trial_updates"],
+            on_score=on_score,
+            budget=budget,
         )
-        validation = window.splits["validation"]
-        scores.append(
-            positions_sharpe(
-                validation,
-                trained.positions(validation, env_config_from_config(config)),
-                env_config_from_config(config),
-            )
-        )
-        trial.set_user_attr("seed_scores", list(scores))
+    )
+    validation = window.splits["validation"]
+    env_config = env_config_from_config(config)
+    scores = [positions_sharpe(validation, run.positions(validation, env_config), env_config) for run in runs]
+    trial.set_user_attr("seed_scores", list(scores))
     trial.set_user_attr("train_s", time.perf_counter() - started - setup_s)
     score = float(statistics.median(scores))
     trial.set_user_attr("val_sharpe_daily", score / ANNUALIZER)

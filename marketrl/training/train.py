@@ -53,30 +53,39 @@ def load_hparams(path: str | Path, algo: str) -> dict[str, Any]:
 
 
 class ProgressLog:
-    """Validation scores as the run reports them, logged with progress, steps/s and ETA for `tail -f`.
+    """Validation scores as the run reports them (one per seed), logged with progress, steps/s and ETA for
+    `tail -f`.
 
     `total_steps` is the run's budget in its own steps (env steps for agents, optimizer steps or boosting rounds
-    for forecasters; an upper bound where early stopping may end the run sooner).
+    for forecasters; an upper bound where early stopping may end the run sooner). `records[i]` are seed i's.
     """
 
-    def __init__(self, total_steps: int) -> None:
+    def __init__(self, total_steps: int, n_seeds: int) -> None:
         self.total_steps = total_steps
         self.started = time.perf_counter()
-        self.records: list[dict[str, float]] = []
+        self.records: list[list[dict[str, float]]] = [[] for _ in range(n_seeds)]
 
-    def __call__(self, step: int, score: float) -> None:
+    def __call__(self, step: int, scores: list[float]) -> None:
+        # a seed run one after another reports alone: its scores go to the first seed without a record yet at
+        # this step, and its rate and ETA count from its own start
+        first = next(
+            (i for i, records in enumerate(self.records) if not records or records[-1]["step"] < step), 0
+        )
+        if first > 0 and not self.records[first]:
+            self.started = self.records[first - 1][-1]["elapsed_s"] + self.started
         elapsed = time.perf_counter() - self.started
         rate = step / elapsed if elapsed > 0 else math.nan
         eta = max(0, self.total_steps - step) / rate if rate and rate > 0 else math.nan
-        self.records.append({"step": step, "val_sharpe": score, "elapsed_s": elapsed})
+        for offset, score in enumerate(scores):
+            self.records[first + offset].append({"step": step, "val_sharpe": score, "elapsed_s": elapsed})
         log.info(
-            "progress: step %d/%d (%.0f%%), %.0f steps/s, ETA %.0fs, validation Sharpe %.3f",
+            "progress: step %d/%d (%.0f%%), %.0f steps/s, ETA %.0fs, validation Sharpe %s",
             step,
             self.total_steps,
             100.0 * min(step, self.total_steps) / self.total_steps,
             rate,
             eta,
-            score,
+            " ".join(f"{score:.3f}" for score in scores),
         )
 
 
@@ -108,41 +117,45 @@ def train_job(
     *,
     algo: str,
     fold: int,
-    seed_index: int,
+    seed_indices: list[int],
     manifest_path: str,
     folds_path: str,
     hparams_path: str,
     config: Mapping[str, Any],
-    model_path: str,
-    log_path: str,
+    model_paths: list[str],
+    log_paths: list[str],
     resume_path: str,
-) -> dict[str, Any]:
-    """Train one model (`algo`: any name of training.models) on one fold with one seed; write model.pt and
-    train_log.json atomically.
+) -> list[dict[str, Any]]:
+    """Train one model (`algo`: any name of training.models) on one fold with every seed of `seed_indices`, as
+    one batch where the model can; write each seed's model.pt and train_log.json atomically.
 
-    `resume_path` is the resumable checkpoint: an undeclared side file (marketrl.workflow.paths.RESUME), removed once
-    model.pt is written.
+    `resume_path` is the batch's resumable checkpoint: an undeclared side file (marketrl.workflow.paths.RESUME),
+    removed once every model.pt is written. A deterministic model (ridge) is given one seed index.
     """
+    if not (len(seed_indices) == len(model_paths) == len(log_paths)) or not seed_indices:
+        raise ValueError(f"{algo} fold {fold}: expected one model and log path per seed index {seed_indices}")
     entry = get_entry(algo, config["training"]["extra_models"])
+    if getattr(entry.spec, "deterministic", False) and len(seed_indices) != 1:
+        raise ValueError(f"{algo}: a deterministic model trains one run, got seed indices {seed_indices}")
     hparams = load_hparams(hparams_path, algo)
     training = config["training"]
     device = resolve_device(training["device"])
     precision = detect_precision(device, training["precision"])
     log.info("%s (%s), precision %s: %s", algo, entry.kind, precision.mode, precision.reason)
-    seed = derive_seed(config["seed"], "train", algo, fold, seed_index)
+    seeds = [derive_seed(config["seed"], "train", algo, fold, index) for index in seed_indices]
     plan = FoldPlan.load(folds_path)
     window = fold_window(load_features(manifest_path), plan, fold, config, device)
     # agents: env steps; forecasters: the cap on optimizer steps / boosting rounds
     budget_steps = training["total_steps"] if entry.kind == "agent" else training["max_updates"]
-    progress = ProgressLog(budget_steps)
+    progress = ProgressLog(budget_steps, len(seeds))
     run_keys = ("total_steps",) if entry.kind == "agent" else ("horizon", "epochs", "max_updates", "patience")
-    # Only a state saved by this very run (same settings and inputs) is resumed.
+    # Only a state saved by this very run (same settings, seeds and inputs) is resumed.
     checkpoint = TrainingCheckpoint(
         Path(resume_path),
         training["checkpoint_every"],
         {
             "algo": algo,
-            "seed": seed,
+            "seeds": seeds,
             "hparams": hparams,
             **{key: training[key] for key in run_keys},
             "check_every": training["check_every"],
@@ -154,7 +167,7 @@ def train_job(
         },
     )
     started = time.perf_counter()
-    trained = entry.train(
+    runs = entry.train(
         TrainRequest(
             train_data=window.splits["train"],
             validation_data=window.splits["validation"],
@@ -162,7 +175,7 @@ def train_job(
             hparams=hparams,
             precision=precision,
             device=device,
-            seed=seed,
+            seeds=tuple(seeds),
             steps=training["total_steps"],
             updates=training["max_updates"],
             on_score=progress,
@@ -172,33 +185,35 @@ def train_job(
         )
     )
     wall_s = time.perf_counter() - started
+    if len(runs) != len(seeds):
+        raise RuntimeError(f"{algo}: {len(runs)} trained runs for {len(seeds)} seeds")
+    provenance = collect(dict(config), device=str(device))
     # the cost model the model was trained with: evaluation refuses a config that charges differently
-    trained.save(
-        model_path,
-        window,
-        {
+    costs = cost_model_from_config(config["costs"]).to_config()
+    train_logs = []
+    for position, (index, seed, trained) in enumerate(zip(seed_indices, seeds, runs, strict=True)):
+        trained.save(
+            model_paths[position], window, {"fold": fold, "seed_index": index, "seed": seed, "costs": costs}
+        )
+        train_log = {
+            "algo": algo,
+            "kind": entry.kind,
             "fold": fold,
-            "seed_index": seed_index,
+            "seed_index": index,
             "seed": seed,
-            "costs": cost_model_from_config(config["costs"]).to_config(),
-        },
-    )
-    train_log = {
-        "algo": algo,
-        "kind": entry.kind,
-        "fold": fold,
-        "seed_index": seed_index,
-        "seed": seed,
-        "hparams": hparams,
-        "precision": precision.to_dict(),
-        "device": str(device),
-        "wall_s": wall_s,
-        "resumed_from_step": checkpoint.resumed_from,
-        "checkpoints_saved": checkpoint.saves,
-        "validation": progress.records,
-        **train_log_record(trained, budget_steps),
-        "provenance": collect(dict(config), device=str(device)),
-    }
-    write_json_atomic(log_path, to_json_safe(train_log))
-    checkpoint.remove()  # the final model is written: a later forced rerun starts from scratch
-    return train_log
+            "deterministic": bool(getattr(entry.spec, "deterministic", False)),
+            "batch": {"seed_indices": list(seed_indices), "position": position, "wall_s": wall_s},
+            "hparams": hparams,
+            "precision": precision.to_dict(),
+            "device": str(device),
+            "wall_s": wall_s,
+            "resumed_from_step": checkpoint.resumed_from,
+            "checkpoints_saved": checkpoint.total_saves,
+            "validation": progress.records[position],
+            **train_log_record(trained, budget_steps),
+            "provenance": provenance,
+        }
+        write_json_atomic(log_paths[position], to_json_safe(train_log))
+        train_logs.append(train_log)
+    checkpoint.remove()  # the final models are written: a later forced rerun starts from scratch
+    return train_logs

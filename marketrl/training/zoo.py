@@ -7,12 +7,16 @@ a `ModelSpec` a `ForecasterEntry`; nothing here tests a model's name. ``training
 
     entry = ZOO[name]                               # or get_entry(name, extra): one-line error naming the known
     space = entry.search_space(budget, window, config)  # once per hyperopt worker; space(trial) -> hparams
-    trained = entry.train(request)                  # TrainRequest: splits, config slice, hparams, seed, hooks
-    trained.save(path, window, extra)               # a checkpoint torch.load(weights_only=True) reads back
+    runs = entry.train(request)                     # TrainRequest: splits, config slice, hparams, seeds, hooks
+    runs[i].save(path, window, extra)               # one Trained per seed; a checkpoint torch.load reads back
     loaded = entry.load(path, device)               # -> LoadedModel: positions(data, env_config), predictions
 
+The seeds of a request train as one batch where the model's spec has a batched loop (``train_seeds``: the S copies
+are one vectorized computation with a seed axis; docs/ARCHITECTURE.md), else one after another in the same process.
+A deterministic forecaster (``ModelSpec.deterministic``, ridge) trains once whatever the seeds: one `Trained`.
+
 Both kinds report each periodic validation Sharpe (annualized, of daily net returns of the model's positions on
-the validation split, the objective hyperopt maximizes) to `TrainRequest.on_score`, which may raise
+the validation split, the objective hyperopt maximizes), one per seed, to `TrainRequest.on_score`, which may raise
 (`optuna.TrialPruned`) to stop the run. Agents act through the env's observation (`policy_positions`), forecasters
 through their trading rule (`TrainedModel.positions`); both are then scored by `evaluate_positions` with the same
 fills and costs.
@@ -59,8 +63,8 @@ __all__ = [
 Kind = Literal["agent", "forecaster"]
 EVALS_PER_RUN = 10  # validation scores (and progress lines) per training run, for every model
 
-#: on_score(step, validation Sharpe): progress logging and hyperopt pruning (may raise to stop the run)
-ScoreHook = Callable[[int, float], None]
+#: on_score(step, validation Sharpe per seed): progress logging and hyperopt pruning (may raise to stop the run)
+ScoreHook = Callable[[int, list[float]], None]
 #: trial -> hyperparameters
 SearchSpace = Callable[[Trial], dict[str, Any]]
 
@@ -81,8 +85,10 @@ class TrainRequest:
     config: a stage's config slice with `env`, `costs` and the `training` run settings (check_every, n_envs, and
       for forecasters horizon, epochs, patience). steps: env steps of an agent's run; updates: a forecaster's
       cap on optimizer steps / boosting rounds (each kind ignores the other's budget).
-    on_score: each periodic validation Sharpe on `validation_data` (EVALS_PER_RUN per run); on_log: each
-      statistics record of a forecaster; checkpoint: the run's resume file; budget: the device's memory budget.
+    seeds: the training seeds, one run each (trained as one batch where the model can).
+    on_score: each periodic validation Sharpe on `validation_data`, one per seed (EVALS_PER_RUN per run); on_log:
+      each statistics record of a forecaster; checkpoint: the batch's resume file; budget: the device's memory
+      budget.
     """
 
     train_data: MarketData
@@ -91,7 +97,7 @@ class TrainRequest:
     hparams: Mapping[str, Any]
     precision: PrecisionPlan
     device: torch.device
-    seed: int
+    seeds: tuple[int, ...]
     steps: int
     updates: int
     on_score: ScoreHook | None = None
@@ -109,6 +115,19 @@ class TrainRequest:
         if self.validation_data is None:
             raise ValueError("validation_data: this run has no validation split to score")
         return positions_sharpe(self.validation_data, positions(self.validation_data), self.env_config)
+
+    def report(self, step: int, scores: list[float]) -> list[float]:
+        """Hand one validation round (a score per seed) to ``on_score``; return the scores."""
+        if self.on_score is not None:
+            self.on_score(step, scores)
+        return scores
+
+    def checkpoint_of(self, position: int) -> TrainingCheckpoint | None:
+        """The resume file of seed ``position`` when the seeds train one after another (the batch's own file
+        for a single seed)."""
+        if self.checkpoint is None or len(self.seeds) == 1:
+            return self.checkpoint
+        return self.checkpoint.part(f"seed{position}")
 
 
 @dataclass
@@ -180,36 +199,37 @@ class AgentEntry(_NamedBySpec):
         bounds = batch_size_bounds(budget, self.spec, obs_dim, max(HIDDEN_DIM_BASES))
         return lambda trial: self.spec.search_space(trial, bounds)
 
-    def train(self, request: TrainRequest) -> Trained:
-        """Train on the training split; validation Sharpe EVALS_PER_RUN times (when there is a validation split)."""
+    def train(self, request: TrainRequest) -> list[Trained]:
+        """Train one run per seed on the training split (one batch where the agent has ``train_seeds``);
+        validation Sharpe EVALS_PER_RUN times (when there is a validation split)."""
         env_config = request.env_config
-        on_eval = None
-        if request.validation_data is not None:
 
-            def on_eval(step: int, policy: Callable) -> float:
-                score = request.score(lambda data: policy_positions(policy, data, env_config))
-                if request.on_score is not None:
-                    request.on_score(step, score)
-                return score
+        def scores(policies: list[Callable]) -> list[float]:
+            return [request.score(lambda data, p=p: policy_positions(p, data, env_config)) for p in policies]
 
-        eval_every = max(1, request.steps // EVALS_PER_RUN) if on_eval is not None else 0
+        validating = request.validation_data is not None
+        eval_every = max(1, request.steps // EVALS_PER_RUN) if validating else 0
         run_config = self.spec.make_run_config(
             total_steps=request.steps,
             env=env_config,
             eval_every=eval_every,
             check_every=request.config["training"]["check_every"],
         )
-        result: TrainResult = self.spec.train(
-            request.train_data,
-            run_config,
-            dict(request.hparams),
-            request.precision,
-            request.device,
-            request.seed,
-            on_eval=on_eval,
-            checkpoint=request.checkpoint,
-        )
+        common = (request.train_data, run_config, dict(request.hparams), request.precision, request.device)
+        if self.spec.train_seeds is not None:
+            on_batch = (lambda step, policies: request.report(step, scores(policies))) if validating else None
+            results: list[TrainResult] = self.spec.train_seeds(
+                *common, request.seeds, on_eval=on_batch, checkpoint=request.checkpoint
+            )
+        else:
+            on_one = (lambda step, policy: request.report(step, scores([policy]))[0]) if validating else None
+            results = [
+                self.spec.train(*common, seed, on_eval=on_one, checkpoint=request.checkpoint_of(position))
+                for position, seed in enumerate(request.seeds)
+            ]
+        return [self._trained(result, request) for result in results]
 
+    def _trained(self, result: TrainResult, request: TrainRequest) -> Trained:
         def save(path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
             save_checkpoint(
                 path,
@@ -280,34 +300,41 @@ class ForecasterEntry(_NamedBySpec):
         """The model's own space (the trainer caps the batch size by the memory budget itself)."""
         return self.spec.search_space
 
-    def train(self, request: TrainRequest) -> Trained:
-        """Train with the config's run settings; each validation's Sharpe goes to ``on_score``."""
-        on_validation = None
-        if request.validation_data is not None:
+    def train(self, request: TrainRequest) -> list[Trained]:
+        """Train with the config's run settings, one run per seed (one batch where the model has
+        ``train_seeds``; one run in all for a deterministic model); each validation's Sharpe goes to
+        ``on_score``."""
+        validating = request.validation_data is not None
 
-            def on_validation(step: int, model: TrainedModel) -> float:
-                score = request.score(model.positions)
-                if request.on_score is not None:
-                    request.on_score(step, score)
-                return score
+        def scores(models: list[TrainedModel]) -> list[float]:
+            return [request.score(model.positions) for model in models]
 
-        hooks = TrainHooks(
-            log=request.on_log,
-            on_validation=on_validation,
-            checkpoint=request.checkpoint,
-            budget=request.budget,
-        )
-        model = self.spec.train(
+        def hooks(on_validation: Callable | None, checkpoint: TrainingCheckpoint | None) -> TrainHooks:
+            return TrainHooks(
+                log=request.on_log, on_validation=on_validation, checkpoint=checkpoint, budget=request.budget
+            )
+
+        common = (
             request.train_data,
             request.validation_data,
             run_settings(request.config, request.updates),
             dict(request.hparams),
             request.precision,
             request.device,
-            request.seed,
-            hooks,
         )
+        seeds = request.seeds[:1] if self.spec.deterministic else request.seeds
+        if self.spec.train_seeds is not None:
+            on_batch = (lambda step, models: request.report(step, scores(models))) if validating else None
+            models = self.spec.train_seeds(*common, seeds, hooks(on_batch, request.checkpoint))
+        else:
+            on_one = (lambda step, model: request.report(step, scores([model]))[0]) if validating else None
+            models = [
+                self.spec.train(*common, seed, hooks(on_one, request.checkpoint_of(position)))
+                for position, seed in enumerate(seeds)
+            ]
+        return [self._trained(model, request) for model in models]
 
+    def _trained(self, model: TrainedModel, request: TrainRequest) -> Trained:
         def save(path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
             save_model(
                 path,

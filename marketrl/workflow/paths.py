@@ -5,7 +5,7 @@ way outside a rule. The library never derives one path from another: each job ge
 from its rule (declared input, output or, for the undeclared side files below, params).
 
 Undeclared side files (not rule outputs, on purpose):
-- RESUME, a training job's resumable checkpoint. Snakemake deletes a failed job's outputs, which would destroy the
+- RESUME, a training job's resumable checkpoint (one per model x fold: its seeds train as one batch). Snakemake deletes a failed job's outputs, which would destroy the
   very state a rerun resumes from; the train job removes it once model.pt is written.
 - STUDY_DIR, an Optuna study's journal and locks, shared by all hyperopt workers of one algorithm (no single job
   owns it) and absent when hyperopt.storage is an RDB URL.
@@ -29,7 +29,8 @@ STUDY_DIR = f"{RESULTS}/{STUDY_SUBDIR}"
 _RUN = "{algo}/fold_{fold}/seed_{seed}"
 MODEL = f"results/models/{_RUN}/model.pt"
 TRAIN_LOG = f"results/models/{_RUN}/train_log.json"
-RESUME = f"results/models/{_RUN}/resume.pt"
+# one per model x fold: the seeds of a model x fold train (and resume) as one batch
+RESUME = "results/models/{algo}/fold_{fold}/resume.pt"
 EVAL_METRICS = f"results/eval/{_RUN}/metrics.json"
 EVAL_BARS = f"results/eval/{_RUN}/bars.parquet"
 BASELINE_METRICS = "results/eval/baselines/fold_{fold}/metrics.json"

@@ -14,6 +14,7 @@ from marketrl.data.calendars.cme_hours import demo_file_days
 from marketrl.workflow import paths
 from marketrl.workflow.config import ConfigError
 from marketrl.workflow.file_order import DbnHeaderError, dbn_stem, time_ordered
+from marketrl.workflow.registry import DETERMINISTIC
 
 DBN_SUFFIX = ".dbn.zst"
 DEMO_DEFINITIONS_DIR = "definitions"  # the demo's definition file: its own folder, a separate download
@@ -148,9 +149,22 @@ def fold_indices(config: dict[str, Any]) -> list[int]:
     return list(range(config["folds"]["n"]))
 
 
-def seed_indices(config: dict[str, Any]) -> list[int]:
-    """Seed indices 0..seeds-1 per model and fold."""
+def seed_indices(config: dict[str, Any], algo: str | None = None) -> list[int]:
+    """Seed indices 0..seeds-1 per model and fold; [0] for a deterministic model (`registry.DETERMINISTIC`),
+    whose seeds could not differ."""
+    if algo is not None and algo in DETERMINISTIC:
+        return [0]
     return list(range(config["training"]["seeds"]))
+
+
+def stochastic_models(config: dict[str, Any]) -> list[str]:
+    """The models of training.models trained with every seed (one train job per model x fold for them all)."""
+    return [algo for algo in config["training"]["models"] if algo not in DETERMINISTIC]
+
+
+def deterministic_models(config: dict[str, Any]) -> list[str]:
+    """The models of training.models trained once per fold (seed 0)."""
+    return [algo for algo in config["training"]["models"] if algo in DETERMINISTIC]
 
 
 def gpu_units(config: dict[str, Any]) -> int:
@@ -177,7 +191,7 @@ def _runs(config: dict[str, Any]) -> list[dict[str, Any]]:
         {"algo": algo, "fold": fold, "seed": seed}
         for algo in config["training"]["models"]
         for fold in fold_indices(config)
-        for seed in seed_indices(config)
+        for seed in seed_indices(config, algo)
     ]
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "DETERMINISTIC",
     "MODEL_NAMES",
     "REGISTRY",
     "RegistryError",
@@ -43,6 +44,9 @@ REGISTRY: dict[str, str] = {
     "dlinear": "marketrl.models.dlinear:SPEC",
 }
 MODEL_NAMES = tuple(REGISTRY)
+#: The registered models whose seeds cannot differ (their spec says ``deterministic=True``; tests/test_registry.py
+#: checks that the two agree): the pipeline trains and scores one run of them, seed 0, not copies.
+DETERMINISTIC: tuple[str, ...] = ("linear",)
 
 _LOCATION = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*)$")
 
