@@ -838,6 +838,8 @@ def section_vram(device: torch.device, sizes: Sizes, data: Any, dry: bool) -> di
         out["status"] = f"{SKIPPED_NO_CUDA} (memory cap and OOM check); one step at a small batch ran"
         out["target_met"] = None
         return out
+    # the allocator cap needs an indexed device ("cuda" alone is refused)
+    device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory
     # Cap this process at the budget's usable bytes plus what torch already holds, so "fits" means "fits in
     # the share the budget promised", not "fits in an otherwise empty 139 GiB".
