@@ -15,6 +15,9 @@ Writes ``gpu_check.json`` and ``gpu_check.md`` (a short table) to ``--out`` (def
   5. utilization - NVML GPU utilization and memory sampled on a thread during a 60 s PPO run (target >= 80%)
   6. vram        - HardwareBudget's predicted maximum batch fits under a memory cap of its usable bytes;
                    1.5x of it is predicted not to fit, and whether it really fails (OOM caught) is reported
+  7. seeds       - the demo's PPO (hidden 64, 64 envs a seed) with S seeds trained as one batch
+                   (``train_seeds``), S up to what the VRAM budget holds: all-seed env steps/s and NVML
+                   utilization per S (target >= 80% at the largest S)
 
 It needs only torch and numpy (plus nvidia-ml-py for section 5): the environment's data are synthetic arrays
 given to ``MarketData.from_arrays`` (or its dataclass fields), no polars frame. Every section runs inside its
@@ -81,6 +84,14 @@ class Sizes:
     sample_interval: float
     vram_hidden: int
     vram_replay: int
+    seeds: tuple[int, ...] = (1, 16, 64, 256)  # section 7: S values (capped by the VRAM budget)
+    seeds_spec: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {
+            "n_envs": 64,
+            "hparams": {"n_steps": 64, "batch_size": 1024, "n_epochs": 4, "hidden_dim_base": 64},
+        }
+    )
+    seeds_seconds: float = 12.0
 
 
 FULL = Sizes(
@@ -141,6 +152,12 @@ DRY = Sizes(
     sample_interval=0.05,
     vram_hidden=16,
     vram_replay=4_096,
+    seeds=(1, 2, 4),
+    seeds_spec={
+        "n_envs": 8,
+        "hparams": {"n_steps": 16, "batch_size": 64, "n_epochs": 2, "hidden_dim_base": 16},
+    },
+    seeds_seconds=0.5,
 )
 
 
@@ -874,6 +891,76 @@ def section_vram(device: torch.device, sizes: Sizes, data: Any, dry: bool) -> di
     return out
 
 
+# ------------------------------------------------------------------------------------- 7. seeds as one batch
+
+
+def seeds_run(
+    data: Any, spec: dict[str, Any], n_seeds: int, total_steps: int, device: torch.device, sizes: Sizes
+) -> dict[str, Any]:
+    """One PPO batch of ``n_seeds`` seeds (``train_seeds``) of ``total_steps`` env steps each; its logs."""
+    ppo = STACK.load("marketrl.agents.ppo")
+    config = ppo.PPOConfig(total_steps=total_steps, env=env_config(spec["n_envs"], sizes))
+    started = time.perf_counter()
+    results = ppo.train_seeds(data, config, spec["hparams"], "auto", device, list(range(n_seeds)))
+    synchronize(device)
+    wall = time.perf_counter() - started
+    env_steps = sum(result.log["env_steps"] for result in results)
+    return {
+        "env_steps_all_seeds": env_steps,
+        "wall_s": wall,
+        "precision": results[0].log["precision"]["mode"],
+    }
+
+
+def section_seeds(device: torch.device, sizes: Sizes, data: Any, dry: bool) -> dict[str, Any]:
+    gpu_utils, memory = STACK.load("gpu_utils"), STACK.load("marketrl.agents.memory")
+    spec = sizes.seeds_spec
+    hparams = spec["hparams"]
+    rollout = spec["n_envs"] * hparams["n_steps"]
+    plan = gpu_utils.detect_precision(device, "auto")
+    budget = gpu_utils.HardwareBudget.detect(device)
+    per_seed = memory.footprint("ppo", sizes.features + 1, hparams["hidden_dim_base"], rollout, plan)
+    # a seed's share: its networks with Adam's moments, its rollout and one minibatch of activations
+    seed_bytes = (
+        gpu_utils.static_memory_bytes(per_seed["parameter_count"], buffer_bytes=per_seed["buffer_bytes"])
+        + hparams["batch_size"] * per_seed["bytes_per_sample"]
+    )
+    max_seeds = max(1, int(budget.usable_bytes // seed_bytes))
+    out: dict[str, Any] = {"spec": spec, "seed_bytes": seed_bytes, "max_seeds_by_vram": max_seeds, "runs": {}}
+    base_rate = None
+    for n_seeds in [s for s in sizes.seeds if s <= max_seeds]:
+        warm = seeds_run(data, spec, n_seeds, 2 * rollout, device, sizes)  # kernels, allocator, rate
+        rate = warm["env_steps_all_seeds"] / warm["wall_s"]
+        steps = max(2 * rollout, int(rate * sizes.seeds_seconds / n_seeds) // rollout * rollout)
+        if device.type == "cuda":
+            read, close = nvml_reader(device)
+        else:
+            read, close = cpu_reader(), (lambda: None)
+        sampler = Sampler(read, sizes.sample_interval)
+        started = time.perf_counter()
+        sampler.start()
+        try:
+            run = seeds_run(data, spec, n_seeds, steps, device, sizes)
+        finally:
+            samples = sampler.stop()
+            close()
+        warm_until = started + min(2.0, 0.1 * run["wall_s"])
+        key = "gpu_util" if device.type == "cuda" else "cpu_util"
+        run[key] = summarize([values[key] for at, values in samples if at >= warm_until])
+        run["steps_per_second_all_seeds"] = run["env_steps_all_seeds"] / run["wall_s"]
+        base_rate = base_rate or run["steps_per_second_all_seeds"]
+        run["speedup_over_one_seed"] = run["steps_per_second_all_seeds"] / base_rate
+        out["runs"][str(n_seeds)] = run
+    out["target"] = f"mean GPU utilization >= {UTILIZATION_TARGET:.0f}% at the largest S"
+    if device.type == "cuda" and out["runs"]:
+        largest = out["runs"][max(out["runs"], key=int)]
+        out["target_met"] = (largest["gpu_util"]["mean"] or 0.0) >= UTILIZATION_TARGET
+    else:
+        out["status"] = f"{SKIPPED_NO_CUDA} (NVML); the sampler read this process's CPU share instead"
+        out["target_met"] = None
+    return out
+
+
 # ------------------------------------------------------------------------------------------------------ main
 
 
@@ -885,6 +972,7 @@ SECTIONS: list[tuple[str, Callable[..., dict[str, Any]], bool]] = [
     ("bf16_vs_fp32", section_bf16_vs_fp32, True),
     ("utilization", section_utilization, True),
     ("vram", section_vram, True),
+    ("seeds", section_seeds, True),
 ]
 
 
@@ -957,6 +1045,16 @@ def table(report: dict[str, Any]) -> str:
                     f"{k} {v['batch']:,}: {'fits' if v['fits'] else 'OOM'}" for k, v in runs.items()
                 )
             row(name, text)
+        elif name == "seeds":
+            parts = []
+            for n_seeds, run in section["runs"].items():
+                key = "gpu_util" if "gpu_util" in run else "cpu_util"
+                mean = run[key]["mean"]
+                parts.append(
+                    f"S={n_seeds}: {run['steps_per_second_all_seeds']:,.0f}/s "
+                    f"({run['speedup_over_one_seed']:.1f}x), {key} {mean if mean is None else round(mean, 1)}%"
+                )
+            row(name, "; ".join(parts))
     return "\n".join(lines)
 
 
