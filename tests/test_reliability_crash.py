@@ -88,7 +88,7 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     seen["damaged"]["training"] = _kill_held(workdir, "training_checkpoint_saved:*", "a training checkpoint")
     seen["checkpoints"] = {
         str(path.parent.relative_to(results)): torch.load(path, weights_only=True)["step"]
-        for path in (results / "models").rglob("resume.pt")
+        for path in (results / "models").rglob("resume*.pt")
     }
 
     # The report job is held with the whole HTML in its temp file, before the rename.
@@ -111,7 +111,7 @@ def test_killed_at_every_stage_nothing_damaged(crashed: dict) -> None:
 
 def test_no_partial_or_temp_file_after_resume(crashed: dict) -> None:
     assert damaged_files(crashed["workdir"] / "results") == []
-    assert list((crashed["workdir"] / "results" / "models").rglob("resume.pt")) == []  # removed once done
+    assert list((crashed["workdir"] / "results" / "models").rglob("resume*.pt")) == []  # removed once done
 
 
 def test_resumed_results_identical_to_uninterrupted(crashed: dict) -> None:

@@ -80,7 +80,7 @@ def test_every_output_complete_after_load() -> None:
     assert len(pipeline.model_files(config)) == 4
     assert [path for path in expected if not (workdir / path).is_file()] == []
     assert damaged_files(workdir / "results") == []
-    assert list((workdir / "results" / "models").rglob("resume.pt")) == []
+    assert list((workdir / "results" / "models").rglob("resume*.pt")) == []
 
 
 @pytest.mark.parametrize("algo", ["dqn", "ppo"])

@@ -185,7 +185,8 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
         random_runs += random
         for model in settings.models:
             zoo_model = MODELS[model]
-            for seed_index in range(settings.seeds):
+            # a deterministic model has one distinct run, as in the pipeline (registry.DETERMINISTIC)
+            for seed_index in range(1 if zoo_model.deterministic else settings.seeds):
                 seed = derive_seed(world["seed"], "train", model, fold, seed_index)
                 trained = zoo_model.train(
                     train, validation, run_settings, model_hparams(model), "fp32", "cpu", seed
