@@ -11,10 +11,12 @@ import torch
 
 from gpu_utils import NonFiniteError, SyncCounter
 from marketrl.agents import build_networks, dqn, load_policy, save_checkpoint
+from marketrl.agents.memory import footprint
 from marketrl.env import EnvConfig, MarketData, TradingEnv, evaluate
 from marketrl.loop.resume import TrainingCheckpoint
 from tests.test_agents import DQN_SMALL, FEATURES, env_config, planted_data
 from tests.test_agents_learning import SIGNAL_HPARAMS
+from tests.test_bench_quick import _run
 
 SEEDS = [3, 11, 5]
 
@@ -186,3 +188,18 @@ def test_every_seed_learns_the_planted_signal() -> None:
         assert result.policy(obs).tolist() == [2, 0]  # long when f0 > 0, short when f0 < 0
     first = results[0].networks["q"].net[0].weight
     assert not any(torch.equal(first, other.networks["q"].net[0].weight) for other in results[1:])
+
+
+def test_footprint_of_a_batch_is_s_times_one_seed() -> None:
+    one = footprint("dqn", 10, 64, buffer_rows=1000)
+    assert footprint("dqn", 10, 64, buffer_rows=1000, n_seeds=5) == {
+        key: 5 * value for key, value in one.items()
+    }
+
+
+@pytest.mark.bench
+def test_seeds_bench_quick_checks_equal_work() -> None:
+    out = _run("seeds.py")
+    rows = [line.split() for line in out.splitlines() if line.startswith("dqn ")]
+    assert [row[1] for row in rows] == ["1", "2"]
+    assert all(row[-1] == "yes" for row in rows)  # seed i of the batch ended as its sequential run
