@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -66,6 +66,10 @@ REPLAY_EXTRA_FIELDS = 3  # action, reward, bootstrap discount (besides obs and n
 FORWARD_PASSES = 3  # online(s) with grad, online(s') for the double-DQN argmax, target(s')
 _COLUMNS = ("loss", "q_mean", "q_low", "q_high", "grad_norm")  # per gradient step, per seed
 _WATCHED = ("loss", "q_mean")  # a non-finite value in these stops the run
+_ACTIVATION_FUNCTIONS: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
+    nn.ReLU: torch.relu,
+    nn.Tanh: torch.tanh,
+}
 
 
 @dataclass(frozen=True)
@@ -240,7 +244,10 @@ class StackedQNetwork(nn.Module):
         """Q-values [S, B, n_actions]; dueling: ``V + A − mean_a A`` per seed."""
         features = obs
         for layer in self.net:
-            features = _stacked_linear(layer, features) if isinstance(layer, nn.Linear) else layer(features)
+            if isinstance(layer, nn.Linear):
+                features = _stacked_linear(layer, features)
+            else:  # the activation's function: a module call costs more than the op on these small tensors
+                features = _ACTIVATION_FUNCTIONS.get(type(layer), layer)(features)
         if not self.dueling:
             return features
         advantage = _stacked_linear(self.advantage_head, features)
