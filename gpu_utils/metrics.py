@@ -85,6 +85,14 @@ class DeviceMetrics:
         """The running-sum vector of one counter (a view: update it in place, e.g. ``add_``)."""
         return self._counts[self.counters.index(name)]
 
+    def counter_block(self, names: Sequence[str]) -> torch.Tensor:
+        """The running-sum vectors of consecutive counters as one [len(names), counter_width] view (e.g. one row
+        per seed of a batch, updated in one in-place op)."""
+        first = self.counters.index(names[0])
+        if self.counters[first : first + len(names)] != list(names):
+            raise ValueError(f"counters {list(names)} are not consecutive in {self.counters}")
+        return self._counts[first : first + len(names)]
+
     def _reduced(self) -> torch.Tensor:
         """[3, columns]: sum, min and max over the window (folded part and pending rows)."""
         rows = self._rows[: self._next_row]

@@ -490,17 +490,27 @@ def test_on_eval_cadence_and_propagation(algo: str, data: MarketData) -> None:
 
 
 def test_replay_add_wraps_around_in_one_write() -> None:
-    buffer = dqn.ReplayBuffer(capacity=5, obs_dim=1, device=torch.device("cpu"))
-    for step in range(3):  # 3 adds of 2 envs: rows 0..5, the 6th overwrites slot 0
-        values = torch.tensor([10.0 * step, 10.0 * step + 1])
-        buffer.add(values[:, None], values[:, None] + 0.5, torch.tensor([0, 2]), values, torch.ones(2))
+    buffer = dqn.ReplayBuffer(capacity=5, obs_dim=1, device=torch.device("cpu"), n_seeds=2)
+    for step in range(3):  # 3 adds of 2 envs per seed: rows 0..5, the 6th overwrites slot 0
+        values = torch.tensor([[10.0 * step, 10.0 * step + 1], [-10.0 * step, -10.0 * step - 1]])
+        actions = torch.tensor([[0, 2], [1, 1]])
+        buffer.add(values[..., None], values[..., None] + 0.5, actions, values, torch.ones(2, 2))
     assert (buffer.size, buffer.cursor) == (5, 1)
-    assert buffer.obs[:, 0].tolist() == [21.0, 1.0, 10.0, 11.0, 20.0]
-    assert buffer.rewards.tolist() == [21.0, 1.0, 10.0, 11.0, 20.0]
-    assert buffer.actions.tolist() == [2, 2, 0, 2, 0]
-    batch = buffer.sample(4, 3, torch.Generator().manual_seed(0))
-    assert len(batch) == 3 and batch[0].obs.shape == (4, 1) and batch[0].actions.dtype == torch.int64
+    assert buffer.obs[0, :, 0].tolist() == [21.0, 1.0, 10.0, 11.0, 20.0]
+    assert buffer.rewards[1].tolist() == [-21.0, -1.0, -10.0, -11.0, -20.0]  # seed 1's own ring
+    assert buffer.actions.tolist() == [[2, 2, 0, 2, 0], [1, 1, 1, 1, 1]]
+    generators = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
+    batch = buffer.sample(4, 3, generators)
+    assert len(batch) == 3 and batch[0].obs.shape == (2, 4, 1) and batch[0].actions.dtype == torch.int64
+    assert batch[0].obs.is_contiguous()
     torch.testing.assert_close(batch[1].next_obs, batch[1].obs + 0.5)
+    assert (batch[2].obs[0] >= 0).all() and (batch[2].obs[1] <= 0).all()  # each seed samples its own ring
+    # seed 0's indices come from its own generator alone: the same as in a one-seed buffer
+    alone = dqn.ReplayBuffer(capacity=5, obs_dim=1, device=torch.device("cpu"))
+    alone.load_state_dict(
+        {**{k: v[:1] for k, v in buffer.state_dict().items() if torch.is_tensor(v)}, "size": 5, "cursor": 1}
+    )
+    assert torch.equal(alone.sample(4, 3, [torch.Generator().manual_seed(0)])[2].obs[0], batch[2].obs[0])
 
 
 def test_n_step_window_stops_at_episode_ends() -> None:

@@ -92,6 +92,10 @@ class AgentSpec:
       (CPU, float32, torch's global RNG).
     run_config(total_steps, env, eval_every, check_every): the trainer's run settings.
     train: ``train(train_data, run_config, hparams, precision, device, seed, on_eval=, checkpoint=)``.
+    train_seeds: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=)
+      -> list[TrainResult]``: the S seeds trained as one batched computation (None: the agent has no batched
+      form); result i is seeds[i]'s, shaped as ``train``'s; ``on_eval`` is a `loop.schedule.SeedsEvalCallback`
+      and ``checkpoint`` one `loop.resume.TrainingCheckpoint` for the whole batch.
     """
 
     name: str

@@ -9,10 +9,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["EvalCallback", "EvalSchedule", "seeded"]
+__all__ = ["EvalCallback", "EvalSchedule", "SeedsEvalCallback", "seeded"]
 
 #: on_eval(env_steps, policy) -> validation score or None; may raise (e.g. optuna.TrialPruned) to stop training.
 EvalCallback = Callable[[int, Callable[[torch.Tensor], torch.Tensor]], float | None]
+#: The batched form for S seeds trained as one computation: on_eval(env_steps, [one greedy policy per seed]) ->
+#: one score (or None) per seed, in the seeds' order; may raise to stop the whole batch.
+SeedsEvalCallback = Callable[[int, list[Callable[[torch.Tensor], torch.Tensor]]], list[float | None]]
+#: What a schedule hands its callback: one policy, or one per seed of a batch.
+Policies = Callable[[torch.Tensor], torch.Tensor] | list[Callable[[torch.Tensor], torch.Tensor]]
 
 
 @contextlib.contextmanager
@@ -25,24 +30,32 @@ def seeded(seed: int) -> Iterator[None]:
 
 class EvalSchedule:
     """Calls ``on_eval`` whenever the step count crosses a multiple of ``every`` (0: only at the end); the
-    scores are kept in ``records`` and in the resumable state. ``on_eval`` may raise to stop training (pruning)."""
+    scores are kept in ``records`` and in the resumable state. ``on_eval`` may raise to stop training (pruning).
 
-    def __init__(self, on_eval: EvalCallback | None, every: int) -> None:
+    The same schedule serves a batch of seeds: given a `SeedsEvalCallback` and a list of policies, each record
+    holds the list of scores, and `seed_records` gives one seed's records in the single-seed form.
+    """
+
+    def __init__(self, on_eval: EvalCallback | SeedsEvalCallback | None, every: int) -> None:
         self.on_eval = on_eval
         self.every = int(every)
         self.next_at = self.every if self.every > 0 else None
-        self.records: list[list[float | None]] = []
+        self.records: list[list[Any]] = []
         self._last_step: int | None = None
 
-    def maybe(self, env_steps: int, policy: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def maybe(self, env_steps: int, policy: Policies) -> None:
         """Evaluate if a multiple of ``every`` was reached since the last call."""
-        if self.on_eval is None or self.next_at is None or env_steps < self.next_at:
+        if not self.due(env_steps):
             return
         while self.next_at <= env_steps:
             self.next_at += self.every
         self._call(env_steps, policy)
 
-    def final(self, env_steps: int, policy: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def due(self, env_steps: int) -> bool:
+        """Whether `maybe` would evaluate at ``env_steps`` (a loop refreshes what its policies read only then)."""
+        return self.on_eval is not None and self.next_at is not None and env_steps >= self.next_at
+
+    def final(self, env_steps: int, policy: Policies) -> None:
         """Evaluate at the end of training (unless the last evaluation was at this very step)."""
         if self.on_eval is not None and self._last_step != env_steps:
             self._call(env_steps, policy)
@@ -57,7 +70,20 @@ class EvalSchedule:
         self.records = [list(record) for record in state["records"]]
         self._last_step = state["last_step"]
 
-    def _call(self, env_steps: int, policy: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def seed_records(self, index: int) -> list[list[float | None]]:
+        """The records of seed ``index`` of a batch, ``[[env_steps, score], ...]`` as a single-seed run has them."""
+        return [[step, scores[index]] for step, scores in self.records]
+
+    def _call(self, env_steps: int, policy: Policies) -> None:
         self._last_step = env_steps
         score = self.on_eval(env_steps, policy)
-        self.records.append([env_steps, None if score is None else float(score)])
+        if isinstance(policy, list):
+            if score is None or len(score) != len(policy):
+                raise ValueError(f"on_eval: expected one score per seed ({len(policy)}), got {score!r}")
+            self.records.append([env_steps, [_score(value) for value in score]])
+        else:
+            self.records.append([env_steps, _score(score)])
+
+
+def _score(value: float | None) -> float | None:
+    return None if value is None else float(value)
