@@ -205,6 +205,19 @@ class TrainHooks:
 
         return dataclasses.replace(self, on_validation=on_validation)
 
+    def one_at_a_time(self) -> TrainHooks:
+        """These ``train_seeds`` hooks for a single-seed ``train`` call of a trainer that runs its seeds one after
+        another: ``on_validation(step, model)`` calls the batched hook with ``[model]`` and returns its one score."""
+        batched = self.on_validation
+        if batched is None:
+            return self
+
+        def on_validation(step: int, model: TrainedModel) -> float | None:
+            scores = batched(step, [model])  # type: ignore[arg-type]
+            return None if scores is None else scores[0]  # type: ignore[index]
+
+        return dataclasses.replace(self, on_validation=on_validation)
+
 
 #: windows [N, window, F] float32 -> predicted forward returns [N] float32 (same device)
 Predictor = Callable[[torch.Tensor], torch.Tensor]
