@@ -89,10 +89,16 @@ def flagged_spec(signs: list[float], offsets: list[float] | None = None):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["mlp", "gru"])
-def test_every_seed_learns_the_planted_signal_and_the_seeds_differ(name: str, splits) -> None:
+@pytest.mark.parametrize(("name", "axis"), [("mlp", "vmap"), ("gru", "loop"), ("gru", "vmap")])
+def test_every_seed_learns_the_planted_signal_and_the_seeds_differ(
+    name: str, axis: str, splits, monkeypatch
+) -> None:
+    from marketrl.models import supervised_trainer
+
     train, test = splits
+    monkeypatch.setattr(supervised_trainer, "vectorize_seeds", lambda _module, _device: axis == "vmap")
     models = MODELS[name].train_seeds(train, None, SETTINGS, SMALL[name], "fp32", "cpu", SEEDS)
+    assert models[0].log["seed_axis"] == axis
     assert len(models) == 3
     for seed, model in zip(SEEDS, models, strict=True):
         assert correlation(model, test) > 0.5, f"{name} seed {seed} did not learn the planted signal"
@@ -105,7 +111,11 @@ def test_every_seed_learns_the_planted_signal_and_the_seeds_differ(name: str, sp
     assert torch.equal(reloaded.predict(test), models[1].predict(test))
 
 
-def test_the_seed_axis_cannot_leak(splits) -> None:
+@pytest.mark.parametrize("axis", ["vmap", "loop"])
+def test_the_seed_axis_cannot_leak(axis: str, splits, monkeypatch) -> None:
+    from marketrl.models import supervised_trainer
+
+    monkeypatch.setattr(supervised_trainer, "vectorize_seeds", lambda _module, _device: axis == "vmap")
     train, test = splits
     hparams = {**SMALL["mlp"], "dropout": 0.2}
     settings = dataclasses.replace(SETTINGS, epochs=100, max_steps=40, eval_every=10, patience=3)
@@ -235,3 +245,50 @@ def test_lightgbm_trains_its_seeds_in_turn_and_ridge_once(splits, tmp_path) -> N
         ridge.state["weights"],
         MODELS["linear"].train(train, None, SETTINGS, SMALL["linear"]).state["weights"],
     )
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_recurrent_layer_is_torchs_under_vmap_too(kind: str) -> None:
+    """`Recurrent` runs torch's fused kernel alone and a loop over rows under vmap: both are nn.LSTM / nn.GRU
+    (same initial weights from the same seed, same outputs)."""
+    import copy
+
+    from torch.func import functional_call, stack_module_state
+
+    from marketrl.models.lstm import Recurrent
+
+    reference = {"lstm": nn.LSTM, "gru": nn.GRU}[kind]
+    torch.manual_seed(0)
+    layers = [Recurrent(kind, 5, 8, num_layers=2) for _ in range(3)]
+    torch.manual_seed(0)
+    first = reference(5, 8, 2, batch_first=True)
+    assert first.state_dict().keys() == layers[0].state_dict().keys()
+    assert all(map(torch.equal, first.state_dict().values(), layers[0].state_dict().values()))
+    x = torch.randn(3, 4, 7, 5)
+    params, buffers = stack_module_state(layers)
+    template = copy.deepcopy(layers[0]).to("meta")
+    looped = torch.vmap(lambda p, b, x: functional_call(template, (p, b), (x,)))(params, buffers, x)
+    for i, layer in enumerate(layers):
+        torch.testing.assert_close(looped[i], layer(x[i]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(layers[0](x[0]), first(x[0])[0], rtol=0, atol=0)
+
+
+def test_on_the_cpu_only_the_mlp_vectorizes_its_seeds() -> None:
+    from marketrl.loop.hparams import parse_hparams
+    from marketrl.models import alstm, dlinear, gru, tcn, transformer
+    from marketrl.models.supervised_trainer import vectorize_seeds
+
+    def module(build, hparams_class):
+        return build(parse_hparams(hparams_class, {"window": 4, "hidden_dim_base": 8}, "m"), 3)
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    looped = [
+        module(gru.build, gru.RecurrentHParams),
+        module(alstm.ALSTM, alstm.ALSTMHParams),
+        module(transformer.TransformerRegressor, transformer.TransformerHParams),
+        module(tcn.TCN, tcn.TCNHParams),
+        module(dlinear.DLinear, dlinear.DLinearHParams),
+    ]
+    assert not any(vectorize_seeds(m, cpu) for m in looped)
+    assert all(vectorize_seeds(m, cuda) for m in looped)
+    assert vectorize_seeds(module(mlp_module.MLP, mlp_module.MLPHParams), cpu)

@@ -2,7 +2,8 @@
 
 It trains S seeds of one model as one computation (`train_torch_seeds`; `train_torch` is the batch of one): the
 seeds' modules are stacked on a leading seed axis (`SeedStack`, `gpu_utils.stack_modules`) and run through
-`torch.func.functional_call` under `torch.vmap`; one `gpu_utils.SeedOptimStep` (Adam over the stacked leaves, clip
+`torch.func.functional_call` under `torch.vmap` (on the CPU, where that only pays for the MLP, the seeds' forward
+passes run one after another instead: `vectorize_seeds`); one `gpu_utils.SeedOptimStep` (Adam over the stacked leaves, clip
 per seed) sums the S per-seed losses for one backward, so each seed gets exactly its own gradient.
 
 Reads top to bottom like the agents' loops (docs/AGENTS.md "Loop anatomy") and uses the same shared hooks:
@@ -17,9 +18,9 @@ holding the stacked state) and `HardwareBudget.batch_size_bounds` (VRAM-aware ba
 * Early stopping looks at each seed's validation loss at the periodic validations; a seed whose patience ran out
   stops moving (the optimizer's ``active`` mask holds its weights and Adam state bit for bit) and gets its best
   weights back; the loop runs until every seed stopped or the step budget is spent.
-* Dropout: vmap (``randomness="different"``) draws each step's [S, ...] masks from one stream seeded by the
-  batch's first seed, so a seed's masks depend on its position in the batch and on ``seeds[0]``, never on another
-  seed's weights or data.
+* Dropout: every seed's masks come from one stream seeded by the batch's first seed (under vmap,
+  ``randomness="different"`` draws [S, ...] at once; otherwise seed after seed), so a seed's masks depend on its
+  position in the batch and on ``seeds[0]``, never on another seed's weights or data.
 * Determinism: the same seeds in the same order give bit-identical weights on the CPU; the caller's global RNG is
   left untouched.
 """
@@ -74,6 +75,7 @@ __all__ = [
     "train_torch",
     "train_torch_seeds",
     "validation_losses",
+    "vectorize_seeds",
 ]
 
 #: (smallest, largest) minibatch the budget may choose between; the tuned batch_size is capped by the budget.
@@ -175,15 +177,18 @@ def make_predictor(module: TargetScaled, plan: PrecisionPlan) -> Predictor:
 
 class SeedStack(nn.Module):
     """S modules of one architecture as one: their parameters and buffers stacked on dim 0
-    (`gpu_utils.stack_modules`) and called through `torch.func.functional_call` under `torch.vmap`, one seed per
-    slice (``randomness="different"``: each seed draws its own dropout masks). A module, so that the resume file
-    saves the stacked state like any network and checks it for NaN before writing.
+    (`gpu_utils.stack_modules`) and called through `torch.func.functional_call`, either under `torch.vmap` (one
+    seed per slice, ``randomness="different"``: each seed its own dropout masks) when ``vectorize``, or seed after
+    seed on slices of the stacked leaves (the module's own fused kernels; see `vectorize_seeds`). Either way the
+    gradient lands on the stacked leaves, so one optimizer steps all seeds. A module, so that the resume file saves
+    the stacked state like any network and checks it for NaN before writing.
     """
 
-    def __init__(self, modules: Sequence[nn.Module]) -> None:
+    def __init__(self, modules: Sequence[nn.Module], vectorize: bool = True) -> None:
         super().__init__()
         params, buffers = stack_modules(modules)
         self.n_seeds = len(modules)
+        self.vectorize = vectorize and self.n_seeds > 1
         # the architecture without storage; in a tuple so it is no submodule (nothing of it in the state_dict)
         self._template = (copy.deepcopy(modules[0]).to("meta"),)
         self._names = list(params)
@@ -208,6 +213,17 @@ class SeedStack(nn.Module):
             return functional_call(template, (params, buffers), (x,))
 
         params, buffers = self.stacked()
+        if not self.vectorize:
+            return torch.stack(
+                [
+                    one(
+                        {name: value[i] for name, value in params.items()},
+                        {name: value[i] for name, value in buffers.items()},
+                        windows if shared else windows[i],
+                    )
+                    for i in range(self.n_seeds)
+                ]
+            )
         # attention: the math kernel batches under vmap; the CPU flash kernel has no batching rule (torch would
         # loop over the seeds with a warning)
         with sdpa_kernel([SDPBackend.MATH]):
@@ -218,6 +234,22 @@ class SeedStack(nn.Module):
     def seed_state(self, index: int) -> dict[str, torch.Tensor]:
         """Seed ``index``'s own state_dict (`gpu_utils.unstack_state`)."""
         return unstack_state(*self.stacked(), index)
+
+
+def vectorize_seeds(module: nn.Module, device: torch.device) -> bool:
+    """Whether S seeds of ``module`` run under vmap (True) or seed after seed (False) on ``device``.
+
+    vmap turns S small kernels into one, which is what fills a GPU: every module is vectorized there. On one CPU
+    thread the arithmetic is the same either way and vmap saves only per-op overhead, while batched weights lose
+    the fast kernels (5 seeds at demo sizes, bench/seeds_forecasters.py, speed-up over 5 single-seed runs: MLP
+    1.66x, LSTM as a loop over rows 0.46x, transformer with math attention 0.83x, TCN's grouped convolutions
+    0.77x, DLinear 0.76x). So on the CPU only a module that opts in (a class attribute ``seeds_vmap_on_cpu =
+    True`` on it or a submodule: the MLP) is vectorized; the others run their seeds one after another, each with
+    its own kernels, in the same loop (one optimizer step, one data gather, one statistics read for all).
+    """
+    if device.type != "cpu":
+        return True
+    return any(getattr(m, "seeds_vmap_on_cpu", False) for m in module.modules())
 
 
 def _key(name: str) -> str:
@@ -340,7 +372,8 @@ def train_torch_seeds(
     if settings.max_steps is not None:
         total_steps = min(total_steps, settings.max_steps)
 
-    stack = SeedStack(modules)
+    vectorize = vectorize_seeds(modules[0], device)
+    stack = SeedStack(modules, vectorize)
     stepper = SeedOptimStep.adam(
         stack.parameters(),
         hp.learning_rate,
@@ -475,6 +508,7 @@ def train_torch_seeds(
             "stopped_at": stopped,
             # batch-wide: the batch's speed and reads (one read serves every seed), and the batch size bound
             "batch_seeds": n_seeds,
+            "seed_axis": "vmap" if stack.vectorize else "loop",
             "steps_per_second": summary["steps_per_second"],
             "statistics_reads": metrics.host_reads,
             "evals": state.evals[i],
