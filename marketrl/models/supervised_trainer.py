@@ -436,7 +436,7 @@ def train_torch_seeds(
     validations = EvalSchedule(
         on_validation if val_rows is not None or hooks.on_validation else None, settings.eval_every
     )
-    with _private_rng(seeds[0], device):  # dropout: vmap draws [S, ...] masks from this one stream
+    with _private_rng(seeds[0], device):  # dropout: every seed draws its masks from this one stream
         run = resume_or_start(
             hooks.checkpoint,
             {
