@@ -53,6 +53,10 @@ class Recurrent(nn.Module):
     product loops over the rows.
     """
 
+    #: activations kept for backward per output element under vmap's row loop (projected and hidden gates, their
+    #: activations, c, tanh(c), h: about 19 per hidden unit and row); `bytes_per_sample` counts them
+    saved_per_output = 20
+
     def __init__(
         self,
         kind: Literal["lstm", "gru"],

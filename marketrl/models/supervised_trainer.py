@@ -98,8 +98,8 @@ def bytes_per_sample(module: nn.Module, window: int, n_features: int, plan: Prec
         stack = [output]
         while stack:
             item = stack.pop()
-            if isinstance(item, torch.Tensor):
-                elements += item.numel()
+            if isinstance(item, torch.Tensor):  # a layer that keeps more than its output for backward says so
+                elements += item.numel() * getattr(_module, "saved_per_output", 1)
             elif isinstance(item, list | tuple):
                 stack.extend(item)
 
