@@ -494,7 +494,7 @@ def test_non_finite_loss_stops_training_naming_the_window(splits) -> None:
 
     spec = torch_model_spec("diverges", mlp.MLPHParams, mlp.search_space, Diverges)
     train, _ = splits
-    with pytest.raises(NonFiniteError, match="non-finite 'loss' between steps 1 and 10"):
+    with pytest.raises(NonFiniteError, match=r"non-finite 'seed 0: loss' between steps 1 and 10"):
         spec.train(train, None, SETTINGS, SMALL["mlp"], "fp32", "cpu", 0)
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from marketrl.models.base import NeuralHParams, Trial, neural_space
+from marketrl.models.lstm import Recurrent
 from marketrl.models.supervised_trainer import torch_model_spec
 
 __all__ = ["ALSTM", "SPEC", "ALSTMHParams", "search_space"]
@@ -37,7 +38,7 @@ class ALSTM(nn.Module):
         super().__init__()
         width = hp.hidden_dim_base
         self.project = nn.Sequential(nn.Linear(n_features, width), nn.Tanh())
-        self.rnn = nn.LSTM(width, width, batch_first=True)
+        self.rnn = Recurrent("lstm", width, width)
         self.score = nn.Sequential(
             nn.Linear(width, width // 2), nn.Tanh(), nn.Linear(width // 2, 1, bias=False)
         )
@@ -45,7 +46,7 @@ class ALSTM(nn.Module):
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
         """Predictions [B]."""
-        outputs, _ = self.rnn(self.project(windows))
+        outputs = self.rnn(self.project(windows))
         weights = torch.softmax(self.score(outputs).float(), dim=1).to(outputs.dtype)  # [B, window, 1]
         context = (weights * outputs).sum(dim=1)
         return self.head(torch.cat([context, outputs[:, -1]], dim=1)).squeeze(-1)

@@ -5,7 +5,11 @@ A model is one `ModelSpec` (see `marketrl.models.MODELS`):
 
     spec.search_space(trial) -> hparams dict      # trial: anything with suggest_int/_float/_categorical (optuna)
     spec.train(train_data, validation_data, settings, hparams, precision, device, seed, hooks) -> TrainedModel
+    spec.train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds, hooks)
+        -> [TrainedModel per seed]                # one job, S seeds (torch: one vectorized computation)
     spec.load(checkpoint_dict, device) -> TrainedModel
+
+``spec.deterministic``: the seeds cannot differ (ridge); ``train_seeds`` then trains once and returns one model.
 
 `TrainedModel.predict(data)` gives one predicted forward return per row (0 where the model's lookback window is
 not full); `TrainedModel.positions(data)` applies the cost-aware trading rule; the result goes to
@@ -15,7 +19,7 @@ not full); `TrainedModel.positions(data)` applies the cost-aware trading rule; t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,10 +38,13 @@ __all__ = [
     "ModelSpec",
     "NeuralHParams",
     "RunSettings",
+    "SeedsValidationCallback",
     "TrainHooks",
+    "TrainSeedsFn",
     "TrainedModel",
     "Trial",
     "common_space",
+    "distinct_seeds",
     "neural_space",
 ]
 
@@ -161,6 +168,8 @@ class RunSettings:
 
 #: on_validation(step, model) -> score or None; may raise (optuna.TrialPruned) to stop training.
 ValidationCallback = Callable[[int, "TrainedModel"], float | None]
+#: on_validation(step, models) -> one score per seed, or None; may raise to stop the whole batch.
+SeedsValidationCallback = Callable[[int, list["TrainedModel"]], list[float | None] | None]
 
 
 @dataclass
@@ -168,15 +177,46 @@ class TrainHooks:
     """What the caller plugs into a training run.
 
     log: receives each statistics record as it is read (progress logging); records also land in the result log.
+      In a run of several seeds (``train_seeds``) it gets one record per seed, each with a ``"seed"`` key.
     on_validation: called at every periodic validation with the model as it stands; may raise to prune.
-    checkpoint: the resume file of this run (`marketrl.loop.resume.TrainingCheckpoint`, cadence in steps).
+      ``train``: ``on_validation(step, model) -> score | None`` (`ValidationCallback`).
+      ``train_seeds``: ``on_validation(step, models) -> [score per seed] | None`` (`SeedsValidationCallback`):
+      ``models`` holds one snapshot per seed, in the order of ``seeds``, and the scores come back in that order.
+      A trainer that runs its seeds one after another (lightgbm) calls it per seed with a one-element list.
+    checkpoint: the resume file of this run (`marketrl.loop.resume.TrainingCheckpoint`, cadence in steps); one
+      file for a whole batch of seeds.
     budget: the device's `gpu_utils.HardwareBudget` (detected when None).
     """
 
     log: Callable[[dict[str, Any]], None] | None = None
-    on_validation: ValidationCallback | None = None
+    on_validation: ValidationCallback | SeedsValidationCallback | None = None
     checkpoint: TrainingCheckpoint | None = None
     budget: Any = None
+
+    def as_batch_of_one(self) -> TrainHooks:
+        """These single-seed hooks for ``train_seeds([seed])``: ``on_validation`` takes and returns lists of one."""
+        single = self.on_validation
+        if single is None:
+            return self
+
+        def on_validation(step: int, models: list[TrainedModel]) -> list[float | None]:
+            (model,) = models
+            return [single(step, model)]  # type: ignore[arg-type]
+
+        return dataclasses.replace(self, on_validation=on_validation)
+
+    def one_at_a_time(self) -> TrainHooks:
+        """These ``train_seeds`` hooks for a single-seed ``train`` call of a trainer that runs its seeds one after
+        another: ``on_validation(step, model)`` calls the batched hook with ``[model]`` and returns its one score."""
+        batched = self.on_validation
+        if batched is None:
+            return self
+
+        def on_validation(step: int, model: TrainedModel) -> float | None:
+            scores = batched(step, [model])  # type: ignore[arg-type]
+            return None if scores is None else scores[0]  # type: ignore[index]
+
+        return dataclasses.replace(self, on_validation=on_validation)
 
 
 #: windows [N, window, F] float32 -> predicted forward returns [N] float32 (same device)
@@ -254,12 +294,16 @@ class TrainedModel:
 
 
 TrainFn = Callable[..., TrainedModel]
+#: train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds: Sequence[int],
+#:             hooks: TrainHooks | None = None) -> one TrainedModel per seed, in the order of ``seeds``
+TrainSeedsFn = Callable[..., list[TrainedModel]]
 LoadFn = Callable[[Mapping[str, Any], torch.device | str], TrainedModel]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One zoo entry: name, hyperparameter dataclass, search space, train and load."""
+    """One zoo entry: name, hyperparameter dataclass, search space, train (one seed), train_seeds (S seeds in one
+    call) and load. ``deterministic``: the seeds cannot differ (ridge); the pipeline trains it once."""
 
     name: str
     hparams_class: type
@@ -269,6 +313,14 @@ class ModelSpec:
     neural: bool
     #: ``train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds, hooks)`` -> one
     #: TrainedModel per seed, the seeds trained as one batch; None: the seeds train one after another
-    train_seeds: Callable[..., list[TrainedModel]] | None = None
+    train_seeds: TrainSeedsFn | None = None
     #: seeds cannot differ (a closed form): the pipeline trains and scores one run, not copies
     deterministic: bool = False
+
+
+def distinct_seeds(seeds: Sequence[int]) -> list[int]:
+    """``seeds`` as a list of ints; raises ValueError for none or a repeated one (each seed's outputs are its own)."""
+    out = [int(seed) for seed in seeds]
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"seeds: expected one or more distinct integers, got {list(seeds)!r}")
+    return out

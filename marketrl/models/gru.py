@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from marketrl.models.lstm import RecurrentHParams, RecurrentRegressor, search_space
 from marketrl.models.supervised_trainer import torch_model_spec
 
@@ -12,7 +10,7 @@ __all__ = ["SPEC", "build"]
 
 def build(hp: RecurrentHParams, n_features: int) -> RecurrentRegressor:
     """The GRU regressor."""
-    return RecurrentRegressor(hp, n_features, nn.GRU)
+    return RecurrentRegressor(hp, n_features, "gru")
 
 
 SPEC = torch_model_spec("gru", RecurrentHParams, search_space, build)

@@ -6,13 +6,16 @@ looks at the validation l2 (``patience`` validations without improvement stop it
 The resume checkpoint holds the booster's model string and continues boosting from the saved round (with
 ``bagging_fraction < 1`` the bagging draws after a resume may differ from an uninterrupted run). Threads: torch's
 thread count (the caller's setting). The trained checkpoint stores the booster as its model string.
+
+`train_seeds` trains its seeds one after another in the same process (each with its own bagging and
+feature-fraction seed, as `train` does); the validation hook is called per seed with a one-element list.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +24,7 @@ import torch
 
 from marketrl.env import MarketData
 from marketrl.loop.hparams import check_ranges, parse_hparams, require
+from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models.base import (
     CommonHParams,
     ModelSpec,
@@ -30,6 +34,7 @@ from marketrl.models.base import (
     TrainHooks,
     Trial,
     common_space,
+    distinct_seeds,
 )
 from marketrl.models.supervised_data import SupervisedRows, training_rows
 
@@ -213,6 +218,38 @@ def train(
     return _trained(hp, n_features, booster, best, settings_dict, log)
 
 
+def train_seeds(
+    train_data: MarketData,
+    validation_data: MarketData | None,
+    settings: RunSettings,
+    hparams: Mapping[str, Any] | None,
+    precision: Any = "fp32",
+    device: torch.device | str = "cpu",
+    seeds: Sequence[int] = (0,),
+    hooks: TrainHooks | None = None,
+) -> list[TrainedModel]:
+    """`train` for each seed in turn (one process); ``hooks.on_validation(step, [model]) -> [score]`` per seed.
+
+    The batch's resume checkpoint becomes one file per seed next to it (``resume.seed_{seed}.pt``, the seed added
+    to the fingerprint), removed once that seed is trained: a killed batch retrains its finished seeds and resumes
+    the one it was training.
+    """
+    hooks = (hooks or TrainHooks()).one_at_a_time()
+    models = []
+    for seed in distinct_seeds(seeds):
+        checkpoint = _seed_checkpoint(hooks.checkpoint, seed) if hooks.checkpoint is not None else None
+        one = dataclasses.replace(hooks, checkpoint=checkpoint)
+        models.append(train(train_data, validation_data, settings, hparams, precision, device, seed, one))
+        if checkpoint is not None:
+            checkpoint.remove()
+    return models
+
+
+def _seed_checkpoint(batch: TrainingCheckpoint, seed: int) -> TrainingCheckpoint:
+    path = batch.path.with_name(f"{batch.path.stem}.seed_{seed}{batch.path.suffix}")
+    return TrainingCheckpoint(path, batch.every, {**batch.fingerprint, "seed_of_batch": seed})
+
+
 def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> TrainedModel:
     """Rebuild the booster from its model string."""
     import lightgbm
@@ -222,4 +259,6 @@ def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> T
     return _trained(hp, int(checkpoint["n_features"]), booster, None, dict(checkpoint["settings"]), {})
 
 
-SPEC = ModelSpec("lightgbm", LightGBMHParams, search_space, train, load, neural=False)
+SPEC = ModelSpec(
+    "lightgbm", LightGBMHParams, search_space, train, load, neural=False, train_seeds=train_seeds
+)

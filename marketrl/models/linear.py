@@ -3,13 +3,14 @@
 The intercept is not penalized (features and target are centred first); ``alpha`` is the penalty per training
 row, so its meaning does not change with the size of the split. One solve, no iterations: ``settings`` budgets
 and cadences do not apply, the checkpoint hook is not used (nothing to resume), and ``on_validation`` is called
-once with the fitted model.
+once with the fitted model. Deterministic: every seed gives the same fit, so `train_seeds` fits once and returns
+a list of one model (``SPEC.deterministic``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from marketrl.models.base import (
     TrainHooks,
     Trial,
     common_space,
+    distinct_seeds,
 )
 from marketrl.models.supervised_data import SupervisedRows, training_rows
 
@@ -134,6 +136,22 @@ def train(
     return model
 
 
+def train_seeds(
+    train_data: MarketData,
+    validation_data: MarketData | None,
+    settings: RunSettings,
+    hparams: Mapping[str, Any] | None,
+    precision: Any = "fp32",
+    device: torch.device | str = "cpu",
+    seeds: Sequence[int] = (0,),
+    hooks: TrainHooks | None = None,
+) -> list[TrainedModel]:
+    """One fit for all ``seeds`` (they cannot differ): a list of one model, trained with the first seed."""
+    first = distinct_seeds(seeds)[0]
+    hooks = (hooks or TrainHooks()).one_at_a_time()
+    return [train(train_data, validation_data, settings, hparams, precision, device, first, hooks)]
+
+
 def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> TrainedModel:
     """Rebuild the fitted model from its checkpoint dict."""
     hp = parse_hparams(RidgeHParams, checkpoint["hparams"], "linear")
@@ -142,4 +160,13 @@ def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> T
     return _trained(hp, int(checkpoint["n_features"]), weights, intercept, dict(checkpoint["settings"]), {})
 
 
-SPEC = ModelSpec("linear", RidgeHParams, search_space, train, load, neural=False, deterministic=True)
+SPEC = ModelSpec(
+    "linear",
+    RidgeHParams,
+    search_space,
+    train,
+    load,
+    neural=False,
+    train_seeds=train_seeds,
+    deterministic=True,
+)

@@ -29,6 +29,9 @@ def search_space(trial: Trial) -> dict[str, Any]:
 class MLP(nn.Module):
     """windows [B, window, F] -> predicted forward return [B]."""
 
+    #: S seeds vectorized with vmap pay on the CPU too (supervised_trainer.vectorize_seeds)
+    seeds_vmap_on_cpu = True
+
     def __init__(self, hp: MLPHParams, n_features: int) -> None:
         super().__init__()
         width = hp.hidden_dim_base
