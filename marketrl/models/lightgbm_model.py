@@ -24,7 +24,6 @@ import torch
 
 from marketrl.env import MarketData
 from marketrl.loop.hparams import check_ranges, parse_hparams, require
-from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models.base import (
     CommonHParams,
     ModelSpec,
@@ -230,24 +229,19 @@ def train_seeds(
 ) -> list[TrainedModel]:
     """`train` for each seed in turn (one process); ``hooks.on_validation(step, [model]) -> [score]`` per seed.
 
-    The batch's resume checkpoint becomes one file per seed next to it (``resume.seed_{seed}.pt``, the seed added
-    to the fingerprint), removed once that seed is trained: a killed batch retrains its finished seeds and resumes
+    The batch's resume checkpoint gets one part per seed next to it (`TrainingCheckpoint.part`,
+    ``resume.seed{i}.pt``), removed once that seed is trained: a killed batch retrains its finished seeds and resumes
     the one it was training.
     """
     hooks = (hooks or TrainHooks()).one_at_a_time()
     models = []
-    for seed in distinct_seeds(seeds):
-        checkpoint = _seed_checkpoint(hooks.checkpoint, seed) if hooks.checkpoint is not None else None
+    for position, seed in enumerate(distinct_seeds(seeds)):
+        checkpoint = hooks.checkpoint.part(f"seed{position}") if hooks.checkpoint is not None else None
         one = dataclasses.replace(hooks, checkpoint=checkpoint)
         models.append(train(train_data, validation_data, settings, hparams, precision, device, seed, one))
         if checkpoint is not None:
             checkpoint.remove()
     return models
-
-
-def _seed_checkpoint(batch: TrainingCheckpoint, seed: int) -> TrainingCheckpoint:
-    path = batch.path.with_name(f"{batch.path.stem}.seed_{seed}{batch.path.suffix}")
-    return TrainingCheckpoint(path, batch.every, {**batch.fingerprint, "seed_of_batch": seed})
 
 
 def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> TrainedModel:
