@@ -48,13 +48,20 @@ class TradingEnv:
     """N trading environments on one device, stepped in one batched tensor operation.
 
     `reset() -> obs [N, W·F + 1]`; `step(actions) -> (obs, reward, terminated, truncated)`, all device tensors.
+    ``seed`` may be a sequence of S seeds (S independent trainings batched in one env): then N = S × ``n_envs``, in
+    S consecutive blocks of ``config.n_envs`` envs, and block i draws its episode starts from its own generator
+    seeded with ``seed[i]``, exactly the starts a single env seeded with ``seed[i]`` draws.
     Episodes last exactly `episode_length` decisions, then auto-reset: the obs returned for a finished env is the
     first obs of its next episode, and `final_obs` holds the obs each env would have seen next in its old episode
     (use it to bootstrap on `truncated`). `terminated` is always False: episodes end only by the time limit.
     """
 
     def __init__(
-        self, data: MarketData, config: EnvConfig, seed: int = 0, device: torch.device | str | None = None
+        self,
+        data: MarketData,
+        config: EnvConfig,
+        seed: int | Sequence[int] = 0,
+        device: torch.device | str | None = None,
     ) -> None:
         check_segmentation(data, config)
         if device is not None and torch.device(device) != data.device:
@@ -62,7 +69,11 @@ class TradingEnv:
         self.data = data
         self.config = config
         self.device = data.device
-        self.n_envs = config.n_envs
+        seeds = [int(seed)] if isinstance(seed, int | np.integer) else [int(s) for s in seed]
+        if not seeds:
+            raise EnvConfigError("seed: expected a seed or a non-empty sequence of seeds")
+        self.n_blocks = len(seeds)
+        self.n_envs = config.n_envs * self.n_blocks
         self.window = config.window
         self.obs_dim = config.window * data.n_features + 1
         starts = data.episode_starts(config.episode_length)
@@ -77,8 +88,8 @@ class TradingEnv:
         self._valid_start[starts] = True
         self._params = data.step_parameters(config.fill) * config.contracts
         self._action_positions = torch.tensor(ACTION_POSITIONS, dtype=torch.float32, device=self.device)
-        self._generator = torch.Generator(device=self.device)
-        self.seed(seed)
+        self._generators = [torch.Generator(device=self.device) for _ in seeds]
+        self.seed(seeds)
         n = self.n_envs
         self.row = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.position = torch.zeros(n, dtype=torch.float32, device=self.device)
@@ -86,16 +97,21 @@ class TradingEnv:
         self._final_state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.last_cost: torch.Tensor | None = None
 
-    def seed(self, seed: int) -> None:
-        """Re-seed the device generator that draws episode starts (drops starts drawn in advance)."""
-        self._generator.manual_seed(int(seed))
+    def seed(self, seed: int | Sequence[int]) -> None:
+        """Re-seed the device generator(s) that draw episode starts, one seed per block (drops starts drawn in
+        advance)."""
+        seeds = [int(seed)] if isinstance(seed, int | np.integer) else [int(s) for s in seed]
+        if len(seeds) != self.n_blocks:
+            raise EnvConfigError(f"seed: expected {self.n_blocks} seeds (one per block), got {len(seeds)}")
+        for generator, value in zip(self._generators, seeds, strict=True):
+            generator.manual_seed(value)
         self._start_pool = torch.zeros(0, self.n_envs, dtype=torch.int64, device=self.device)
         self._pool_cursor = 0
 
     def state_dict(self) -> dict[str, Any]:
         """Everything later steps depend on besides the data: rows, positions, clocks and the start RNG."""
         return {
-            "generator": self._generator.get_state(),
+            "generators": [generator.get_state() for generator in self._generators],
             "start_pool": self._start_pool,
             "pool_cursor": self._pool_cursor,
             "row": self.row,
@@ -105,7 +121,9 @@ class TradingEnv:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue exactly where `state_dict` was taken (for resumable training)."""
-        self._generator.set_state(state["generator"])
+        states = state["generators"] if "generators" in state else [state["generator"]]
+        for generator, saved in zip(self._generators, states, strict=True):
+            generator.set_state(saved)
         self._start_pool = state["start_pool"].to(self.device)
         self._pool_cursor = int(state["pool_cursor"])
         self.row = state["row"].to(self.device)
@@ -114,16 +132,22 @@ class TradingEnv:
         self._final_state = None
 
     def _draw_starts(self) -> torch.Tensor:
-        # Starts are drawn for _START_POOL_STEPS steps at once: one random draw and gather per pool, not per step.
+        # Starts are drawn for _START_POOL_STEPS steps at once: one random draw per block and one gather per pool,
+        # not per step. Each block draws what a single env of config.n_envs envs with its seed would.
         if self._pool_cursor == self._start_pool.shape[0]:
-            pick = torch.randint(
-                0,
-                self.start_rows.shape[0],
-                (_START_POOL_STEPS * self.n_envs,),
-                generator=self._generator,
-                device=self.device,
-            )
-            self._start_pool = self.start_rows.index_select(0, pick).view(_START_POOL_STEPS, self.n_envs)
+            block = self.config.n_envs
+            picks = [
+                torch.randint(
+                    0,
+                    self.start_rows.shape[0],
+                    (_START_POOL_STEPS * block,),
+                    generator=generator,
+                    device=self.device,
+                ).view(_START_POOL_STEPS, block)
+                for generator in self._generators
+            ]
+            pick = picks[0] if len(picks) == 1 else torch.cat(picks, dim=1)
+            self._start_pool = self.start_rows.index_select(0, pick.reshape(-1)).view(pick.shape)
             self._pool_cursor = 0
         self._pool_cursor += 1
         return self._start_pool[self._pool_cursor - 1]
