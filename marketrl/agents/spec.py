@@ -92,6 +92,9 @@ class AgentSpec:
       (CPU, float32, torch's global RNG).
     run_config(total_steps, env, eval_every, check_every): the trainer's run settings.
     train: ``train(train_data, run_config, hparams, precision, device, seed, on_eval=, checkpoint=)``.
+    train_seeds: None, or ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=,
+      checkpoint=) -> list[TrainResult]``: the S ``seeds`` trained as one batched computation, result i that of
+      ``seeds[i]`` (``on_eval`` a `marketrl.loop.schedule.SeedsEvalCallback`, ``checkpoint`` one for the batch).
     """
 
     name: str
@@ -106,6 +109,7 @@ class AgentSpec:
     memory: MemoryModel
     run_config: Callable[..., RunConfig]
     train: Callable[..., TrainResult]
+    train_seeds: Callable[..., list[TrainResult]] | None = None
     architecture_options: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_options
 
     def __post_init__(self) -> None:
