@@ -101,10 +101,18 @@ def test_results_are_per_seed_like_single_runs(data, tmp_path: Path) -> None:
     assert len({result.log["history"][-1]["policy_loss"] for result in results}) == 3
 
 
-@pytest.mark.parametrize("perturb", ["parameters", "seed"])
-def test_the_seed_axis_does_not_leak(data, monkeypatch: pytest.MonkeyPatch, perturb: str) -> None:
+@pytest.mark.parametrize(
+    ("perturb", "hparams"),
+    [
+        ("parameters", {}),
+        ("seed", {}),
+        # per-seed KL stops: seed 1 stopping after other epochs must not move seeds 0 and 2 (Adam step counts)
+        ("seed", {"target_kl": 0.001, "learning_rate": 0.01, "n_epochs": 4}),
+    ],
+)
+def test_the_seed_axis_does_not_leak(data, monkeypatch: pytest.MonkeyPatch, perturb: str, hparams) -> None:
     """Changing seed 1 (its initial weights, or its seed value) leaves seeds 0 and 2 bit-identical."""
-    reference = train_batch(data, SEEDS, on_eval=scores)
+    reference = train_batch(data, SEEDS, on_eval=scores, **hparams)
     seeds = list(SEEDS)
     if perturb == "parameters":
         real_set_up = agents_common.set_up_seeds
@@ -120,11 +128,16 @@ def test_the_seed_axis_does_not_leak(data, monkeypatch: pytest.MonkeyPatch, pert
         monkeypatch.setattr(ppo, "set_up_seeds", perturbed)
     else:
         seeds[1] = 7
-    changed = train_batch(data, seeds, on_eval=scores)
+    changed = train_batch(data, seeds, on_eval=scores, **hparams)
     assert not torch.equal(weights(changed[1])["policy.0.weight"], weights(reference[1])["policy.0.weight"])
     assert changed[1].log["history"] != reference[1].log["history"]
     for index in (0, 2):
         assert_identical(changed[index], reference[index])
+    if "target_kl" in hparams:  # the stops did differ between the two batches
+        epochs = [
+            [record["epochs"] for record in result.log["history"]] for result in (reference[1], changed[1])
+        ]
+        assert epochs[0] != epochs[1]
 
 
 def test_a_nan_in_one_seed_is_reported_with_its_name_and_does_not_leak(

@@ -248,9 +248,17 @@ def train_seeds(
     rollout_size = n_steps * n_envs  # per seed
     policy_net = SeedStack([networks["policy"] for networks in setup.networks])
     value_net = SeedStack([networks["value"] for networks in setup.networks])
-    # One optimizer (and one GradScaler under fp16) over both stacks: one backward of the summed loss.
+    # One optimizer (and one GradScaler under fp16) over both stacks: one backward of the summed loss. A seed
+    # stopped by target_kl goes on at the next update: its Adam step count must be its own.
     params = [*policy_net.parameters(), *value_net.parameters()]
-    stepper = SeedOptimStep.adam(params, hp.learning_rate, plan, hp.max_grad_norm, n_seeds=n_seeds)
+    stepper = SeedOptimStep.adam(
+        params,
+        hp.learning_rate,
+        plan,
+        hp.max_grad_norm,
+        n_seeds=n_seeds,
+        per_seed_steps=hp.target_kl is not None,
+    )
     policies = [GreedyPolicy(networks["policy"], plan) for networks in setup.networks]
     evals = EvalSchedule(on_eval, config.eval_every)
     minibatches_per_epoch = math.ceil(rollout_size / hp.batch_size)
