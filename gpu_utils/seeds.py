@@ -15,7 +15,7 @@ Why the loss is summed over seeds before one backward: d(sum)/d(loss_i) = 1, so 
 the one its own loss gives; Adam is elementwise, so one optimizer over the stacked leaves is S optimizers. The only
 coupling would come from a global gradient-norm clip, a shared inf-skip or Adam's shared step count; `SeedOptimStep`
 clips per seed, and masks seeds that stopped (early stopping, a KL stop) so that their weights and Adam moments stay
-as they were. A loop whose seeds stop and then go on again (PPO's per-update KL stop) asks for ``per_seed_steps``:
+as they were. A loop whose seeds stop and then go on again (a per-update KL stop) asks for ``per_seed_steps``:
 each seed's own Adam step count, so its bias correction never counts the steps another seed took while it was held.
 Under fp16 one GradScaler skips a step for all seeds when any overflowed (a documented coupling: fp16 is only
 chosen on Volta/Turing; bf16 and fp32 need no scaler).
