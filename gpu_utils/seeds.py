@@ -13,8 +13,10 @@ knows what is trained:
 
 Why the loss is summed over seeds before one backward: d(sum)/d(loss_i) = 1, so every seed's gradient is exactly
 the one its own loss gives; Adam is elementwise, so one optimizer over the stacked leaves is S optimizers. The only
-coupling would come from a global gradient-norm clip or a shared inf-skip; `SeedOptimStep` clips per seed, and
-masks seeds that stopped (early stopping, a KL stop) so that their weights and Adam moments stay as they were.
+coupling would come from a global gradient-norm clip, a shared inf-skip or Adam's shared step count; `SeedOptimStep`
+clips per seed, and masks seeds that stopped (early stopping, a KL stop) so that their weights and Adam moments stay
+as they were. A loop whose seeds stop and then go on again (a per-update KL stop) asks for ``per_seed_steps``:
+each seed's own Adam step count, so its bias correction never counts the steps another seed took while it was held.
 Under fp16 one GradScaler skips a step for all seeds when any overflowed (a documented coupling: fp16 is only
 chosen on Volta/Turing; bf16 and fp32 need no scaler).
 """
@@ -72,6 +74,12 @@ class SeedOptimStep(OptimStep):
     ``step(loss, active)`` takes the [S] per-seed losses (summed for the one backward) and returns the [S]
     pre-clip norms. Seeds where ``active`` is False keep their parameters and Adam state bit for bit (an early
     stopped seed, a seed past its KL limit). No host sync.
+
+    ``per_seed_steps=True`` (Adam only; not under fp16's GradScaler, which keeps the shared count) does the Adam
+    update here with an [S] device tensor of step counts, one per seed, instead of torch's one count per tensor:
+    a seed held for k steps then goes on exactly as if those steps had not happened, whatever the others did. It
+    costs a few elementwise ops per parameter more than torch's fused/foreach kernel, so loops that never hold a
+    seed and resume it leave it off.
     """
 
     def __init__(
@@ -82,6 +90,7 @@ class SeedOptimStep(OptimStep):
         *,
         n_seeds: int,
         scaler: torch.amp.GradScaler | None = None,
+        per_seed_steps: bool = False,
     ) -> None:
         super().__init__(optimizer, plan, max_grad_norm, scaler=scaler)
         if n_seeds < 1:
@@ -92,6 +101,11 @@ class SeedOptimStep(OptimStep):
                     f"a stacked parameter of shape {tuple(p.shape)} has no seed axis of {n_seeds}"
                 )
         self.n_seeds = n_seeds
+        if per_seed_steps and not isinstance(optimizer, torch.optim.Adam):
+            raise ValueError("per_seed_steps: Adam only")
+        self.per_seed_steps = per_seed_steps and self.scaler is None
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.seed_steps = torch.zeros(n_seeds, dtype=torch.int64, device=device)
 
     @classmethod
     def adam(  # type: ignore[override]
@@ -103,10 +117,21 @@ class SeedOptimStep(OptimStep):
         *,
         n_seeds: int,
         weight_decay: float = 0.0,
+        per_seed_steps: bool = False,
     ) -> SeedOptimStep:
         """Adam (fused on CUDA) over the stacked ``params``."""
         optimizer = make_optimizer(params, learning_rate, plan, plan.device_type, weight_decay=weight_decay)
-        return cls(optimizer, plan, max_grad_norm, n_seeds=n_seeds)
+        return cls(optimizer, plan, max_grad_norm, n_seeds=n_seeds, per_seed_steps=per_seed_steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, grad scaler and the per-seed step counts, for resumable training checkpoints."""
+        return {**super().state_dict(), "seed_steps": self.seed_steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict`."""
+        super().load_state_dict(state)
+        if "seed_steps" in state:
+            self.seed_steps.copy_(state["seed_steps"])
 
     def step(self, loss: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
         """Backward of ``loss.sum()`` ([S] fp32 per-seed losses), per-seed clip, step (inactive seeds held),
@@ -130,6 +155,10 @@ class SeedOptimStep(OptimStep):
             scale = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
             for p in with_grad:
                 p.grad.mul_(_seed_view(scale, p.grad).to(p.grad.dtype))
+        if self.per_seed_steps:
+            self._adam_per_seed(with_grad, active)
+            self.optimizer.zero_grad(set_to_none=True)
+            return norms
         held = None
         if active is not None:
             held = self._snapshot()
@@ -142,6 +171,42 @@ class SeedOptimStep(OptimStep):
             self._restore(held, active)
         self.optimizer.zero_grad(set_to_none=True)
         return norms
+
+    @torch.no_grad()
+    def _adam_per_seed(self, params: list[torch.Tensor], active: torch.Tensor | None) -> None:
+        """torch's Adam update (betas, eps, weight decay and lr of the first param group) with seed i's bias
+        correction from its own step count; seeds where ``active`` is False keep weights and moments exactly."""
+        group = self.optimizer.param_groups[0]
+        beta1, beta2 = group["betas"]
+        learning_rate, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        take = (
+            torch.ones(self.n_seeds, dtype=torch.bool, device=self.seed_steps.device)
+            if active is None
+            else active.to(self.seed_steps.device, torch.bool)
+        )
+        self.seed_steps += take
+        steps = self.seed_steps.clamp(min=1).to(torch.float32)  # a seed that never stepped has no moments
+        step_size = learning_rate / (1 - beta1**steps)
+        bias2_sqrt = (1 - beta2**steps).sqrt()
+        for p in params:
+            state = self.optimizer.state[p]
+            if (
+                not state
+            ):  # the layout torch's Adam uses, so its state_dict and load_state_dict hold these too
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            grad = p.grad if weight_decay == 0 else p.grad.add(p, alpha=weight_decay)
+            keep = _seed_view(take, p)
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            exp_avg.copy_(torch.where(keep, exp_avg.lerp(grad, 1 - beta1), exp_avg))
+            exp_avg_sq.copy_(
+                torch.where(keep, exp_avg_sq.mul(beta2).addcmul_(grad, grad, value=1 - beta2), exp_avg_sq)
+            )
+            denom = (exp_avg_sq.sqrt() / _seed_view(bias2_sqrt, p)).add_(eps)
+            update = (exp_avg * _seed_view(step_size, p)).div_(denom)
+            p.sub_(torch.where(keep, update, 0.0))
 
     def _snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]:
         held = []

@@ -69,3 +69,11 @@ def test_unequal_rows_fail_in_one_line_naming_the_row() -> None:
         check_same_rows(rows, rows.head(2), "bars in")
     message = str(raised.value)
     assert "\n" not in message and "bars in: stage 3 rows, naive 2" in message and "only in stage" in message
+
+
+@pytest.mark.bench
+def test_seeds_bench_quick_times_batched_and_sequential_ppo() -> None:
+    out = _run("seeds.py")
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("ppo ")]
+    assert [int(row[1]) for row in rows] == [1, 2]
+    assert all(int(row[2]) == 128 * 64 for row in rows)  # the same env steps per seed on both sides

@@ -357,6 +357,35 @@ def test_same_seed_same_run_and_different_seed_different_starts() -> None:
     assert not torch.equal(first[0], other[0])
 
 
+def test_seed_blocks_are_independent_single_seed_envs() -> None:
+    """A sequence of seeds gives one block of n_envs envs per seed; block i replays the env seeded alone with
+    seed i (starts, observations, rewards), over several start pools and through a state_dict round trip."""
+    data = market_data(random_frame())
+    config = EnvConfig(episode_length=3, n_envs=4)
+    actions = torch.randint(0, 3, (150, 4), generator=torch.Generator().manual_seed(2))
+
+    def run(env: TradingEnv, blocks: int) -> list[torch.Tensor]:
+        out = [env.reset()]
+        for t in range(150):
+            if t == 70:  # resume mid-pool into a fresh env
+                state = env.state_dict()
+                env = TradingEnv(data, config, seed=[0] * blocks if blocks > 1 else 0)
+                env.load_state_dict(state)
+            obs, reward, _, _ = env.step(actions[t].repeat(blocks))
+            out += [obs, reward[:, None]]
+        return out
+
+    batched = run(TradingEnv(data, config, seed=[7, 8, 9]), 3)
+    assert batched[0].shape[0] == 12
+    for block, seed in enumerate([7, 8, 9]):
+        alone = run(TradingEnv(data, config, seed=seed), 1)
+        for got, expected in zip(batched, alone, strict=True):
+            assert torch.equal(got[4 * block : 4 * block + 4], expected)
+    assert not torch.equal(batched[0][:4], batched[0][4:8])
+    with pytest.raises(EnvConfigError, match="expected 3 seeds"):
+        TradingEnv(data, config, seed=[1, 2, 3]).seed(1)
+
+
 def test_reset_rejects_invalid_start_rows() -> None:
     data = market_data(frame_from_bars(CLOSE, OPEN))
     env = TradingEnv(data, EnvConfig(episode_length=4, n_envs=1), seed=0)

@@ -496,7 +496,7 @@ def train_seeds(
         run,
         evals,
         policies,
-        networks,
+        networks=networks,
         latest=("loss", "q_mean", "q_min", "q_max", "grad_norm", "episode_return_mean"),
         seed_fields=[{} for _ in setup.seeds],
         env_steps=state.env_steps,

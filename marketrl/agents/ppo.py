@@ -1,24 +1,34 @@
 """PPO (clipped surrogate, separate policy and value networks) on the tensor-resident TradingEnv, in one file.
 
+`train_seeds` trains S seeds as ONE batched computation (issue 24): the S seeds' networks are stacked on a
+leading seed axis (`SeedStack`: one batched matmul per layer), the env holds S blocks of ``n_envs`` envs, one
+optimizer steps the stacked weights (`SeedOptimStep`: per-seed clipping, per-seed masks), and every tensor of the
+loop below carries the seed on dim 0 (rollout tables [S, T·N, ...]). Each seed keeps what it would have alone: its
+initial weights, its generator (Gumbel noise, minibatch order), its env blocks' episode starts, its advantage
+normalization, losses, gradient clipping, KL stop and statistics. `train` is `train_seeds` with one seed.
+
 Per update:
-1. rollout: T vector steps of N envs on the device; actions by Gumbel-max on the policy logits (noise for the
-   whole rollout drawn in one op, no distribution objects);
+1. rollout: T vector steps of S·N envs on the device; actions by Gumbel-max on the policy logits (each seed's
+   noise for the whole rollout drawn in one op from its generator, no distribution objects);
 2. values V(s_t) and V(s′_t) (s′ = the true next state, the env's ``final_obs`` where it auto-reset) and old
    log-probs in batched passes over the whole rollout;
-3. exactly ONE device→host copy: rewards, values, next values, terminated and truncated stacked in one tensor;
-4. GAE on the CPU in numpy, vectorized over envs (loop over time only); advantages and returns go back to the
-   device (a host→device copy, which does not stall);
-5. ``n_epochs`` of shuffled minibatches; the loss terms accumulate on the device and are read once per update
-   (once per epoch with ``target_kl``, which needs the epoch's KL on the host to decide whether to stop).
+3. exactly ONE device→host copy for the whole batch: rewards, values, next values, terminated and truncated
+   stacked in one tensor;
+4. GAE on the CPU in numpy, vectorized over all S·N envs (loop over time only); advantages and returns go back to
+   the device (a host→device copy, which does not stall);
+5. ``n_epochs`` of shuffled minibatches (each seed its own permutation); the per-seed loss terms accumulate on the
+   device and are read once per update (once per epoch with ``target_kl``: a seed whose epoch KL exceeds it stops
+   its epochs, masked out of the optimizer step, while the others go on).
 
-So a rollout costs a fixed number of host syncs, independent of T and N. Hyperparameters follow Stable-Baselines3's
-names (``n_steps`` = T, ``batch_size`` = minibatch size); see `PPOHyperparams` and docs/AGENTS.md.
+So a rollout costs a fixed number of host syncs, independent of T, N and S. Hyperparameters follow
+Stable-Baselines3's names (``n_steps`` = T, ``batch_size`` = minibatch size per seed); see `PPOHyperparams` and
+docs/AGENTS.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -27,8 +37,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_utils import DeviceMetrics, NonFiniteError, OptimStep, PrecisionPlan
-from marketrl.agents.common import GreedyPolicy, RunConfig, TrainResult, finish, set_up
+from gpu_utils import DeviceMetrics, NonFiniteError, PrecisionPlan, SeedOptimStep
+from marketrl.agents.common import (
+    GreedyPolicy,
+    RunConfig,
+    SeedStack,
+    TrainResult,
+    finish_seeds,
+    set_up_seeds,
+)
 from marketrl.agents.networks import mlp, orthogonal_init
 from marketrl.agents.spec import (
     HIDDEN_DIM_BASES,
@@ -41,14 +58,24 @@ from marketrl.agents.spec import (
 from marketrl.env import N_ACTIONS, EnvConfig, MarketData
 from marketrl.loop.hparams import check_ranges
 from marketrl.loop.resume import TrainingCheckpoint, resume_or_start
-from marketrl.loop.schedule import EvalCallback, EvalSchedule
+from marketrl.loop.schedule import EvalCallback, EvalSchedule, SeedsEvalCallback
 
 if TYPE_CHECKING:
     from marketrl.models.base import Trial
 
-__all__ = ["SPEC", "PPOConfig", "PPOHyperparams", "compute_gae", "ppo_loss", "search_space", "train"]
+__all__ = [
+    "SPEC",
+    "PPOConfig",
+    "PPOHyperparams",
+    "compute_gae",
+    "ppo_loss",
+    "search_space",
+    "train",
+    "train_seeds",
+]
 
 _LOSS_TERMS = ["policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"]
+_WATCHED = ("policy_loss", "value_loss", "entropy")
 ROLLOUT_EXTRA_FIELDS = 7  # action, reward, done, old log-prob, value, advantage, return
 
 
@@ -88,12 +115,12 @@ class PPOHyperparams:
 
 @dataclass(frozen=True)
 class PPOConfig(RunConfig):
-    """Run settings (not tuned), those of every trainer. ``total_steps`` is rounded up to whole rollouts of
-    n_steps × n_envs; ``eval_every`` is checked after each update."""
+    """Run settings (not tuned), those of every trainer. ``total_steps`` (per seed) is rounded up to whole
+    rollouts of n_steps × n_envs; ``eval_every`` is checked after each update."""
 
 
 class Minibatch(NamedTuple):
-    """Columns of one minibatch, views into one gathered tensor."""
+    """Columns of one minibatch, [S, B, ...] (or [B, ...] for one unbatched network pair)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -116,6 +143,7 @@ def compute_gae(
 
     ``next_values[t]`` is V of the true next state of step t (the final obs where an episode ended), so a
     truncated step bootstraps from it while a terminated one does not; the recursion never crosses an episode end.
+    Columns are independent: the S·N envs of a batch of seeds go through in one call.
     """
     deltas = rewards + gamma * next_values * (1.0 - terminated) - values
     carry = gamma * gae_lambda * (1.0 - np.maximum(terminated, truncated))
@@ -129,34 +157,37 @@ def compute_gae(
 
 def ppo_loss(
     policy_net: nn.Module, value_net: nn.Module, batch: Minibatch, hp: PPOHyperparams, plan: PrecisionPlan
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Total loss (fp32) and the detached 0-dim terms [policy_loss, value_loss, entropy, approx_kl, clip_fraction]."""
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Per-seed total losses [S] (fp32) and the detached [S] terms [policy_loss, value_loss, entropy, approx_kl,
+    clip_fraction]; every mean (and the advantage normalization) is over a seed's own minibatch (the last dim)."""
     with plan.autocast():
         logits = policy_net(batch.obs)
         values = value_net(batch.obs)
-    log_probs_all = F.log_softmax(logits.float(), dim=1)
-    entropy = -(log_probs_all.exp() * log_probs_all).sum(dim=1).mean()
-    log_ratio = log_probs_all.gather(1, batch.actions[:, None]).squeeze(1) - batch.old_log_probs
+    log_probs_all = F.log_softmax(logits.float(), dim=-1)
+    entropy = -(log_probs_all.exp() * log_probs_all).sum(dim=-1).mean(dim=-1)
+    log_ratio = log_probs_all.gather(-1, batch.actions[..., None]).squeeze(-1) - batch.old_log_probs
     ratio = log_ratio.exp()
     advantages = batch.advantages
     if hp.normalize_advantage:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        advantages = (advantages - advantages.mean(dim=-1, keepdim=True)) / (
+            advantages.std(dim=-1, keepdim=True) + 1e-8
+        )
     surrogate = torch.minimum(
         advantages * ratio, advantages * ratio.clamp(1 - hp.clip_range, 1 + hp.clip_range)
     )
-    policy_loss = -surrogate.mean()
+    policy_loss = -surrogate.mean(dim=-1)
 
-    values = values.float().squeeze(1)
+    values = values.float().squeeze(-1)
     value_error = (values - batch.returns).square()
     if hp.clip_range_vf is not None:
         clipped = batch.old_values + (values - batch.old_values).clamp(-hp.clip_range_vf, hp.clip_range_vf)
         value_error = torch.maximum(value_error, (clipped - batch.returns).square())
-    value_loss = value_error.mean()
+    value_loss = value_error.mean(dim=-1)
 
     loss = policy_loss - hp.ent_coef * entropy + hp.vf_coef * value_loss
     with torch.no_grad():
-        approx_kl = (ratio - 1 - log_ratio).mean()
-        clip_fraction = ((ratio - 1).abs() > hp.clip_range).float().mean()
+        approx_kl = (ratio - 1 - log_ratio).mean(dim=-1)
+        clip_fraction = ((ratio - 1).abs() > hp.clip_range).float().mean(dim=-1)
     return loss, [policy_loss.detach(), value_loss.detach(), entropy.detach(), approx_kl, clip_fraction]
 
 
@@ -164,10 +195,13 @@ def ppo_loss(
 class LoopState:
     """The loop's own variables: what a resumed run continues from (with the components given to the `Run`)."""
 
-    obs: torch.Tensor
-    episode_return: np.ndarray  # running return per env, on the host (rewards arrive there with the rollout)
-    env_steps: int = 0
-    grad_steps: int = 0
+    obs: torch.Tensor  # [S·N, obs_dim], seed blocks of N envs
+    episode_return: (
+        np.ndarray
+    )  # running return per env [S·N], on the host (rewards arrive there with the rollout)
+    seed_grad_steps: np.ndarray  # [S] gradient steps each seed took (a seed stopped by target_kl takes fewer)
+    env_steps: int = 0  # per seed
+    grad_steps: int = 0  # minibatch steps of the batch (the statistics' step counter)
     rollout_copies: int = 0
 
 
@@ -181,37 +215,74 @@ def train(
     on_eval: EvalCallback | None = None,
     checkpoint: TrainingCheckpoint | None = None,
 ) -> TrainResult:
-    """Train a PPO agent on ``train_data`` for ``config.total_steps`` env steps; see the module docstring.
+    """Train one PPO agent: `train_seeds` with ``seeds=[seed]``."""
+    seeds_eval: SeedsEvalCallback | None = None
+    if on_eval is not None:
 
-    With ``checkpoint``, the loop resumes from its saved state (if any) and saves its full state after any
-    update at which the checkpoint is due; the result is the same as one uninterrupted run.
+        def seeds_eval(env_steps: int, policies: list[Any]) -> list[float | None]:
+            return [on_eval(env_steps, policies[0])]
+
+    return train_seeds(train_data, config, hparams, precision, device, [seed], seeds_eval, checkpoint)[0]
+
+
+def train_seeds(
+    train_data: MarketData,
+    config: PPOConfig,
+    hparams: Mapping[str, Any] | None,
+    precision: PrecisionPlan | str,
+    device: torch.device | str,
+    seeds: Sequence[int],
+    on_eval: SeedsEvalCallback | None = None,
+    checkpoint: TrainingCheckpoint | None = None,
+) -> list[TrainResult]:
+    """Train one PPO agent per seed on ``train_data`` for ``config.total_steps`` env steps each, as one batched
+    computation; result i is that of ``seeds[i]`` (see the module docstring).
+
+    ``on_eval(env_steps, policies)`` gets one greedy policy per seed and returns one score per seed. With
+    ``checkpoint`` (one for the batch), the loop resumes from its saved state (if any) and saves its full state
+    after any update at which the checkpoint is due; the result is the same as one uninterrupted run.
     """
-    setup = set_up(SPEC, hparams, train_data, config.env, precision, device, seed)
-    hp, device, plan, env, generator = setup.hp, setup.device, setup.plan, setup.env, setup.generator
-    n_envs, n_steps, obs_dim = env.n_envs, hp.n_steps, env.obs_dim
-    rollout_size = n_steps * n_envs
-    policy_net, value_net = setup.networks["policy"], setup.networks["value"]
-    # One optimizer (and one GradScaler under fp16) over both networks: one backward of the summed loss.
+    setup = set_up_seeds(SPEC, hparams, train_data, config.env, precision, device, seeds)
+    hp, device, plan, env, generators = setup.hp, setup.device, setup.plan, setup.env, setup.generators
+    n_seeds, n_envs, n_steps, obs_dim = len(setup.seeds), config.env.n_envs, hp.n_steps, env.obs_dim
+    rollout_size = n_steps * n_envs  # per seed
+    policy_net = SeedStack([networks["policy"] for networks in setup.networks])
+    value_net = SeedStack([networks["value"] for networks in setup.networks])
+    # One optimizer (and one GradScaler under fp16) over both stacks: one backward of the summed loss. A seed
+    # stopped by target_kl goes on at the next update: its Adam step count must be its own.
     params = [*policy_net.parameters(), *value_net.parameters()]
-    stepper = OptimStep.adam(params, hp.learning_rate, plan, hp.max_grad_norm)
-    policy = GreedyPolicy(policy_net, plan)
+    stepper = SeedOptimStep.adam(
+        params,
+        hp.learning_rate,
+        plan,
+        hp.max_grad_norm,
+        n_seeds=n_seeds,
+        per_seed_steps=hp.target_kl is not None,
+    )
+    policies = [GreedyPolicy(networks["policy"], plan) for networks in setup.networks]
     evals = EvalSchedule(on_eval, config.eval_every)
     minibatches_per_epoch = math.ceil(rollout_size / hp.batch_size)
+    tags = [f"seed_{seed}" for seed in setup.seeds]
+    columns = [f"{term}/{tag}" for term in _LOSS_TERMS for tag in tags]  # term-major: a [terms, S] row
     metrics = DeviceMetrics(
-        _LOSS_TERMS,
+        columns,
         device,
-        watched=("policy_loss", "value_loss", "entropy"),
+        watched=[f"{term}/{tag}" for term in _WATCHED for tag in tags],
         capacity=minibatches_per_epoch * (1 if hp.target_kl is not None else hp.n_epochs),
     )
     n_updates = max(1, math.ceil(config.total_steps / rollout_size))
-    state = LoopState(obs=env.reset(), episode_return=np.zeros(n_envs, dtype=np.float64))
+    state = LoopState(
+        obs=env.reset(),
+        episode_return=np.zeros(n_seeds * n_envs, dtype=np.float64),
+        seed_grad_steps=np.zeros(n_seeds, dtype=np.int64),
+    )
     run = resume_or_start(
         checkpoint,
         {
             "policy": policy_net,
             "value": value_net,
             "optim": stepper,
-            "generator": generator,
+            **{f"generator_{index}": generator for index, generator in enumerate(generators)},
             "env": env,
             "metrics": metrics,
             "evals": evals,
@@ -220,14 +291,31 @@ def train(
         total_steps=n_updates * rollout_size,
         device=device,
     )
+    seed_offsets = torch.arange(n_seeds, device=device)[:, None] * rollout_size
+
+    def by_seed(rows: torch.Tensor) -> torch.Tensor:
+        """[T, S·N, ...] rollout rows -> [S, T·N, ...] (seed s's rows in its own (t, env) order)."""
+        return rows.view(n_steps, n_seeds, n_envs, *rows.shape[2:]).movedim(1, 0).flatten(1, 2)
+
+    def by_time(values: torch.Tensor) -> torch.Tensor:
+        """[S, T·N] -> [T, S·N], the env layout GAE runs on."""
+        return values.view(n_seeds, n_steps, n_envs).movedim(0, 1).reshape(n_steps, n_seeds * n_envs)
+
+    def sync_policies() -> None:
+        for index, networks in enumerate(setup.networks):
+            policy_net.copy_to(index, networks["policy"])
+            value_net.copy_to(index, networks["value"])
 
     for update in range(state.env_steps // rollout_size, n_updates):
         learning_rate = hp.learning_rate * (1.0 - update / n_updates) if hp.anneal_lr else hp.learning_rate
-        stepper.set_learning_rate(learning_rate)
+        stepper.set_learning_rate(learning_rate)  # shared: every seed follows the same schedule
 
-        # 1. Rollout, entirely on the device.
-        gumbel = torch.empty(n_steps, n_envs, N_ACTIONS, device=device).exponential_(generator=generator)
-        gumbel = gumbel.log_().neg_()
+        # 1. Rollout, entirely on the device; each seed's Gumbel noise from its own generator.
+        noise = [
+            torch.empty(n_steps, n_envs, N_ACTIONS, device=device).exponential_(generator=generator)
+            for generator in generators
+        ]
+        gumbel = (noise[0] if n_seeds == 1 else torch.cat(noise, dim=1)).log_().neg_()
         rollout_obs, rollout_next_obs, rollout_logits, rollout_actions = [], [], [], []
         rollout_rewards, rollout_terminated, rollout_truncated = [], [], []
         with (
@@ -235,7 +323,7 @@ def train(
             plan.autocast(),
         ):  # one context for the whole rollout (the env ops are not autocast)
             for t in range(n_steps):
-                logits = policy_net(state.obs).float()
+                logits = policy_net(state.obs.view(n_seeds, n_envs, obs_dim)).float().flatten(0, 1)
                 actions = (logits + gumbel[t]).argmax(dim=1)  # Gumbel-max: a sample from softmax(logits)
                 next_obs, rewards, terminated, truncated = env.step(actions)
                 rollout_obs.append(state.obs)
@@ -248,25 +336,25 @@ def train(
                 state.obs = next_obs
         state.env_steps += rollout_size
 
-        # 2. Batched values of s and s′, and the behaviour policy's log-probs.
-        flat_obs = torch.stack(rollout_obs).view(rollout_size, obs_dim)
-        flat_next_obs = torch.stack(rollout_next_obs).view(rollout_size, obs_dim)
-        flat_actions = torch.stack(rollout_actions).view(rollout_size)
+        # 2. Batched values of s and s′, and the behaviour policy's log-probs; tables [S, T·N, ...].
+        seed_obs = by_seed(torch.stack(rollout_obs))
+        seed_next_obs = by_seed(torch.stack(rollout_next_obs))
+        seed_actions = by_seed(torch.stack(rollout_actions))
         with torch.no_grad(), plan.autocast():
-            values = value_net(flat_obs).float().view(n_steps, n_envs)
-            next_values = value_net(flat_next_obs).float().view(n_steps, n_envs)
+            values = value_net(seed_obs).float().squeeze(2)
+            next_values = value_net(seed_next_obs).float().squeeze(2)
         old_log_probs = (
-            F.log_softmax(torch.stack(rollout_logits).view(rollout_size, N_ACTIONS), dim=1)
-            .gather(1, flat_actions[:, None])
-            .squeeze(1)
+            F.log_softmax(by_seed(torch.stack(rollout_logits)), dim=2)
+            .gather(2, seed_actions[..., None])
+            .squeeze(2)
         )
 
-        # 3. The rollout's one device→host copy.
+        # 3. The rollout's one device→host copy, for every seed at once.
         packed = torch.stack(
             [
                 torch.stack(rollout_rewards),
-                values,
-                next_values,
+                by_time(values),
+                by_time(next_values),
                 torch.stack(rollout_terminated).float(),
                 torch.stack(rollout_truncated).float(),
             ]
@@ -275,12 +363,15 @@ def train(
             packed.cpu().numpy().astype(np.float64)
         )
         state.rollout_copies += 1
-        if not (np.isfinite(values_h).all() and np.isfinite(next_values_h).all()):
+        finite = np.isfinite(np.stack([values_h, next_values_h])).reshape(2, n_steps, n_seeds, n_envs)
+        bad = [tag for tag, ok in zip(tags, finite.all(axis=(0, 1, 3)), strict=True) if not ok]
+        if bad:
             raise NonFiniteError(
-                f"non-finite value estimates in the rollout ending at env step {state.env_steps}"
+                f"non-finite value estimates of {', '.join(bad)} in the rollout ending at env step "
+                f"{state.env_steps}"
             )
 
-        # 4. GAE on the host, then advantages and returns back to the device.
+        # 4. GAE on the host over all S·N envs, then advantages and returns back to the device.
         advantages_h, returns_h = compute_gae(
             rewards_h * hp.reward_scale,
             values_h,
@@ -291,65 +382,101 @@ def train(
             hp.gae_lambda,
         )
         done_h = np.maximum(terminated_h, truncated_h)
-        finished = _finished_episode_returns(state.episode_return, rewards_h, done_h)
+        finished = _finished_episode_returns(state.episode_return, rewards_h, done_h, n_seeds)
         targets = torch.as_tensor(np.stack([advantages_h, returns_h]).astype(np.float32), device=device)
 
-        # 5. Minibatch epochs. Observations stay a contiguous [T·N, obs_dim] tensor (a strided slice of a wider
-        # table would slow every matmul down); the per-sample scalars are packed in one [T·N, 5] table, so a
-        # minibatch costs two gathers.
+        # 5. Minibatch epochs. Observations stay a contiguous [S·T·N, obs_dim] table (a strided slice of a wider
+        # table would slow every matmul down); the per-sample scalars are packed in one [S·T·N, 5] table, so a
+        # minibatch of every seed costs two gathers.
+        flat_obs = seed_obs.reshape(n_seeds * rollout_size, obs_dim)
         scalars = torch.stack(
             [
-                flat_actions.to(torch.float32),
+                seed_actions.to(torch.float32),
                 old_log_probs,
-                targets[0].reshape(-1),
-                targets[1].reshape(-1),
-                values.reshape(-1),
+                by_seed(targets[0]),
+                by_seed(targets[1]),
+                values,
             ],
-            dim=1,
-        )
-        epoch_reads: list[dict[str, Any]] = []
+            dim=2,
+        ).view(n_seeds * rollout_size, 5)
+        active = [True] * n_seeds  # seeds still in this update's epochs (target_kl stops them one by one)
+        epoch_reads: list[tuple[dict[str, Any], list[bool]]] = []
         for _ in range(hp.n_epochs):
-            order = torch.randperm(rollout_size, generator=generator, device=device)
-            for index in order.split(hp.batch_size):
-                batch = _minibatch(flat_obs.index_select(0, index), scalars.index_select(0, index))
+            # A stopped seed draws nothing (its generator stays where its own run would leave it); its rows
+            # still go through the batched step, masked out of the update.
+            orders = torch.stack(
+                [
+                    torch.randperm(rollout_size, generator=generator, device=device)
+                    if still
+                    else torch.arange(rollout_size, device=device)
+                    for generator, still in zip(generators, active, strict=True)
+                ]
+            )
+            mask = None if all(active) else torch.tensor(active, device=device)
+            for index in (orders + seed_offsets).split(hp.batch_size, dim=1):
+                rows = index.reshape(-1)
+                batch = _minibatch(
+                    flat_obs.index_select(0, rows).view(*index.shape, obs_dim),
+                    scalars.index_select(0, rows).view(*index.shape, 5),
+                )
                 loss, terms = ppo_loss(policy_net, value_net, batch, hp, plan)
-                grad_norm = stepper.step(loss)
-                metrics.record([*terms, grad_norm.float()])
+                grad_norm = stepper.step(loss, active=mask)
+                metrics.record(torch.stack([*terms, grad_norm.float()]).reshape(-1).unbind(0))
                 state.grad_steps += 1
+            state.seed_grad_steps += minibatches_per_epoch * np.array(active, dtype=np.int64)
             if hp.target_kl is not None:  # one read per epoch, only when early stopping needs the KL
-                epoch_reads.append(metrics.read(state.grad_steps))
-                if epoch_reads[-1]["approx_kl"] > hp.target_kl:
+                epoch_reads.append((metrics.read(state.grad_steps), list(active)))
+                kl = epoch_reads[-1][0]
+                active = [
+                    still and not kl[f"approx_kl/{tag}"] > hp.target_kl
+                    for still, tag in zip(active, tags, strict=True)
+                ]
+                if not any(active):
                     break
-        window = metrics.read(state.grad_steps) if hp.target_kl is None else metrics.combine(epoch_reads)
+        if hp.target_kl is None:
+            windows = [metrics.read(state.grad_steps)] * n_seeds
+        else:  # each seed's window: the epochs it took part in
+            windows = [
+                metrics.combine([read for read, took_part in epoch_reads if took_part[index]])
+                for index in range(n_seeds)
+            ]
 
-        run.log(
-            {
-                "env_steps": state.env_steps,
-                "update": update + 1,
-                "grad_steps": state.grad_steps,
-                **{name: window[name] for name in _LOSS_TERMS},
-                "epochs": window["count"] // minibatches_per_epoch,
-                "learning_rate": learning_rate,
-                "value_mean": float(values_h.mean()),
-                "value_min": float(values_h.min()),
-                "value_max": float(values_h.max()),
-                "explained_variance": _explained_variance(values_h, returns_h),
-                "episodes": len(finished),
-                "episode_return_mean": float(np.mean(finished)) if finished else None,
-            }
-        )
-        evals.maybe(state.env_steps, policy)
+        values_by_seed = values_h.reshape(n_steps, n_seeds, n_envs)
+        returns_by_seed = returns_h.reshape(n_steps, n_seeds, n_envs)
+        records = []
+        for index, tag in enumerate(tags):
+            window, seed_values = windows[index], values_by_seed[:, index]
+            records.append(
+                {
+                    "env_steps": state.env_steps,
+                    "update": update + 1,
+                    "grad_steps": int(state.seed_grad_steps[index]),
+                    **{term: window[f"{term}/{tag}"] for term in _LOSS_TERMS},
+                    "epochs": window["count"] // minibatches_per_epoch,
+                    "learning_rate": learning_rate,
+                    "value_mean": float(seed_values.mean()),
+                    "value_min": float(seed_values.min()),
+                    "value_max": float(seed_values.max()),
+                    "explained_variance": _explained_variance(seed_values, returns_by_seed[:, index]),
+                    "episodes": len(finished[index]),
+                    "episode_return_mean": float(np.mean(finished[index])) if finished[index] else None,
+                }
+            )
+        run.log({"seeds": records})
+        if evals.due(state.env_steps):
+            sync_policies()
+            evals.maybe(state.env_steps, policies)
         run.maybe_save(state.env_steps)
 
-    return finish(
+    sync_policies()
+    return finish_seeds(
         setup,
         run,
         evals,
-        policy,
-        {"policy": policy_net, "value": value_net},
+        policies,
         latest=(*_LOSS_TERMS, "value_mean", "explained_variance", "episode_return_mean"),
+        seed_fields=[{"grad_steps": int(steps)} for steps in state.seed_grad_steps],
         env_steps=state.env_steps,
-        grad_steps=state.grad_steps,
         updates=n_updates,
         host_syncs=state.rollout_copies + metrics.host_reads,
     )
@@ -357,19 +484,23 @@ def train(
 
 def _minibatch(obs: torch.Tensor, scalars: torch.Tensor) -> Minibatch:
     """A minibatch from gathered obs rows and the matching rows of [action, old log-prob, advantage, return, value]."""
-    actions, old_log_probs, advantages, returns, old_values = scalars.unbind(dim=1)
+    actions, old_log_probs, advantages, returns, old_values = scalars.unbind(dim=-1)
     return Minibatch(obs, actions.long(), old_log_probs, advantages, returns, old_values)
 
 
-def _finished_episode_returns(running: np.ndarray, rewards: np.ndarray, done: np.ndarray) -> list[float]:
-    """Advance per-env running returns (updated in place) over a rollout; return the episodes that ended."""
-    finished: list[float] = []
+def _finished_episode_returns(
+    running: np.ndarray, rewards: np.ndarray, done: np.ndarray, n_seeds: int
+) -> list[list[float]]:
+    """Advance per-env running returns [S·N] (updated in place) over a rollout [T, S·N]; return each seed's
+    episodes that ended, in (step, env) order."""
+    finished: list[list[float]] = [[] for _ in range(n_seeds)]
+    block = running.shape[0] // n_seeds
     for t in range(rewards.shape[0]):
         running += rewards[t]
-        ended = done[t] > 0
-        if ended.any():
-            finished.extend(running[ended].tolist())
-            running[ended] = 0.0
+        ended = np.flatnonzero(done[t] > 0)
+        for env_index in ended:
+            finished[env_index // block].append(float(running[env_index]))
+        running[ended] = 0.0
     return finished
 
 
@@ -433,4 +564,5 @@ SPEC = AgentSpec(
     memory=MemoryModel(obs_per_row=1, extra_fields=ROLLOUT_EXTRA_FIELDS),
     run_config=run_config,
     train=train,
+    train_seeds=train_seeds,
 )

@@ -47,11 +47,10 @@ def check_segmentation(data: MarketData, config: EnvConfig) -> None:
 class TradingEnv:
     """N trading environments on one device, stepped in one batched tensor operation.
 
-    ``seed`` is one seed (N = ``config.n_envs``) or a sequence of S seeds: then N = S × ``config.n_envs`` envs in
-    S consecutive blocks, block i drawing its episode starts from its own generator seeded with ``seed[i]``, so
-    block i sees exactly the starts a single-seed env with ``seed[i]`` would (the seed axis of batched training).
-
     `reset() -> obs [N, W·F + 1]`; `step(actions) -> (obs, reward, terminated, truncated)`, all device tensors.
+    ``seed`` may be a sequence of S seeds (S independent trainings batched in one env): then N = S × ``n_envs``, in
+    S consecutive blocks of ``config.n_envs`` envs, and block i draws its episode starts from its own generator
+    seeded with ``seed[i]``, exactly the starts a single env seeded with ``seed[i]`` draws.
     Episodes last exactly `episode_length` decisions, then auto-reset: the obs returned for a finished env is the
     first obs of its next episode, and `final_obs` holds the obs each env would have seen next in its old episode
     (use it to bootstrap on `truncated`). `terminated` is always False: episodes end only by the time limit.
@@ -70,10 +69,10 @@ class TradingEnv:
         self.data = data
         self.config = config
         self.device = data.device
-        seeds = [seed] if isinstance(seed, int) else [int(s) for s in seed]
+        seeds = [int(seed)] if isinstance(seed, int | np.integer) else [int(s) for s in seed]
         if not seeds:
             raise EnvConfigError("seed: expected a seed or a non-empty sequence of seeds")
-        self.n_blocks = len(seeds)  # one block of config.n_envs envs per seed, each with its own start RNG
+        self.n_blocks = len(seeds)
         self.n_envs = config.n_envs * self.n_blocks
         self.window = config.window
         self.obs_dim = config.window * data.n_features + 1
@@ -90,7 +89,7 @@ class TradingEnv:
         self._params = data.step_parameters(config.fill) * config.contracts
         self._action_positions = torch.tensor(ACTION_POSITIONS, dtype=torch.float32, device=self.device)
         self._generators = [torch.Generator(device=self.device) for _ in seeds]
-        self.seed(seeds if self.n_blocks > 1 else seeds[0])
+        self.seed(seeds)
         n = self.n_envs
         self.row = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.position = torch.zeros(n, dtype=torch.float32, device=self.device)
@@ -99,13 +98,13 @@ class TradingEnv:
         self.last_cost: torch.Tensor | None = None
 
     def seed(self, seed: int | Sequence[int]) -> None:
-        """Re-seed the device generator(s) that draw episode starts (drops starts drawn in advance); one seed per
-        block."""
-        seeds = [seed] if isinstance(seed, int) else list(seed)
+        """Re-seed the device generator(s) that draw episode starts, one seed per block (drops starts drawn in
+        advance)."""
+        seeds = [int(seed)] if isinstance(seed, int | np.integer) else [int(s) for s in seed]
         if len(seeds) != self.n_blocks:
             raise EnvConfigError(f"seed: expected {self.n_blocks} seeds (one per block), got {len(seeds)}")
         for generator, value in zip(self._generators, seeds, strict=True):
-            generator.manual_seed(int(value))
+            generator.manual_seed(value)
         self._start_pool = torch.zeros(0, self.n_envs, dtype=torch.int64, device=self.device)
         self._pool_cursor = 0
 
@@ -122,9 +121,9 @@ class TradingEnv:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue exactly where `state_dict` was taken (for resumable training)."""
-        saved = state["generators"] if "generators" in state else [state["generator"]]  # older files: one
-        for generator, generator_state in zip(self._generators, saved, strict=True):
-            generator.set_state(generator_state)
+        states = state["generators"] if "generators" in state else [state["generator"]]
+        for generator, saved in zip(self._generators, states, strict=True):
+            generator.set_state(saved)
         self._start_pool = state["start_pool"].to(self.device)
         self._pool_cursor = int(state["pool_cursor"])
         self.row = state["row"].to(self.device)
@@ -134,7 +133,7 @@ class TradingEnv:
 
     def _draw_starts(self) -> torch.Tensor:
         # Starts are drawn for _START_POOL_STEPS steps at once: one random draw per block and one gather per pool,
-        # not per step; block i's draws are exactly those of a one-block env seeded alike.
+        # not per step. Each block draws what a single env of config.n_envs envs with its seed would.
         if self._pool_cursor == self._start_pool.shape[0]:
             block = self.config.n_envs
             picks = [
@@ -147,8 +146,8 @@ class TradingEnv:
                 ).view(_START_POOL_STEPS, block)
                 for generator in self._generators
             ]
-            pick = picks[0] if self.n_blocks == 1 else torch.cat(picks, dim=1)
-            self._start_pool = self.start_rows[pick]
+            pick = picks[0] if len(picks) == 1 else torch.cat(picks, dim=1)
+            self._start_pool = self.start_rows.index_select(0, pick.reshape(-1)).view(pick.shape)
             self._pool_cursor = 0
         self._pool_cursor += 1
         return self._start_pool[self._pool_cursor - 1]

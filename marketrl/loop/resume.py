@@ -44,7 +44,7 @@ __all__ = ["Run", "TrainingCheckpoint", "resume_or_start", "to_cpu", "to_device"
 log = logging.getLogger(__name__)
 
 FORMAT = "marketrl-resume"
-VERSION = 2  # 2: component states by name, loop variables, history (files of version 1 are not resumed)
+VERSION = 3  # 2: component states by name, loop variables, history; 3: PPO's stacked seed axis (older files are not resumed)
 Loop = TypeVar("Loop")
 
 

@@ -1,6 +1,4 @@
-"""DQN's S seeds trained as one batched computation (issue 24): every seed learns, the seed axis cannot leak, a
-killed batch resumes bit for bit, the host-sync budget holds per batch, and each seed's result is a single-seed
-result (its own plain networks, checkpoint, evaluations and statistics)."""
+"""DQN trains S seeds as one batch (issue 24): single-seed-shaped results, no leak across the seed axis, resume, syncs."""
 
 from __future__ import annotations
 
