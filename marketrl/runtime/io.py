@@ -16,13 +16,13 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import IO, Any, Literal
 
 from marketrl.runtime.testing_hooks import hold_point
 
-__all__ = ["atomic_open", "atomic_write", "write_json_atomic"]
+__all__ = ["atomic_open", "atomic_write", "atomic_writes", "json_text", "write_json_atomic"]
 
 
 def _umask() -> int:
@@ -127,11 +127,25 @@ def atomic_open(
                 yield handle
 
 
+@contextmanager
+def atomic_writes(paths: list[str | os.PathLike[str]]) -> Iterator[list[Path]]:
+    """`atomic_write` for several outputs that stand or fall together: yields one temp path per output; only
+    when the block succeeds are they renamed onto their destinations, one after another. On an exception in the
+    block every temp file is removed and no destination changes."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(atomic_write(path)) for path in paths]
+
+
+def json_text(obj: Any, *, indent: int | None = 2) -> str:
+    """`obj` as the JSON text `write_json_atomic` writes (keys sorted, no NaN, trailing newline)."""
+    return json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n"
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> None:
     """Serialize ``obj`` as JSON (keys sorted, trailing newline) and atomically write it to ``path``.
 
     The object is serialized before the file is opened, so a non-serializable object leaves no trace.
     """
-    text = json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n"
+    text = json_text(obj, indent=indent)
     with atomic_open(path, "w") as handle:
         handle.write(text)

@@ -1,0 +1,145 @@
+"""Batched scoring of K traders (`marketrl.evaluation.batched.score_positions`) gives the numbers of the per-trader
+path (`evaluate_positions`, then `performance_summary` and the daily portfolio returns), on CME-shaped data: ES and
+NQ continuous symbols, sessions that cross midnight UTC (trading day = the session's end date), a roll, a halt,
+and bars one instrument lacks."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from marketrl.env import EnvConfig, MarketData, decision_results, evaluate_positions, matched_random_positions
+from marketrl.env.costs import costs_from_config
+from marketrl.evaluation.batched import score_positions
+from marketrl.evaluation.metrics import daily_returns, performance_summary, portfolio_bars
+from marketrl.splits.normalize import FeatureNormalizer
+from tests.test_env import frame_from_bars
+
+MAX_GAP = timedelta(hours=2)
+COSTS = costs_from_config(
+    {
+        "model": "futures",
+        "commission_per_contract": 1.0,
+        "half_spread_ticks": 0.5,
+        "instruments": {
+            "ES": {"tick_size": 0.25, "tick_value": 12.5},
+            "NQ": {"tick_size": 0.25, "tick_value": 5.0},
+        },
+    }
+)
+
+
+def session_bars(days: int, rng: np.random.Generator, halt_day: int | None) -> list[datetime]:
+    """10-minute bars of CME sessions 23:00 UTC (day before) to 22:00 UTC, 5% missing; on `halt_day` a 3-hour halt."""
+    stamps = []
+    for day in range(days):
+        open_ = datetime(2024, 3, 10, 23, 0, tzinfo=UTC) + timedelta(days=day)
+        for b in range(23 * 6):
+            t = open_ + timedelta(minutes=10 * b)
+            halted = day == halt_day and open_ + timedelta(hours=14) <= t < open_ + timedelta(hours=17)
+            if not halted and rng.random() >= 0.05:
+                stamps.append(t)
+    return stamps
+
+
+def cme_frame(seed: int = 0) -> pl.DataFrame:
+    """ES.c.0 rolls from instrument 11 to 12 after two sessions; NQ.c.0 (instrument 21) halts on session 4."""
+    rng = np.random.default_rng(seed)
+    es, nq = session_bars(5, rng, None), session_bars(5, rng, 3)
+    roll = datetime(2024, 3, 12, 23, 0, tzinfo=UTC)
+    parts = []
+    for stamps, instrument, symbol, price in (
+        ([t for t in es if t < roll], 11, "ES.c.0", 5000.0),
+        ([t for t in es if t >= roll], 12, "ES.c.0", 5060.0),
+        (nq, 21, "NQ.c.0", 18000.0),
+    ):
+        n = len(stamps)
+        close = price * np.exp(np.cumsum(rng.normal(0.0, 5e-4, n)))
+        opens = np.append(close[0], close[:-1]) * (1 + rng.normal(0.0, 1e-4, n))
+        parts.append(
+            frame_from_bars(
+                list(close),
+                list(opens),
+                timestamps=stamps,
+                instrument_id=instrument,
+                symbol=symbol,
+                features=rng.normal(size=(n, 2)).astype(np.float32),
+            )
+        )
+    frame = pl.concat(parts)
+    # the CME trading day is the date the session ends: 23:00 UTC belongs to the next day
+    return frame.with_columns(trading_day=(pl.col("ts_event") + pl.duration(hours=1)).dt.date())
+
+
+@pytest.fixture(scope="module")
+def data() -> MarketData:
+    frame = cme_frame()
+    names = ["f0", "f1"]
+    data = MarketData.from_frame(frame, names, FeatureNormalizer().fit(frame, names), COSTS, max_gap=MAX_GAP)
+    assert bool(data.is_roll.any())  # the setting this test is about
+    assert len(data.chain_first) > 2  # the halt starts a new chain
+    return data
+
+
+def trader_positions(data: MarketData) -> torch.Tensor:
+    """Flat, long, persistent random traders (holding periods of several bars) and matched random traders."""
+    generator = torch.Generator().manual_seed(1)
+    n = data.n_rows
+    persistent = []
+    for stay in (0.5, 0.9, 0.99):
+        draws = torch.randint(-1, 2, (n,), generator=generator).float()
+        keep = torch.rand(n, generator=generator) < stay
+        series = draws.clone()
+        for t in range(1, n):  # hold the previous position with probability `stay`
+            if keep[t]:
+                series[t] = series[t - 1]
+        persistent.append(series)
+    matched = [matched_random_positions(data, rate, seed=s) for s, rate in enumerate((0.02, 0.3))]
+    fixed = [torch.zeros(n), torch.ones(n)]
+    return torch.stack([*fixed, *persistent, *matched])
+
+
+def test_batched_scoring_equals_the_per_trader_path(data: MarketData) -> None:
+    config = EnvConfig(max_gap=MAX_GAP, contracts=2, fill="next_open")
+    positions = trader_positions(data)
+    scores = score_positions(data, positions, config, chunk=3)  # chunks of 3: the last one is partial
+    batch = decision_results(data, positions, config)
+    assert scores.summaries is not None and len(scores.summaries) == positions.shape[0]
+    for k in range(positions.shape[0]):
+        bars = evaluate_positions(data, positions[k], config)
+        # the batched rewards are the per-trader ones, exactly
+        np.testing.assert_array_equal(batch.position[k].numpy().round(), bars["position"].to_numpy())
+        np.testing.assert_array_equal(
+            (batch.gross_return[k].double() - batch.cost[k].double()).numpy(), bars["net_return"].to_numpy()
+        )
+        portfolio = portfolio_bars(bars)
+        days, daily = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])
+        np.testing.assert_array_equal(scores.days, np.asarray(days).astype("datetime64[D]"))
+        np.testing.assert_allclose(scores.daily_net_returns[k], daily, rtol=1e-12, atol=1e-15)
+        expected, got = performance_summary(bars), scores.summaries[k]
+        assert got.keys() == expected.keys()
+        for key, value in expected.items():
+            if isinstance(value, float) and math.isnan(value):
+                assert math.isnan(got[key]), key
+            elif isinstance(value, str | int):
+                assert got[key] == value, key
+            else:
+                assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    summaries = scores.summaries
+    assert summaries[0]["n_trades"] == 0 and math.isnan(summaries[0]["trade_hit_rate"])  # flat
+    assert summaries[1]["n_holding_periods"] > 1  # long: one holding period per chain and symbol
+    assert summaries[1]["n_instruments"] == 2 and summaries[1]["n_days"] == 5
+
+
+def test_daily_returns_only_skip_the_summaries(data: MarketData) -> None:
+    config = EnvConfig(max_gap=MAX_GAP)
+    positions = trader_positions(data)
+    full = score_positions(data, positions, config)
+    daily = score_positions(data, positions, config, summaries=False)
+    assert daily.summaries is None
+    np.testing.assert_array_equal(daily.daily_net_returns, full.daily_net_returns)
