@@ -98,8 +98,23 @@ def resume_file(wildcards):
     )
 
 
-def trained_model(wildcards):
-    """The model an evaluation job scores."""
-    return paths.MODEL.format(
-        algo=wildcards.algo, fold=wildcards.fold, seed=wildcards.seed
-    )
+def evaluation_seeds(wildcards):
+    """The seed indices one evaluation job (one model x fold) scores: the one list every per-seed input and
+    output of that job follows."""
+    return pipeline.seed_indices(config)
+
+
+def seed_models(wildcards):
+    """The models an evaluation job scores: every seed's model of its model x fold."""
+    return [
+        paths.MODEL.format(algo=wildcards.algo, fold=wildcards.fold, seed=seed)
+        for seed in evaluation_seeds(wildcards)
+    ]
+
+
+def seed_outputs(template):
+    """One output per seed of `template` ({algo} and {fold} left as wildcards): Snakemake outputs cannot be
+    input functions, so the seed list is the config's (`evaluation_seeds` of any model)."""
+    return [
+        template.replace("{seed}", str(seed)) for seed in evaluation_seeds(None)
+    ]

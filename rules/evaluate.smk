@@ -2,14 +2,14 @@ rule evaluate:
     input:
         manifest=paths.FEATURE_MANIFEST,
         folds=paths.FOLDS,
-        model=trained_model,
+        models=seed_models,
     output:
-        metrics=paths.EVAL_METRICS,
-        bars=paths.EVAL_BARS,
+        metrics=seed_outputs(paths.EVAL_METRICS),
+        bars=seed_outputs(paths.EVAL_BARS),
     log:
-        paths.log("evaluate/{algo}/fold_{fold}/seed_{seed}"),
+        paths.log("evaluate/{algo}/fold_{fold}"),
     benchmark:
-        paths.benchmark("evaluate/{algo}/fold_{fold}/seed_{seed}")
+        paths.benchmark("evaluate/{algo}/fold_{fold}")
     conda:
         ENV_FILE
     threads: 1
@@ -18,6 +18,7 @@ rule evaluate:
     params:
         config=model_stage_config("evaluate"),
         code=code_hash("evaluate"),
+        seeds=evaluation_seeds,
     script:
         "../workflow_scripts/evaluate.py"
 

@@ -57,7 +57,7 @@ def position_results(
     target = torch.as_tensor(positions, device=data.device).to(torch.float32)
     if target.ndim == 0 or target.ndim > 2 or target.shape[-1] != data.n_rows:
         raise EnvDataError(
-            f"positions: expected [{data.n_rows}] or [K, {data.n_rows}] values (one per row), "
+            f"positions: expected {data.n_rows} values (one per row), or [K, {data.n_rows}] for K traders; "
             f"got shape {tuple(target.shape)}"
         )
     if not bool(torch.isin(target, torch.tensor(ACTION_POSITIONS, device=target.device)).all()):

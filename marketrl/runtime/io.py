@@ -15,8 +15,8 @@ import glob
 import json
 import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -61,7 +61,7 @@ def _fsync_dir(directory: Path) -> None:
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
-def _naming(exc: OSError, dest: Path) -> OSError:
+def _naming(exc: OSError, dest: Path | str) -> OSError:
     reason = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0]
     return type(exc)(exc.errno, f"cannot write {dest}: {reason}")
 
@@ -72,6 +72,23 @@ def _remove_stale_temps(dest: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
+def _temp_beside(dest: Path) -> Path:
+    """A new hidden temp file in `dest`'s directory (created with its parents), keeping `dest`'s suffix."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(dest)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=f".tmp{dest.suffix}", dir=dest.parent)
+    os.close(fd)
+    return Path(tmp_name)
+
+
+def _finish(tmp: Path, dest: Path) -> None:
+    """Check, fsync and chmod a written temp file (not yet renamed)."""
+    if not tmp.exists():
+        raise FileNotFoundError(f"{dest}: the writer did not create the temp file {tmp}")
+    _fsync_file(tmp)
+    os.chmod(tmp, _DEFAULT_MODE)  # mkstemp creates 0600; outputs get the usual umask-derived mode
+
+
 @contextmanager
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp path beside ``path``; on success it is fsynced and renamed onto ``path``.
@@ -80,32 +97,40 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     ``torch.save``, ``matplotlib.savefig``...). Parent directories are created. The temp file keeps the
     destination's suffix so writers that infer the format from it still work.
     """
-    dest = Path(path)
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temps(dest)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=f".tmp{dest.suffix}", dir=dest.parent)
-    except OSError as exc:
-        raise _naming(exc, dest) from exc
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with atomic_writes([path]) as (tmp,):
         yield tmp
-        if not tmp.exists():
-            raise FileNotFoundError(f"{dest}: the writer did not create the temp file {tmp}")
-        _fsync_file(tmp)
-        os.chmod(tmp, _DEFAULT_MODE)  # mkstemp creates 0600; outputs get the usual umask-derived mode
-        hold_point(f"atomic_write_before_rename:{dest}")
-        os.replace(tmp, dest)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        if exc.errno in _STORAGE_ERRNOS:
-            raise _naming(exc, dest) from exc
+
+
+@contextmanager
+def atomic_writes(paths: Sequence[str | os.PathLike[str]]) -> Iterator[list[Path]]:
+    """`atomic_write` for outputs that stand or fall together: yields one temp path per output; when the block
+    succeeds, all are fsynced, then renamed onto their destinations. On any exception, in the block or in a
+    rename, every temp file is removed and so is every destination already renamed: all of them or none."""
+    dests = [Path(path) for path in paths]
+    tmps: list[Path] = []
+    renamed: list[Path] = []
+    writing: Path | str = ""  # the output an error is about, for the message
+    try:
+        for dest in dests:
+            writing = dest
+            tmps.append(_temp_beside(dest))
+        writing = dests[0] if len(dests) == 1 else f"{dests[0]} (and {len(dests) - 1} more outputs)"
+        yield tmps
+        for tmp, dest in zip(tmps, dests, strict=True):
+            _finish(tmp, dest)
+        for tmp, dest in zip(tmps, dests, strict=True):
+            writing = dest
+            hold_point(f"atomic_write_before_rename:{dest}")
+            os.replace(tmp, dest)
+            renamed.append(dest)
+    except BaseException as exc:
+        for path in (*tmps, *renamed):
+            path.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+            raise _naming(exc, writing) from exc
         raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(dest.parent)
+    for directory in dict.fromkeys(dest.parent for dest in dests):
+        _fsync_dir(directory)
 
 
 @contextmanager
@@ -125,15 +150,6 @@ def atomic_open(
         else:
             with open(tmp, "w", encoding=encoding, newline="") as handle:
                 yield handle
-
-
-@contextmanager
-def atomic_writes(paths: list[str | os.PathLike[str]]) -> Iterator[list[Path]]:
-    """`atomic_write` for several outputs that stand or fall together: yields one temp path per output; only
-    when the block succeeds are they renamed onto their destinations, one after another. On an exception in the
-    block every temp file is removed and no destination changes."""
-    with ExitStack() as stack:
-        yield [stack.enter_context(atomic_write(path)) for path in paths]
 
 
 def json_text(obj: Any, *, indent: int | None = 2) -> str:
