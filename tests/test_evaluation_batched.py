@@ -6,74 +6,16 @@ and bars one instrument lacks."""
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
 
 import numpy as np
-import polars as pl
 import pytest
 import torch
 
 from marketrl.env import EnvConfig, MarketData, decision_results, evaluate_positions, matched_random_positions
-from marketrl.env.costs import costs_from_config
 from marketrl.evaluation.batched import score_positions
 from marketrl.evaluation.metrics import daily_returns, performance_summary, portfolio_bars
 from marketrl.splits.normalize import FeatureNormalizer
-from tests.test_env import frame_from_bars
-
-MAX_GAP = timedelta(hours=2)
-COSTS = costs_from_config(
-    {
-        "model": "futures",
-        "commission_per_contract": 1.0,
-        "half_spread_ticks": 0.5,
-        "instruments": {
-            "ES": {"tick_size": 0.25, "tick_value": 12.5},
-            "NQ": {"tick_size": 0.25, "tick_value": 5.0},
-        },
-    }
-)
-
-
-def session_bars(days: int, rng: np.random.Generator, halt_day: int | None) -> list[datetime]:
-    """10-minute bars of CME sessions 23:00 UTC (day before) to 22:00 UTC, 5% missing; on `halt_day` a 3-hour halt."""
-    stamps = []
-    for day in range(days):
-        open_ = datetime(2024, 3, 10, 23, 0, tzinfo=UTC) + timedelta(days=day)
-        for b in range(23 * 6):
-            t = open_ + timedelta(minutes=10 * b)
-            halted = day == halt_day and open_ + timedelta(hours=14) <= t < open_ + timedelta(hours=17)
-            if not halted and rng.random() >= 0.05:
-                stamps.append(t)
-    return stamps
-
-
-def cme_frame(seed: int = 0) -> pl.DataFrame:
-    """ES.c.0 rolls from instrument 11 to 12 after two sessions; NQ.c.0 (instrument 21) halts on session 4."""
-    rng = np.random.default_rng(seed)
-    es, nq = session_bars(5, rng, None), session_bars(5, rng, 3)
-    roll = datetime(2024, 3, 12, 23, 0, tzinfo=UTC)
-    parts = []
-    for stamps, instrument, symbol, price in (
-        ([t for t in es if t < roll], 11, "ES.c.0", 5000.0),
-        ([t for t in es if t >= roll], 12, "ES.c.0", 5060.0),
-        (nq, 21, "NQ.c.0", 18000.0),
-    ):
-        n = len(stamps)
-        close = price * np.exp(np.cumsum(rng.normal(0.0, 5e-4, n)))
-        opens = np.append(close[0], close[:-1]) * (1 + rng.normal(0.0, 1e-4, n))
-        parts.append(
-            frame_from_bars(
-                list(close),
-                list(opens),
-                timestamps=stamps,
-                instrument_id=instrument,
-                symbol=symbol,
-                features=rng.normal(size=(n, 2)).astype(np.float32),
-            )
-        )
-    frame = pl.concat(parts)
-    # the CME trading day is the date the session ends: 23:00 UTC belongs to the next day
-    return frame.with_columns(trading_day=(pl.col("ts_event") + pl.duration(hours=1)).dt.date())
+from tests.support.cme import COSTS, MAX_GAP, cme_frame
 
 
 @pytest.fixture(scope="module")

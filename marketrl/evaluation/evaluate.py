@@ -192,32 +192,21 @@ def evaluate_job(
     with torch.inference_mode():
         positions = [run.positions(data_for(run.meta), env_config).to(torch.float32) for run in runs]
     data = data_for(runs[0].meta)  # the rows, prices and costs are the same whatever the normalizer
-    matched = [
-        matched_trader_positions(data, seed_positions, config, (algo, fold, seed_index))
-        for seed_index, seed_positions in zip(seed_indices, positions, strict=True)
-    ]
-    scores = score_positions(data, torch.cat([torch.stack(positions), *(t for _, t in matched)]), env_config)
-    assert scores.summaries is not None
-    n_traders = config["evaluation"]["random_baseline_seeds"]
+    keys = [(algo, fold, seed_index) for seed_index in seed_indices]
     frames, results = [], []
-    for s, (seed_index, run, model_path) in enumerate(zip(seed_indices, runs, model_paths, strict=True)):
-        bars = evaluate_positions(data, positions[s], env_config).select(BAR_COLUMNS)
+    for (bars, scored), seed_index, run, model_path in zip(
+        score_runs(data, positions, env_config, config, keys), seed_indices, runs, model_paths, strict=True
+    ):
         extra: dict[str, Any] = {}
         if run.predictions is not None and run.horizon is not None:
             with torch.inference_mode():
                 predictions = run.predictions(data_for(run.meta))
             bars = pl.concat([bars, forecast_columns(data, predictions, run.horizon)], how="horizontal")
             extra["horizon"] = run.horizon
-        summary = scores.summaries[s]
+        sharpe = scored["metrics"]["sharpe"]
         log.info(
-            "%s fold %d seed %d: test Sharpe %s over %d bars",
-            algo,
-            fold,
-            seed_index,
-            summary["sharpe"],
-            bars.height,
+            "%s fold %d seed %d: test Sharpe %s over %d bars", algo, fold, seed_index, sharpe, bars.height
         )
-        traders = slice(n_seeds + s * n_traders, n_seeds + (s + 1) * n_traders)
         frames.append(bars)
         results.append(
             {
@@ -228,13 +217,7 @@ def evaluate_job(
                 "seed_index": seed_index,
                 "seed": derive_seed(config["seed"], "train", algo, fold, seed_index),
                 **_test_span(bars),
-                "metrics": summary,
-                "matched_random": {
-                    "change_rate": matched[s][0],
-                    "days": [str(day) for day in scores.days] if n_traders else [],
-                    "daily_net_returns": scores.daily_net_returns[traders].tolist(),
-                    "per_seed": scores.summaries[traders],
-                },
+                **scored,
                 "model": {"path": str(model_path), **run.info},
                 "provenance": collect(dict(config), device=str(device)),
             }
@@ -246,6 +229,37 @@ def evaluate_job(
         for bars, tmp in zip(frames, tmps[n_seeds:], strict=True):
             bars.write_parquet(tmp, compression="zstd")
     return results
+
+
+def score_runs(
+    data: MarketData,
+    positions: Sequence[torch.Tensor],
+    env_config: EnvConfig,
+    config: Mapping[str, Any],
+    keys: Sequence[tuple[str, int, int]],
+) -> list[tuple[pl.DataFrame, dict[str, Any]]]:
+    """Score R runs' positions ([T] each) and their turnover-matched random traders (`matched_trader_positions`,
+    seeded by each run's key (model, fold, seed index)) in one batched pass (`score_positions`).
+
+    Per run: its per-bar frame (BAR_COLUMNS) and its metrics.json fields ``metrics`` (the performance summary)
+    and ``matched_random`` (change_rate, days, daily_net_returns and per_seed summaries of its traders)."""
+    matched = [matched_trader_positions(data, p, config, key) for p, key in zip(positions, keys, strict=True)]
+    stacked = torch.stack([p.to(torch.float32) for p in positions])
+    scores = score_positions(data, torch.cat([stacked, *(traders for _, traders in matched)]), env_config)
+    assert scores.summaries is not None
+    n_runs, n_traders = len(positions), config["evaluation"]["random_baseline_seeds"]
+    out = []
+    for r, (rate, _) in enumerate(matched):
+        traders = slice(n_runs + r * n_traders, n_runs + (r + 1) * n_traders)
+        block = {
+            "change_rate": rate,
+            "days": [str(day) for day in scores.days] if n_traders else [],
+            "daily_net_returns": scores.daily_net_returns[traders].tolist(),
+            "per_seed": scores.summaries[traders],
+        }
+        bars = evaluate_positions(data, positions[r], env_config).select(BAR_COLUMNS)
+        out.append((bars, {"metrics": scores.summaries[r], "matched_random": block}))
+    return out
 
 
 def matched_trader_positions(
