@@ -5,17 +5,22 @@ and bars one instrument lacks."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 
 from marketrl.env import EnvConfig, MarketData, decision_results, evaluate_positions, matched_random_positions
 from marketrl.evaluation.batched import score_positions
+from marketrl.evaluation.evaluate import baselines_job
 from marketrl.evaluation.metrics import daily_returns, performance_summary, portfolio_bars
 from marketrl.splits.normalize import FeatureNormalizer
 from tests.support.cme import COSTS, MAX_GAP, cme_frame
+from tests.support.runs import synthetic_job_inputs
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +68,7 @@ def test_batched_scoring_equals_the_per_trader_path(data: MarketData) -> None:
         days, daily = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])
         np.testing.assert_array_equal(scores.days, np.asarray(days).astype("datetime64[D]"))
         np.testing.assert_allclose(scores.daily_net_returns[k], daily, rtol=1e-12, atol=1e-15)
-        expected, got = performance_summary(bars), scores.summaries[k]
-        assert got.keys() == expected.keys()
-        for key, value in expected.items():
-            if isinstance(value, float) and math.isnan(value):
-                assert math.isnan(got[key]), key
-            elif isinstance(value, str | int):
-                assert got[key] == value, key
-            else:
-                assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+        assert_same_summary(scores.summaries[k], performance_summary(bars))
     summaries = scores.summaries
     assert summaries[0]["n_trades"] == 0 and math.isnan(summaries[0]["trade_hit_rate"])  # flat
     assert summaries[1]["n_holding_periods"] > 1  # long: one holding period per chain and symbol
@@ -85,3 +82,39 @@ def test_daily_returns_only_skip_the_summaries(data: MarketData) -> None:
     daily = score_positions(data, positions, config, summaries=False)
     assert daily.summaries is None
     np.testing.assert_array_equal(daily.daily_net_returns, full.daily_net_returns)
+
+
+def assert_same_summary(got: dict, expected: dict) -> None:
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        if isinstance(value, float) and math.isnan(value):
+            assert math.isnan(got[key]), key
+        elif isinstance(value, str | int):
+            assert got[key] == value, key
+        else:
+            assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_baselines_job_summaries_are_those_of_its_bars(tmp_path: Path) -> None:
+    """The baselines job scores its strategies in one batched pass; each summary is `performance_summary` of that
+    strategy's rows of the bars.parquet it writes."""
+    _, manifest, folds, config = synthetic_job_inputs(tmp_path, n_instruments=2)
+    out = tmp_path / "baselines"
+    result = baselines_job(
+        fold=0,
+        manifest_path=str(manifest),
+        folds_path=str(folds),
+        config=config,
+        metrics_path=str(out / "metrics.json"),
+        bars_path=str(out / "bars.parquet"),
+    )
+    written = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    assert written["random_seeds"] == config["evaluation"]["random_baseline_seeds"] > 1
+    bars = pl.read_parquet(out / "bars.parquet")
+    for name in ("buy_and_hold", "flat", "momentum"):
+        assert_same_summary(result["strategies"][name], performance_summary(bars.filter(strategy=name)))
+    for i, summary in enumerate(result["random_per_seed"]):
+        assert_same_summary(summary, performance_summary(bars.filter(strategy=f"random_{i}")))
+    assert (
+        result["random_per_seed"][0]["n_trades"] > 0
+    )  # the random traders trade: the comparison means something

@@ -35,7 +35,7 @@ from marketrl.env import (
 from marketrl.env.costs import Costs, costs_from_record
 from marketrl.evaluation.batched import score_positions
 from marketrl.evaluation.metrics import average_strategies, performance_summary, to_json_safe
-from marketrl.runtime.io import atomic_write, atomic_writes, json_text, write_json_atomic
+from marketrl.runtime.io import atomic_writes, json_text
 from marketrl.runtime.provenance import collect
 from marketrl.splits.datasets import (
     cost_model_from_config,
@@ -307,28 +307,32 @@ def baselines_job(
     window = fold_window(load_features(manifest_path), plan, fold, config, device, splits=("test",))
     data = window.splits["test"]
     env_config = env_config_from_config(config)
+    positions = baseline_positions(data, config, fold)
+    # every strategy's summary in one batched pass; the per-bar frames are the bars.parquet output
+    scores = score_positions(data, torch.stack(list(positions.values())), env_config)
+    assert scores.summaries is not None
+    summaries = dict(zip(positions, scores.summaries, strict=True))
     per_strategy = {
-        name: evaluate_positions(data, positions, env_config).select(BAR_COLUMNS)
-        for name, positions in baseline_positions(data, config, fold).items()
+        name: evaluate_positions(data, strategy, env_config).select(BAR_COLUMNS)
+        for name, strategy in positions.items()
     }
     bars = pl.concat([frame.with_columns(strategy=pl.lit(name)) for name, frame in per_strategy.items()])
     random_names = [name for name in per_strategy if name.startswith("random_")]
     # "random" is the equal-weight book of all random traders: per-bar averages of positions, returns and costs.
     random_mean = average_strategies([per_strategy[name] for name in random_names])
-    strategies = {
-        name: performance_summary(frame) for name, frame in per_strategy.items() if name not in random_names
-    }
+    strategies = {name: summary for name, summary in summaries.items() if name not in random_names}
     strategies["random"] = performance_summary(random_mean)
     result = {
         "fold": fold,
         **_test_span(bars),
         "strategies": strategies,
         "random_seeds": len(random_names),
-        "random_per_seed": [performance_summary(per_strategy[name]) for name in random_names],
+        "random_per_seed": [summaries[name] for name in random_names],
         "costs": cost_model_from_config(config["costs"]).to_config(),
         "provenance": collect(dict(config)),
     }
-    with atomic_write(bars_path) as tmp:
-        bars.write_parquet(tmp, compression="zstd")
-    write_json_atomic(metrics_path, to_json_safe(result))
+    text = json_text(to_json_safe(result))
+    with atomic_writes([metrics_path, bars_path]) as (metrics_tmp, bars_tmp):
+        metrics_tmp.write_text(text, encoding="utf-8")
+        bars.write_parquet(bars_tmp, compression="zstd")
     return result
