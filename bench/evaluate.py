@@ -10,7 +10,9 @@ random traders, in one process on the CPU (torch at 1 thread, as the job runs):
   batched     `marketrl.evaluation.evaluate.score_runs`, the job's scoring: every seed and trader in one
               `score_positions` pass, polars only for the seeds' own per-bar frames.
 It checks that both give the same summaries and daily returns (to float tolerance), then prints the CPU seconds
-(time.process_time) of each and their ratio. Model loading and policy inference, equal in both, are left out.
+(time.process_time) of each and their ratio. Model loading and policy inference, equal in both, are left out
+of the comparison; the last line times the inference apart (S greedy 2 x 64 MLP Q-networks over 51 features,
+`policy_positions`), so that scoring and inference together give the model-side CPU of one evaluate job.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from marketrl.env import (
     MarketData,
     evaluate_positions,
     matched_random_positions,
+    policy_positions,
     position_change_rate,
 )
 from marketrl.evaluation.evaluate import BAR_COLUMNS, score_runs
@@ -103,6 +106,22 @@ def check_same_results(old: list[dict[str, Any]], new: list[tuple[Any, dict[str,
             sys.exit(f"seed {seed}: the batched scores differ from the per-trader reference")
 
 
+def mlp_policies(data: MarketData, n_seeds: int, window: int) -> list[Any]:
+    """Greedy policies of S randomly initialised 2 x 64 MLP Q-networks (the DQN's shape at hidden 64)."""
+    policies = []
+    for seed in range(n_seeds):
+        torch.manual_seed(seed)
+        q = torch.nn.Sequential(
+            torch.nn.Linear(window * data.n_features + 1, 64),
+            torch.nn.ReLU(),
+            torch.nn.Linear(64, 64),
+            torch.nn.ReLU(),
+            torch.nn.Linear(64, 3),
+        )
+        policies.append(lambda obs, q=q: q(obs).argmax(-1))
+    return policies
+
+
 def cpu_seconds(fn: Any) -> tuple[float, Any]:
     start = time.process_time()
     result = fn()
@@ -123,8 +142,8 @@ def main() -> None:
         args.days, args.traders = 5, 10
     torch.set_num_threads(1)
 
-    frame = cme_frame(days=args.days, minutes=args.minutes)
-    names = ["f0", "f1"]
+    frame = cme_frame(days=args.days, minutes=args.minutes, n_features=51)
+    names = [f"f{j}" for j in range(51)]
     data = MarketData.from_frame(frame, names, FeatureNormalizer().fit(frame, names), COSTS, max_gap=MAX_GAP)
     env_config = EnvConfig(max_gap=MAX_GAP)
     config = {"seed": 20240102, "evaluation": {"random_baseline_seeds": args.traders}}
@@ -148,6 +167,10 @@ def main() -> None:
     print(f"{'per trader':<12} {old_s:>8.2f}")
     print(f"{'batched':<12} {new_s:>8.2f}")
     print(f"speed-up: {old_s / new_s:.1f}x")
+    policies = mlp_policies(data, args.seeds, env_config.window)
+    with torch.inference_mode():
+        infer_s, _ = cpu_seconds(lambda: [policy_positions(policy, data, env_config) for policy in policies])
+    print(f"policy inference ({args.seeds} MLP Q-networks, shared by both paths): {infer_s:.2f} CPU s")
 
 
 if __name__ == "__main__":

@@ -27,11 +27,12 @@ COSTS = costs_from_config(
 
 
 def session_bars(days: int, minutes: int, rng: np.random.Generator, halt_day: int | None) -> list[datetime]:
-    """Bars every `minutes` of CME sessions 23:00 UTC (day before) to 22:00 UTC, 5% missing; a 3-hour halt on
-    `halt_day`."""
+    """Bars every `minutes` of `days` CME sessions, Sunday 23:00 UTC to Friday 22:00 UTC, each from 23:00 UTC the
+    day before to 22:00 UTC; 5% missing; a 3-hour halt in session `halt_day`."""
     stamps = []
-    for day in range(days):
-        open_ = datetime(2024, 3, 10, 23, 0, tzinfo=UTC) + timedelta(days=day)
+    opens = (datetime(2024, 3, 10, 23, 0, tzinfo=UTC) + timedelta(days=d) for d in range(7 * days))
+    weekday_opens = [open_ for open_ in opens if (open_ + timedelta(hours=1)).weekday() < 5][:days]
+    for day, open_ in enumerate(weekday_opens):
         for b in range(23 * 60 // minutes):
             t = open_ + timedelta(minutes=minutes * b)
             halted = day == halt_day and open_ + timedelta(hours=14) <= t < open_ + timedelta(hours=17)
@@ -40,9 +41,9 @@ def session_bars(days: int, minutes: int, rng: np.random.Generator, halt_day: in
     return stamps
 
 
-def cme_frame(seed: int = 0, days: int = 5, minutes: int = 10) -> pl.DataFrame:
+def cme_frame(seed: int = 0, days: int = 5, minutes: int = 10, n_features: int = 2) -> pl.DataFrame:
     """ES.c.0 and NQ.c.0 over `days` sessions: ES rolls from instrument 11 to 12 after two sessions, NQ
-    (instrument 21) halts in its fourth; two random features f0, f1."""
+    (instrument 21) halts in its fourth; random features f0, f1, ..."""
     rng = np.random.default_rng(seed)
     es, nq = session_bars(days, minutes, rng, None), session_bars(days, minutes, rng, 3)
     roll = datetime(2024, 3, 12, 23, 0, tzinfo=UTC)
@@ -62,7 +63,7 @@ def cme_frame(seed: int = 0, days: int = 5, minutes: int = 10) -> pl.DataFrame:
                 timestamps=stamps,
                 instrument_id=instrument,
                 symbol=symbol,
-                features=rng.normal(size=(n, 2)).astype(np.float32),
+                features=rng.normal(size=(n, n_features)).astype(np.float32),
             )
         )
     frame = pl.concat(parts)
