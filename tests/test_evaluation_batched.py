@@ -22,12 +22,16 @@ from marketrl.splits.normalize import FeatureNormalizer
 from tests.support.cme import COSTS, MAX_GAP, cme_frame
 from tests.support.runs import synthetic_job_inputs
 
+#: the batched pass runs on the data's device; the GPU machine checks it there too
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
-@pytest.fixture(scope="module")
-def data() -> MarketData:
+
+@pytest.fixture(scope="module", params=DEVICES)
+def data(request: pytest.FixtureRequest) -> MarketData:
     frame = cme_frame()
     names = ["f0", "f1"]
-    data = MarketData.from_frame(frame, names, FeatureNormalizer().fit(frame, names), COSTS, max_gap=MAX_GAP)
+    normalizer = FeatureNormalizer().fit(frame, names)
+    data = MarketData.from_frame(frame, names, normalizer, COSTS, request.param, max_gap=MAX_GAP)
     assert bool(data.is_roll.any())  # the setting this test is about
     assert len(data.chain_first) > 2  # the halt starts a new chain
     return data
@@ -48,7 +52,7 @@ def trader_positions(data: MarketData) -> torch.Tensor:
         persistent.append(series)
     matched = [matched_random_positions(data, rate, seed=s) for s, rate in enumerate((0.02, 0.3))]
     fixed = [torch.zeros(n), torch.ones(n)]
-    return torch.stack([*fixed, *persistent, *matched])
+    return torch.stack([*(p.to(data.device) for p in (*fixed, *persistent)), *matched])
 
 
 def test_batched_scoring_equals_the_per_trader_path(data: MarketData) -> None:
@@ -60,9 +64,10 @@ def test_batched_scoring_equals_the_per_trader_path(data: MarketData) -> None:
     for k in range(positions.shape[0]):
         bars = evaluate_positions(data, positions[k], config)
         # the batched rewards are the per-trader ones, exactly
-        np.testing.assert_array_equal(batch.position[k].numpy().round(), bars["position"].to_numpy())
+        np.testing.assert_array_equal(batch.position[k].cpu().numpy().round(), bars["position"].to_numpy())
         np.testing.assert_array_equal(
-            (batch.gross_return[k].double() - batch.cost[k].double()).numpy(), bars["net_return"].to_numpy()
+            (batch.gross_return[k].double() - batch.cost[k].double()).cpu().numpy(),
+            bars["net_return"].to_numpy(),
         )
         portfolio = portfolio_bars(bars)
         days, daily = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])

@@ -192,10 +192,19 @@ def evaluate_job(
     with torch.inference_mode():
         positions = [run.positions(data_for(run.meta), env_config).to(torch.float32) for run in runs]
     data = data_for(runs[0].meta)  # the rows, prices and costs are the same whatever the normalizer
-    keys = [(algo, fold, seed_index) for seed_index in seed_indices]
+    # Scored on the CPU: its scatter sums and products run in a fixed order, CUDA's atomics do not, and the same
+    # config must give the same bytes. A few seconds for a model x fold of demo size (bench/evaluate.py).
+    cpu = torch.device("cpu")
+    scored_runs = score_runs(
+        data.to(cpu),
+        [p.to(cpu) for p in positions],
+        env_config,
+        config,
+        [(algo, fold, s) for s in seed_indices],
+    )
     frames, results = [], []
     for (bars, scored), seed_index, run, model_path in zip(
-        score_runs(data, positions, env_config, config, keys), seed_indices, runs, model_paths, strict=True
+        scored_runs, seed_indices, runs, model_paths, strict=True
     ):
         extra: dict[str, Any] = {}
         if run.predictions is not None and run.horizon is not None:
