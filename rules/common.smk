@@ -95,7 +95,8 @@ def study_results_dir(wildcards):
 
 
 def seed_outputs(template):
-    """One output per seed of a model x fold job ({algo} and {fold} stay wildcards)."""
+    """One output per seed of a model x fold job ({algo} and {fold} stay wildcards). Outputs cannot be input
+    functions, so this is the config's seed list; the *_once rules take seed 0 for a deterministic model."""
     return expand(template, seed=pipeline.seed_indices(config), allow_missing=True)
 
 
@@ -104,8 +105,15 @@ def resume_file(wildcards):
     return paths.RESUME.format(algo=wildcards.algo, fold=wildcards.fold)
 
 
-def trained_model(wildcards):
-    """The model an evaluation job scores."""
-    return paths.MODEL.format(
-        algo=wildcards.algo, fold=wildcards.fold, seed=wildcards.seed
-    )
+def run_seeds(wildcards):
+    """The seed indices one train or evaluate job (one model x fold) runs: the one list every per-seed input
+    and output of that job follows (seed 0 alone for a deterministic model: rules train_once, evaluate_once)."""
+    return pipeline.seed_indices(config, wildcards.algo)
+
+
+def seed_models(wildcards):
+    """The models an evaluation job scores: every seed's model of its model x fold."""
+    return [
+        paths.MODEL.format(algo=wildcards.algo, fold=wildcards.fold, seed=seed)
+        for seed in run_seeds(wildcards)
+    ]

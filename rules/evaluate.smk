@@ -1,15 +1,18 @@
+# One job per model x fold scores every seed and its turnover-matched random traders in one batched pass.
 rule evaluate:
     input:
         manifest=paths.FEATURE_MANIFEST,
         folds=paths.FOLDS,
-        model=trained_model,
+        models=seed_models,
     output:
-        metrics=paths.EVAL_METRICS,
-        bars=paths.EVAL_BARS,
+        metrics=seed_outputs(paths.EVAL_METRICS),
+        bars=seed_outputs(paths.EVAL_BARS),
     log:
-        paths.log("evaluate/{algo}/fold_{fold}/seed_{seed}"),
+        paths.log("evaluate/{algo}/fold_{fold}"),
     benchmark:
-        paths.benchmark("evaluate/{algo}/fold_{fold}/seed_{seed}")
+        paths.benchmark("evaluate/{algo}/fold_{fold}")
+    wildcard_constraints:
+        algo=STOCHASTIC_MODELS,
     conda:
         ENV_FILE
     threads: 1
@@ -18,8 +21,22 @@ rule evaluate:
     params:
         config=model_stage_config("evaluate"),
         code=code_hash("evaluate"),
+        seeds=run_seeds,
     script:
         "../workflow_scripts/evaluate.py"
+
+
+# A deterministic model (ridge) has one run to score, seed 0.
+use rule evaluate as evaluate_once with:
+    output:
+        metrics=[paths.EVAL_METRICS.replace("{seed}", "0")],
+        bars=[paths.EVAL_BARS.replace("{seed}", "0")],
+    log:
+        paths.log("evaluate/{algo}/fold_{fold}"),
+    benchmark:
+        paths.benchmark("evaluate/{algo}/fold_{fold}")
+    wildcard_constraints:
+        algo=DETERMINISTIC_MODELS,
 
 
 rule baselines:

@@ -23,7 +23,7 @@ rule train:
         config=model_stage_config("train"),
         code=code_hash("train"),
         resume=resume_file,
-        seeds=pipeline.seed_indices(config),
+        seeds=run_seeds,
     script:
         "../workflow_scripts/train.py"
 
@@ -39,8 +39,3 @@ use rule train as train_once with:
         paths.benchmark("train/{algo}/fold_{fold}")
     wildcard_constraints:
         algo=DETERMINISTIC_MODELS,
-    params:
-        config=model_stage_config("train"),
-        code=code_hash("train"),
-        resume=resume_file,
-        seeds=[0],

@@ -83,6 +83,11 @@ def n_models(config: dict[str, Any]) -> int:
     return len(config["training"]["models"]) * config["folds"]["n"]
 
 
+def n_evaluations(config: dict[str, Any]) -> int:
+    """Evaluation jobs: one per model x fold (it scores every seed)."""
+    return len(config["training"]["models"]) * config["folds"]["n"]
+
+
 # ---------------------------------------------------------------------------------------------- config changes
 
 
@@ -102,7 +107,7 @@ def test_training_steps_rerun_train_evaluate_report(
     n = n_models(run_config)
     assert planned_jobs(finished_run, changes, config_dir=tmp_path) == {
         "train": n,
-        "evaluate": n,
+        "evaluate": n_evaluations(run_config),
         "report": 1,
     }
 
@@ -117,7 +122,7 @@ def test_costs_rerun_everything_after_the_folds(
         "hyperopt_worker": len(algos) * run_config["hyperopt"]["workers"],
         "hyperopt_best": len(algos),
         "train": n_models(run_config),
-        "evaluate": n_models(run_config),
+        "evaluate": n_evaluations(run_config),
         "baselines": n_folds,
         "report": 1,
     }
@@ -294,13 +299,13 @@ def test_every_stage_runs_on_exactly_its_slice(
     evaluate_job(
         algo="dqn",
         fold=0,
-        seed_index=0,
+        seed_indices=[0],
         manifest_path=manifest,
         folds_path=folds,
-        model_path=str(model),
+        model_paths=[str(model)],
         config=sliced("evaluate"),
-        metrics_path=str(tmp_path / "metrics.json"),
-        bars_path=str(tmp_path / "bars.parquet"),
+        metrics_paths=[str(tmp_path / "metrics.json")],
+        bars_paths=[str(tmp_path / "bars.parquet")],
     )
     # A forecaster reads its own run settings (horizon, epochs, patience, max_updates, trial_updates...).
     linear_worker = study_root / "hyperopt" / "linear" / "worker_0.json"
@@ -336,13 +341,13 @@ def test_every_stage_runs_on_exactly_its_slice(
     evaluate_job(
         algo="linear",
         fold=0,
-        seed_index=0,
+        seed_indices=[0],
         manifest_path=manifest,
         folds_path=folds,
-        model_path=str(tmp_path / "linear.pt"),
+        model_paths=[str(tmp_path / "linear.pt")],
         config=sliced("evaluate"),
-        metrics_path=str(tmp_path / "linear_metrics.json"),
-        bars_path=str(tmp_path / "linear_bars.parquet"),
+        metrics_paths=[str(tmp_path / "linear_metrics.json")],
+        bars_paths=[str(tmp_path / "linear_bars.parquet")],
     )
     baselines_job(
         fold=0,

@@ -60,14 +60,14 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def run_evaluate(trained: dict, config: dict, name: str) -> tuple[dict, Path]:
     out = trained["root"] / name
-    result = evaluate_job(
+    (result,) = evaluate_job(
         algo="dqn",
         fold=0,
-        seed_index=0,
-        model_path=str(trained["model"]),
+        seed_indices=[0],
+        model_paths=[str(trained["model"])],
         config=config,
-        metrics_path=str(out / "metrics.json"),
-        bars_path=str(out / "bars.parquet"),
+        metrics_paths=[str(out / "metrics.json")],
+        bars_paths=[str(out / "bars.parquet")],
         **trained["paths"],
     )
     return result, out
@@ -80,14 +80,14 @@ def test_metrics_record_the_trained_hidden_sizes(trained: dict) -> None:
     assert metrics["model"]["hidden"] == checkpoint["architecture"]["hidden"] == {"q": [8, 4, 2]}
 
 
-def trading_copy(model: Path) -> Path:
+def trading_copy(model: Path, seed: int = 0) -> Path:
     """The checkpoint with seeded random weights: a policy that trades, so fills, contracts and costs show."""
     checkpoint = torch.load(model, weights_only=True)
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     weights = checkpoint["state_dicts"]["q"]
     for name, value in weights.items():
         weights[name] = torch.randn(value.shape, generator=generator)
-    path = model.with_name("trading.pt")
+    path = model.with_name(f"trading_{seed}.pt")
     torch.save(checkpoint, path)
     return path
 
@@ -203,3 +203,50 @@ def test_metrics_carry_turnover_matched_random_traders(trained: dict) -> None:
         assert len(daily) == len(block["days"]) == summary["n_days"]
         assert np.prod(1.0 + np.array(daily)) - 1.0 == pytest.approx(summary["total_return"])
     assert len({tuple(daily) for daily in block["daily_net_returns"]}) == n_traders  # independent seeds
+
+
+def seed_job(trained: dict, name: str, seeds: list[int]) -> dict:
+    """evaluate_job arguments for `seeds` of one model x fold (seed s: `trading_copy` with weights seed s)."""
+    out = trained["root"] / name
+    return {
+        "algo": "dqn",
+        "fold": 0,
+        "seed_indices": seeds,
+        "model_paths": [str(trading_copy(trained["model"], seed)) for seed in seeds],
+        "config": trained["config"],
+        "metrics_paths": [str(out / f"seed_{seed}" / "metrics.json") for seed in seeds],
+        "bars_paths": [str(out / f"seed_{seed}" / "bars.parquet") for seed in seeds],
+        **trained["paths"],
+    }
+
+
+def test_one_job_scores_every_seed_as_separate_jobs_would(trained: dict) -> None:
+    """One job for seeds 0..2 writes each seed's metrics and bars, equal to a job for that seed alone."""
+    job = seed_job(trained, "eval_seeds", [0, 1, 2])
+    results = evaluate_job(**job)
+    assert [r["seed_index"] for r in results] == [0, 1, 2]
+    sharpes = set()
+    for seed, metrics_path, bars_path in zip(
+        job["seed_indices"], job["metrics_paths"], job["bars_paths"], strict=True
+    ):
+        alone = seed_job(trained, f"eval_seed_{seed}_alone", [seed])
+        evaluate_job(**alone)
+        metrics = json.loads(Path(metrics_path).read_text(encoding="utf-8"))
+        expected = json.loads(Path(alone["metrics_paths"][0]).read_text(encoding="utf-8"))
+        assert metrics["seed_index"] == seed and metrics["model"]["path"] == job["model_paths"][seed]
+        for key in ("metrics", "matched_random", "test_first", "test_last", "seed"):
+            assert metrics[key] == expected[key], key
+        assert pl.read_parquet(bars_path).equals(pl.read_parquet(alone["bars_paths"][0]))
+        sharpes.add(metrics["metrics"]["sharpe"])
+    assert len(sharpes) == 3  # three different policies, each scored as its own
+
+
+def test_a_failed_job_leaves_no_output_of_any_seed(trained: dict) -> None:
+    job = seed_job(trained, "eval_failed", [0, 1, 2])
+    blocker = Path(job["metrics_paths"][1])  # a directory where seed 1's metrics go: its rename fails
+    (blocker / "occupied").mkdir(parents=True)
+    with pytest.raises(OSError):
+        evaluate_job(**job)
+    outputs = [Path(p) for p in (*job["metrics_paths"], *job["bars_paths"]) if Path(p) != blocker]
+    assert not any(path.exists() for path in outputs)
+    assert not [p for p in (trained["root"] / "eval_failed").rglob("*") if p.is_file()]  # no temp files left

@@ -130,3 +130,25 @@ def test_model_jobs_do_not_load_decoding_or_scipy_stacks() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_evaluation_jobs_load_only_what_they_use() -> None:
+    """The evaluate and baselines jobs (and the models they load) read feature tables and score positions: they
+    start without pyarrow (the feature stage's Parquet writing), jsonschema and yaml (config validation), optuna,
+    scipy, matplotlib or the decoding stack."""
+    modules = ("marketrl.runtime.jobs", "marketrl.evaluation.evaluate", "marketrl.agents", "marketrl.models")
+    unused = {"pyarrow", "jsonschema", "yaml", "optuna", "scipy", "matplotlib", "databento", "pandas"}
+    probe = (
+        f"import sys\nfor name in {modules!r}: __import__(name)\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(unused)!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

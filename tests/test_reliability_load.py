@@ -52,7 +52,7 @@ def test_full_size_dag_dry_run(tmp_path) -> None:
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
     counts = job_counts(result.stdout + result.stderr)
-    assert counts["train"] == 20 * 2  # one job per model x fold trains its 3 seeds
+    assert counts["train"] == counts["evaluate"] == 20 * 2  # one job per model x fold for all 3 seeds
     assert counts["hyperopt_worker"] == 2 * 2 and counts["baselines"] == 20
     assert not LOCK_TROUBLE.search(result.stdout + result.stderr)
 

@@ -56,14 +56,15 @@ def test_full_dag_dry_run_default_config(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout + result.stderr)
     config = load_config(REPO_ROOT / "config.yaml")  # training.models: the registry's default
-    # one train job per model x fold, whatever the seeds (they train as one batch)
+    # one train and one evaluate job per model x fold, whatever the seeds (they run as one batch)
     n_models = len(config["training"]["models"]) * config["folds"]["n"]
     assert counts["demo_data"] == 1
     # one feature job per UTC-day file: every session's weekday file plus a Sunday file per weekend crossed
     demo = config["data"]["demo"]
     assert counts["features"] == len(demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"]))
     assert counts["features"] > demo["days"]
-    assert counts["train"] == counts["evaluate"] == n_models
+    assert counts["train"] == n_models
+    assert counts["evaluate"] == n_model_folds  # one evaluation job scores every seed of a model x fold
     assert counts["baselines"] == config["folds"]["n"]
     assert counts["hyperopt_worker"] == len(config["training"]["models"]) * config["hyperopt"]["workers"]
     assert counts["report"] == 1
@@ -80,6 +81,19 @@ def test_single_fold_rerun_only_schedules_that_fold(tmp_path: Path) -> None:
     assert counts.get("hyperopt_best") == 1  # only ppo's study feeds this model
     listed = result.stdout + result.stderr
     assert "fold_0" not in listed
+
+
+def test_one_seeds_evaluation_target_runs_its_model_and_folds_evaluation(tmp_path: Path) -> None:
+    config = load_config(TINY)
+    config["training"]["seeds"] = 3
+    workdir = workdir_with_config(tmp_path, config)
+    target = "results/eval/ppo/fold_1/seed_2/metrics.json"
+    result = snakemake("-n", "--cores", "1", target, "--quiet", "rules", cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts = job_counts(result.stdout + result.stderr)
+    assert counts["evaluate"] == 1  # ppo fold 1, all three seeds: their models are its inputs
+    assert counts["train"] == 3
+    assert "report" not in counts and "baselines" not in counts
 
 
 def test_a_features_job_gets_the_files_before_it_as_context_inputs(tmp_path: Path) -> None:

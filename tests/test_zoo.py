@@ -101,14 +101,14 @@ def run_jobs(inputs: dict, algo: str) -> dict:
         resume_path=str(out / "resume.pt"),
         **paths,
     )[0]
-    metrics = evaluate_job(
+    (metrics,) = evaluate_job(
         algo=algo,
         fold=0,
-        seed_index=0,
-        model_path=str(out / "model.pt"),
+        seed_indices=[0],
+        model_paths=[str(out / "model.pt")],
         config=inputs["config"],
-        metrics_path=str(out / "metrics.json"),
-        bars_path=str(out / "bars.parquet"),
+        metrics_paths=[str(out / "metrics.json")],
+        bars_paths=[str(out / "bars.parquet")],
         **paths,
     )
     return {
@@ -211,11 +211,11 @@ def test_forecaster_evaluation_refuses_a_config_that_charges_differently(inputs:
         evaluate_job(
             algo="linear",
             fold=0,
-            seed_index=0,
-            model_path=str(runs["linear"]["model"]),
+            seed_indices=[0],
+            model_paths=[str(runs["linear"]["model"])],
             config=config,
-            metrics_path=str(inputs["root"] / "bad" / "metrics.json"),
-            bars_path=str(inputs["root"] / "bad" / "bars.parquet"),
+            metrics_paths=[str(inputs["root"] / "bad" / "metrics.json")],
+            bars_paths=[str(inputs["root"] / "bad" / "bars.parquet")],
             manifest_path=inputs["manifest_path"],
             folds_path=inputs["folds_path"],
         )

@@ -1,4 +1,4 @@
-"""Snakemake script: evaluate one trained model on its fold's test days."""
+"""Snakemake script: evaluate every seed of one trained model x fold on the fold's test days."""
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
@@ -9,11 +9,11 @@ with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     evaluate_job(
         algo=snakemake.wildcards.algo,
         fold=int(snakemake.wildcards.fold),
-        seed_index=int(snakemake.wildcards.seed),
+        seed_indices=list(snakemake.params.seeds),
         manifest_path=snakemake.input.manifest,
         folds_path=snakemake.input.folds,
-        model_path=snakemake.input.model,
+        model_paths=list(snakemake.input.models),
         config=snakemake.params.config,
-        metrics_path=snakemake.output.metrics,
-        bars_path=snakemake.output.bars,
+        metrics_paths=list(snakemake.output.metrics),
+        bars_paths=list(snakemake.output.bars),
     )

@@ -5,8 +5,9 @@ Modules (each importable with only torch and numpy, except `frames`):
   market_data  MarketData: one split's returns, cost fractions, segments and observation table as device tensors
   frames       polars: a feature table's columns for MarketData.from_frame, per-bar result frames
   tensor_env   TradingEnv (N envs in one batched tensor step) and step_rewards, the one reward definition
-  rollout      deterministic evaluation: policy_positions / position_results (tensors), evaluate /
-               evaluate_positions (per-bar polars frames)
+  rollout      deterministic evaluation: policy_positions / position_results / decision_results (tensors,
+               [K, T] positions for K traders at once), evaluate / evaluate_positions / results_frame (per-bar
+               polars frames)
   baselines    rule_positions: buy-and-hold, short, flat, random, momentum; matched_random_positions (a random
                trader at a given rate of position changes) and position_change_rate
 
@@ -31,10 +32,12 @@ from marketrl.env.market_data import MarketData
 from marketrl.env.rollout import (
     Policy,
     PositionResults,
+    decision_results,
     evaluate,
     evaluate_positions,
     policy_positions,
     position_results,
+    results_frame,
 )
 from marketrl.env.tensor_env import TradingEnv, check_segmentation, step_rewards
 
@@ -52,6 +55,7 @@ __all__ = [
     "PositionResults",
     "TradingEnv",
     "check_segmentation",
+    "decision_results",
     "evaluate",
     "evaluate_positions",
     "format_duration",
@@ -60,6 +64,7 @@ __all__ = [
     "policy_positions",
     "position_change_rate",
     "position_results",
+    "results_frame",
     "rule_positions",
     "step_rewards",
 ]

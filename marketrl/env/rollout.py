@@ -1,7 +1,8 @@
 """Deterministic evaluation: a policy (or a precomputed position series) over every decision bar of a split.
 
-`policy_positions` and `position_results` are tensors in, tensors out (torch and numpy only); `evaluate` and
-`evaluate_positions` label the results per bar as a polars DataFrame (polars is imported on first use).
+`policy_positions`, `position_results` and `decision_results` are tensors in, tensors out (torch and numpy only;
+the last two score K traders at once from [K, T] positions); `evaluate`, `evaluate_positions` and
+`results_frame` label one trader's results per bar as a polars DataFrame (polars is imported on first use).
 """
 
 from __future__ import annotations
@@ -44,24 +45,42 @@ class PositionResults:
 def position_results(
     data: MarketData, positions: torch.Tensor | np.ndarray, config: EnvConfig | None = None
 ) -> PositionResults:
-    """Rewards of holding `positions[t]` (target in {−1, 0, 1}, decided at the close of row t), as tensors.
+    """Rewards of holding `positions[..., t]` (target in {−1, 0, 1}, decided at the close of row t), as tensors.
 
-    Each chain starts flat and a position carries through a roll (closed on the old contract, reopened on the
-    new one); non-decision rows (the last bar of each chain) earn nothing. `positions[t]` must use only
-    information known at the close of bar t.
+    `positions` is [T] for one trader or [K, T] for K traders scored at once (same fills and costs, one batched
+    `step_rewards`); the results have its shape. Each chain starts flat and a position carries through a roll
+    (closed on the old contract, reopened on the new one); non-decision rows (the last bar of each chain) earn
+    nothing. `positions[..., t]` must use only information known at the close of bar t.
     """
     config = config or EnvConfig(max_gap=data.max_gap)
     check_segmentation(data, config)
-    target = torch.as_tensor(positions, device=data.device).to(torch.float32).reshape(-1)
-    if target.shape[0] != data.n_rows:
-        raise EnvDataError(f"positions: expected {data.n_rows} values (one per row), got {target.shape[0]}")
+    target = torch.as_tensor(positions, device=data.device).to(torch.float32)
+    if target.ndim == 0 or target.ndim > 2 or target.shape[-1] != data.n_rows:
+        raise EnvDataError(
+            f"positions: expected {data.n_rows} values (one per row), or [K, {data.n_rows}] for K traders; "
+            f"got shape {tuple(target.shape)}"
+        )
     if not bool(torch.isin(target, torch.tensor(ACTION_POSITIONS, device=target.device)).all()):
         raise EnvDataError("positions: expected target positions in {-1, 0, 1} (units of env.contracts)")
     rows = torch.arange(data.n_rows, device=data.device)
-    previous = torch.cat([target.new_zeros(1), target[:-1]])
+    previous = torch.cat([target.new_zeros(*target.shape[:-1], 1), target[..., :-1]], dim=-1)
     previous = torch.where(rows == data.chain_start, torch.zeros_like(previous), previous)
     gross, cost = step_rewards(data.step_parameters(config.fill) * config.contracts, previous, target)
     return PositionResults(position=target * config.contracts, gross_return=gross, cost=cost)
+
+
+def decision_results(
+    data: MarketData, positions: torch.Tensor | np.ndarray, config: EnvConfig | None = None
+) -> PositionResults:
+    """`position_results` on the decision rows only (`data.is_decision`): tensors [..., D], one column per
+    decision bar in row order, the columns of `evaluate_positions`."""
+    results = position_results(data, positions, config)
+    decision_rows = torch.nonzero(data.is_decision).reshape(-1)
+    return PositionResults(
+        position=results.position.index_select(-1, decision_rows),
+        gross_return=results.gross_return.index_select(-1, decision_rows),
+        cost=results.cost.index_select(-1, decision_rows),
+    )
 
 
 def policy_positions(policy: Policy, data: MarketData, config: EnvConfig | None = None) -> torch.Tensor:
@@ -102,7 +121,13 @@ def _run_policy(
 def evaluate_positions(
     data: MarketData, positions: torch.Tensor | np.ndarray, config: EnvConfig | None = None
 ) -> pl.DataFrame:
-    """`position_results` as one polars row per decision bar t (see `evaluate` for the columns)."""
+    """`position_results` of one trader ([T] positions) as one polars row per decision bar t (see `evaluate` for
+    the columns)."""
+    return results_frame(data, decision_results(data, positions, config))
+
+
+def results_frame(data: MarketData, results: PositionResults) -> pl.DataFrame:
+    """One trader's `decision_results` ([D] tensors) as one polars row per decision bar (see `evaluate`)."""
     if data.rows is None:
         raise EnvDataError(
             "MarketData: built from arrays without row labels; per-bar frames need MarketData.from_frame "
@@ -110,13 +135,12 @@ def evaluate_positions(
         )
     from marketrl.env import frames  # polars is needed only for the per-bar frame
 
-    results = position_results(data, positions, config)
     decision_rows = np.flatnonzero(data.is_decision.cpu().numpy())
     columns = {
         "segment": data.segment_id.cpu().numpy()[decision_rows],
-        "position": results.position.cpu().numpy().round().astype(np.int32)[decision_rows],
-        "gross_return": results.gross_return.cpu().numpy().astype(np.float64)[decision_rows],
-        "cost": results.cost.cpu().numpy().astype(np.float64)[decision_rows],
+        "position": results.position.cpu().numpy().round().astype(np.int32),
+        "gross_return": results.gross_return.cpu().numpy().astype(np.float64),
+        "cost": results.cost.cpu().numpy().astype(np.float64),
     }
     return frames.bar_frame(data.rows, decision_rows, columns)
 

@@ -32,12 +32,8 @@ from scipy.stats import beta
 
 from marketrl.data.demo import generate_demo_files
 from marketrl.env import MarketData, evaluate_positions
-from marketrl.evaluation.evaluate import (
-    BAR_COLUMNS,
-    baseline_positions,
-    matched_trader_bars,
-    trader_daily_returns,
-)
+from marketrl.evaluation.batched import score_positions
+from marketrl.evaluation.evaluate import BAR_COLUMNS, baseline_positions, matched_trader_positions
 from marketrl.evaluation.metrics import to_json_safe
 from marketrl.features import MAX_LOOKBACK, build_feature_file
 from marketrl.models import MODELS, RunSettings
@@ -125,14 +121,11 @@ def _matched_traders(
     data: MarketData, positions: torch.Tensor, world: Mapping[str, Any], key: tuple[str, int, int]
 ) -> MatchedRandom:
     """The turnover-matched random traders of one model run, as the evaluation stage makes them
-    (`marketrl.evaluation.evaluate.matched_trader_bars`), keeping only the daily returns the verdict reads (the
-    per-trader summaries that stage also writes are most of its cost)."""
-    rate, traders = matched_trader_bars(data, positions, env_config_from_config(world), world, key)
-    days, daily = np.array([], dtype="datetime64[D]"), []
-    for bars in traders:
-        days, returns = trader_daily_returns(bars)
-        daily.append(returns)
-    return MatchedRandom(rate, days, np.array(daily, dtype=np.float64))
+    (`marketrl.evaluation.evaluate.matched_trader_positions`), keeping only the daily returns the verdict reads
+    (no per-trader summaries)."""
+    rate, traders = matched_trader_positions(data, positions, world, key)
+    scores = score_positions(data, traders, env_config_from_config(world), summaries=False)
+    return MatchedRandom(rate, scores.days, scores.daily_net_returns)
 
 
 def _baseline_runs(fold: int, per_strategy: Mapping[str, pl.DataFrame]) -> tuple[list[Run], list[Run]]:

@@ -8,9 +8,10 @@ agents' form of the validation objective (`marketrl.training.zoo.positions_sharp
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,14 +33,9 @@ from marketrl.env import (
     rule_positions,
 )
 from marketrl.env.costs import Costs, costs_from_record
-from marketrl.evaluation.metrics import (
-    average_strategies,
-    daily_returns,
-    performance_summary,
-    portfolio_bars,
-    to_json_safe,
-)
-from marketrl.runtime.io import atomic_write, write_json_atomic
+from marketrl.evaluation.batched import score_positions
+from marketrl.evaluation.metrics import average_strategies, performance_summary, to_json_safe
+from marketrl.runtime.io import atomic_writes, json_text
 from marketrl.runtime.provenance import collect
 from marketrl.splits.datasets import (
     cost_model_from_config,
@@ -116,11 +112,6 @@ def trained_settings(
     return trained, trained_costs
 
 
-def _write_bars(bars: pl.DataFrame, path: str | Path) -> None:
-    with atomic_write(path) as tmp:
-        bars.write_parquet(tmp, compression="zstd")
-
-
 def _test_span(bars: pl.DataFrame) -> dict[str, str | None]:
     days = bars["trading_day"]
     return {
@@ -151,113 +142,149 @@ def evaluate_job(
     *,
     algo: str,
     fold: int,
-    seed_index: int,
+    seed_indices: Sequence[int],
     manifest_path: str,
     folds_path: str,
-    model_path: str,
+    model_paths: Sequence[str],
     config: Mapping[str, Any],
-    metrics_path: str,
-    bars_path: str,
-) -> dict[str, Any]:
-    """Score one trained model on its fold's test days: an agent by its greedy policy, a forecaster by its
-    trading rule; both through `evaluate_positions` with the env settings and costs of the checkpoint.
+    metrics_paths: Sequence[str],
+    bars_paths: Sequence[str],
+) -> list[dict[str, Any]]:
+    """Score every seed of one model x fold on the fold's test days: an agent by its greedy policy, a forecaster
+    by its trading rule, with the env settings and costs of its checkpoint; each with its turnover-matched random
+    traders. The test rows are built once; all seeds and all their traders are scored in one batched pass
+    (`marketrl.evaluation.batched.score_positions`). Writes one metrics JSON and one per-bar table per seed, all
+    or none (`atomic_writes`), and returns the metrics in `seed_indices` order.
 
     The metrics JSON records ``kind`` ("agent" | "forecaster"); a forecaster's also records ``horizon``, and its
     bars carry the ``prediction`` and ``forward_return`` columns (`forecast_columns`).
     """
+    n_seeds = len(seed_indices)
+    if not n_seeds or not n_seeds == len(model_paths) == len(metrics_paths) == len(bars_paths):
+        raise ValueError(
+            f"evaluate_job: expected one model, metrics and bars path per seed, got {n_seeds} seeds, "
+            f"{len(model_paths)} models, {len(metrics_paths)} metrics and {len(bars_paths)} bars paths"
+        )
     device = resolve_device(config["training"]["device"])
-    loaded = get_entry(algo, config["training"]["extra_models"]).load(model_path, device)
-    meta = loaded.meta
-    normalizer = FeatureNormalizer.from_state_dict(meta["normalizer"])
+    entry = get_entry(algo, config["training"]["extra_models"])
+    runs = [entry.load(path, device) for path in model_paths]
+    # every seed's settings equal the config's (or trained_settings raises), hence each other's
+    settings = [trained_settings(run.meta, config, path) for run, path in zip(runs, model_paths, strict=True)]
+    env_config, cost_model = settings[0]
     plan = FoldPlan.load(folds_path)
-    env_config, cost_model = trained_settings(meta, config, model_path)
     test_rows = select_rows(load_features(manifest_path), plan.fold(fold), "test")
-    data = MarketData.from_frame(
-        test_rows, normalizer.feature_names, normalizer, cost_model, device, max_gap=env_config.max_gap
-    )
+    test_data: dict[str, MarketData] = {}  # per distinct normalizer (the seeds of a fold normally share one)
+
+    def data_for(meta: Mapping[str, Any]) -> MarketData:
+        key = json.dumps(meta["normalizer"], sort_keys=True)
+        if key not in test_data:
+            normalizer = FeatureNormalizer.from_state_dict(meta["normalizer"])
+            test_data[key] = MarketData.from_frame(
+                test_rows,
+                normalizer.feature_names,
+                normalizer,
+                cost_model,
+                device,
+                max_gap=env_config.max_gap,
+            )
+        return test_data[key]
+
     with torch.inference_mode():
-        positions = loaded.positions(data, env_config)
-    bars = evaluate_positions(data, positions, env_config).select(BAR_COLUMNS)
-    extra: dict[str, Any] = {}
-    if loaded.predictions is not None and loaded.horizon is not None:
-        with torch.inference_mode():
-            predictions = loaded.predictions(data)
-        bars = pl.concat([bars, forecast_columns(data, predictions, loaded.horizon)], how="horizontal")
-        extra["horizon"] = loaded.horizon
-    summary = performance_summary(bars)
-    log.info(
-        "%s fold %d seed %d: test Sharpe %s over %d bars",
-        algo,
-        fold,
-        seed_index,
-        summary["sharpe"],
-        bars.height,
+        positions = [run.positions(data_for(run.meta), env_config).to(torch.float32) for run in runs]
+    data = data_for(runs[0].meta)  # the rows, prices and costs are the same whatever the normalizer
+    # Scored on the CPU: its scatter sums and products run in a fixed order, CUDA's atomics do not, and the same
+    # config must give the same bytes. A few seconds for a model x fold of demo size (bench/evaluate.py).
+    cpu = torch.device("cpu")
+    scored_runs = score_runs(
+        data.to(cpu),
+        [p.to(cpu) for p in positions],
+        env_config,
+        config,
+        [(algo, fold, s) for s in seed_indices],
     )
-    result = {
-        "algo": algo,
-        "kind": loaded.kind,
-        **extra,
-        "fold": fold,
-        "seed_index": seed_index,
-        "seed": derive_seed(config["seed"], "train", algo, fold, seed_index),
-        **_test_span(bars),
-        "metrics": summary,
-        "matched_random": matched_random_traders(
-            data, positions, env_config, config, (algo, fold, seed_index)
-        ),
-        "model": {"path": str(model_path), **loaded.info},
-        "provenance": collect(dict(config), device=str(device)),
-    }
-    _write_bars(bars, bars_path)
-    write_json_atomic(metrics_path, to_json_safe(result))
-    return result
+    frames, results = [], []
+    for (bars, scored), seed_index, run, model_path in zip(
+        scored_runs, seed_indices, runs, model_paths, strict=True
+    ):
+        extra: dict[str, Any] = {}
+        if run.predictions is not None and run.horizon is not None:
+            with torch.inference_mode():
+                predictions = run.predictions(data_for(run.meta))
+            bars = pl.concat([bars, forecast_columns(data, predictions, run.horizon)], how="horizontal")
+            extra["horizon"] = run.horizon
+        sharpe = scored["metrics"]["sharpe"]
+        log.info(
+            "%s fold %d seed %d: test Sharpe %s over %d bars", algo, fold, seed_index, sharpe, bars.height
+        )
+        frames.append(bars)
+        results.append(
+            {
+                "algo": algo,
+                "kind": run.kind,
+                **extra,
+                "fold": fold,
+                "seed_index": seed_index,
+                "seed": derive_seed(config["seed"], "train", algo, fold, seed_index),
+                **_test_span(bars),
+                **scored,
+                "model": {"path": str(model_path), **run.info},
+                "provenance": collect(dict(config), device=str(device)),
+            }
+        )
+    texts = [json_text(to_json_safe(result)) for result in results]  # serialized before any file is opened
+    with atomic_writes([*metrics_paths, *bars_paths]) as tmps:
+        for text, tmp in zip(texts, tmps[:n_seeds], strict=True):
+            tmp.write_text(text, encoding="utf-8")
+        for bars, tmp in zip(frames, tmps[n_seeds:], strict=True):
+            bars.write_parquet(tmp, compression="zstd")
+    return results
 
 
-def matched_trader_bars(
+def score_runs(
     data: MarketData,
-    positions: torch.Tensor,
+    positions: Sequence[torch.Tensor],
     env_config: EnvConfig,
     config: Mapping[str, Any],
-    key: tuple[str, int, int],
-) -> tuple[float, Iterator[pl.DataFrame]]:
-    """The change rate of one run's positions and the per-bar frames of its turnover-matched random traders
-    (`evaluation.random_baseline_seeds` of them, seeded from `config["seed"]` and `key`): each changes position
-    as often as the run did on these test days, in a random direction, and is scored like the run."""
+    keys: Sequence[tuple[str, int, int]],
+) -> list[tuple[pl.DataFrame, dict[str, Any]]]:
+    """Score R runs' positions ([T] each) and their turnover-matched random traders (`matched_trader_positions`,
+    seeded by each run's key (model, fold, seed index)) in one batched pass (`score_positions`).
+
+    Per run: its per-bar frame (BAR_COLUMNS) and its metrics.json fields ``metrics`` (the performance summary)
+    and ``matched_random`` (change_rate, days, daily_net_returns and per_seed summaries of its traders)."""
+    matched = [matched_trader_positions(data, p, config, key) for p, key in zip(positions, keys, strict=True)]
+    stacked = torch.stack([p.to(torch.float32) for p in positions])
+    scores = score_positions(data, torch.cat([stacked, *(traders for _, traders in matched)]), env_config)
+    assert scores.summaries is not None
+    n_runs, n_traders = len(positions), config["evaluation"]["random_baseline_seeds"]
+    out = []
+    for r, (rate, _) in enumerate(matched):
+        traders = slice(n_runs + r * n_traders, n_runs + (r + 1) * n_traders)
+        block = {
+            "change_rate": rate,
+            "days": [str(day) for day in scores.days] if n_traders else [],
+            "daily_net_returns": scores.daily_net_returns[traders].tolist(),
+            "per_seed": scores.summaries[traders],
+        }
+        bars = evaluate_positions(data, positions[r], env_config).select(BAR_COLUMNS)
+        out.append((bars, {"metrics": scores.summaries[r], "matched_random": block}))
+    return out
+
+
+def matched_trader_positions(
+    data: MarketData, positions: torch.Tensor, config: Mapping[str, Any], key: tuple[str, int, int]
+) -> tuple[float, torch.Tensor]:
+    """The change rate of one run's positions [T] and the positions [N, T] of its turnover-matched random traders
+    (`evaluation.random_baseline_seeds` = N of them, seeded from `config["seed"]` and `key`): each changes
+    position as often as the run did on these test days, in a random direction. Score them with the run
+    (`score_positions`)."""
     rate = position_change_rate(data, positions)
-
-    def traders() -> Iterator[pl.DataFrame]:
-        for i in range(config["evaluation"]["random_baseline_seeds"]):
-            seed = derive_seed(config["seed"], "matched_random", *key, i)
-            yield evaluate_positions(data, matched_random_positions(data, rate, seed=seed), env_config)
-
-    return rate, traders()
-
-
-def trader_daily_returns(bars: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(session days as datetime64[D], daily net portfolio returns) of one trader's per-bar frame."""
-    portfolio = portfolio_bars(bars)
-    days, returns = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])
-    return np.asarray(days).astype("datetime64[D]"), returns
-
-
-def matched_random_traders(
-    data: MarketData,
-    positions: torch.Tensor,
-    env_config: EnvConfig,
-    config: Mapping[str, Any],
-    key: tuple[str, int, int],
-) -> dict[str, Any]:
-    """The turnover-matched random traders of one run (`matched_trader_bars`) as the metrics JSON stores them:
-    their daily net returns let the report test skill against cost drag (docs/METRICS.md)."""
-    rate, traders = matched_trader_bars(data, positions, env_config, config, key)
-    days: list[str] = []
-    per_seed, daily = [], []
-    for bars in traders:
-        per_seed.append(performance_summary(bars))
-        trader_days, returns = trader_daily_returns(bars)
-        days = [str(day) for day in trader_days]
-        daily.append(returns.tolist())
-    return {"change_rate": rate, "days": days, "daily_net_returns": daily, "per_seed": per_seed}
+    traders = [
+        matched_random_positions(data, rate, seed=derive_seed(config["seed"], "matched_random", *key, i))
+        for i in range(config["evaluation"]["random_baseline_seeds"])
+    ]
+    stacked = torch.stack(traders) if traders else torch.zeros(0, data.n_rows, device=data.device)
+    return rate, stacked
 
 
 def baseline_positions(data: MarketData, config: Mapping[str, Any], fold: int) -> dict[str, torch.Tensor]:
@@ -289,27 +316,32 @@ def baselines_job(
     window = fold_window(load_features(manifest_path), plan, fold, config, device, splits=("test",))
     data = window.splits["test"]
     env_config = env_config_from_config(config)
+    positions = baseline_positions(data, config, fold)
+    # every strategy's summary in one batched pass; the per-bar frames are the bars.parquet output
+    scores = score_positions(data, torch.stack(list(positions.values())), env_config)
+    assert scores.summaries is not None
+    summaries = dict(zip(positions, scores.summaries, strict=True))
     per_strategy = {
-        name: evaluate_positions(data, positions, env_config).select(BAR_COLUMNS)
-        for name, positions in baseline_positions(data, config, fold).items()
+        name: evaluate_positions(data, strategy, env_config).select(BAR_COLUMNS)
+        for name, strategy in positions.items()
     }
     bars = pl.concat([frame.with_columns(strategy=pl.lit(name)) for name, frame in per_strategy.items()])
     random_names = [name for name in per_strategy if name.startswith("random_")]
     # "random" is the equal-weight book of all random traders: per-bar averages of positions, returns and costs.
     random_mean = average_strategies([per_strategy[name] for name in random_names])
-    strategies = {
-        name: performance_summary(frame) for name, frame in per_strategy.items() if name not in random_names
-    }
+    strategies = {name: summary for name, summary in summaries.items() if name not in random_names}
     strategies["random"] = performance_summary(random_mean)
     result = {
         "fold": fold,
         **_test_span(bars),
         "strategies": strategies,
         "random_seeds": len(random_names),
-        "random_per_seed": [performance_summary(per_strategy[name]) for name in random_names],
+        "random_per_seed": [summaries[name] for name in random_names],
         "costs": cost_model_from_config(config["costs"]).to_config(),
         "provenance": collect(dict(config)),
     }
-    _write_bars(bars, bars_path)
-    write_json_atomic(metrics_path, to_json_safe(result))
+    text = json_text(to_json_safe(result))
+    with atomic_writes([metrics_path, bars_path]) as (metrics_tmp, bars_tmp):
+        metrics_tmp.write_text(text, encoding="utf-8")
+        bars.write_parquet(bars_tmp, compression="zstd")
     return result

@@ -205,11 +205,44 @@ def performance_summary(bars: pl.DataFrame, return_column: str = "net_return") -
     Ratios with a zero denominator are 0 when the numerator is 0 too and NaN otherwise (see docs/METRICS.md).
     """
     portfolio = portfolio_bars(bars, return_column)
-    bar_returns = portfolio["portfolio_return"].to_numpy()
-    days, day_returns = daily_returns(portfolio["trading_day"], bar_returns)
+    days, day_returns = daily_returns(portfolio["trading_day"], portfolio["portfolio_return"])
     _, gross_day_returns = daily_returns(portfolio["trading_day"], portfolio["gross_return"])
-    n_days = int(day_returns.size)
+    changes = _position_changes(bars)
+    trade_hit_rate, n_holding_periods = _trade_hit_rate(changes, return_column)
+    return summarize(
+        days=days,
+        day_returns=day_returns,
+        gross_day_returns=gross_day_returns,
+        bar_returns=portfolio["portfolio_return"].to_numpy(),
+        n_instruments=int(bars["symbol"].n_unique()),
+        total_abs_position_change=float(changes["abs_position_change"].sum()),
+        trade_hit_rate=trade_hit_rate,
+        n_holding_periods=n_holding_periods,
+        exposure=float((bars["position"] != 0).mean()),
+        n_trades=int(changes["position_changed"].sum()),
+        total_cost=float(portfolio["cost"].sum()),
+    )
 
+
+def summarize(
+    *,
+    days: np.ndarray,
+    day_returns: np.ndarray,
+    gross_day_returns: np.ndarray,
+    bar_returns: np.ndarray,
+    n_instruments: int,
+    total_abs_position_change: float,
+    trade_hit_rate: float,
+    n_holding_periods: int,
+    exposure: float,
+    n_trades: int,
+    total_cost: float,
+) -> dict[str, float | int]:
+    """`performance_summary` from one strategy's aggregates: its session days (sorted), daily net and gross
+    portfolio returns, portfolio bar returns, and the per-bar counts. The one definition of the summary, shared
+    by the per-bar table (`performance_summary`) and the batched scoring of many traders
+    (`marketrl.evaluation.batched`)."""
+    n_days = int(day_returns.size)
     wealth = float(np.prod(1.0 + day_returns))
     total_return = wealth - 1.0
     cagr = wealth ** (SESSIONS_PER_YEAR / n_days) - 1.0 if wealth > 0 else -1.0
@@ -220,19 +253,12 @@ def performance_summary(bars: pl.DataFrame, return_column: str = "net_return") -
     gains = float(day_returns[day_returns > 0].sum())
     losses = float(-day_returns[day_returns < 0].sum())
     nonzero_days = int(np.count_nonzero(day_returns))
-
-    changes = _position_changes(bars)
-    n_instruments = bars["symbol"].n_unique()
-    daily_turnover = (
-        changes.sort("trading_day", "symbol", "ts_event")
-        .group_by("trading_day", maintain_order=True)
-        .agg(pl.col("abs_position_change").sum() / n_instruments)
-    )
-    trade_hit_rate, n_holding_periods = _trade_hit_rate(changes, return_column)
+    # the mean over days of each day's |Δposition| per instrument is the total over the days
+    avg_daily_turnover = total_abs_position_change / n_instruments / n_days
 
     return {
         "n_instruments": int(n_instruments),
-        "n_bars": int(portfolio.height),
+        "n_bars": int(bar_returns.size),
         "n_days": n_days,
         "first_day": str(days[0]),
         "last_day": str(days[-1]),
@@ -251,12 +277,12 @@ def performance_summary(bars: pl.DataFrame, return_column: str = "net_return") -
         if nonzero_days
         else math.nan,
         "trade_hit_rate": trade_hit_rate,
-        "n_holding_periods": n_holding_periods,
+        "n_holding_periods": int(n_holding_periods),
         "profit_factor": gains / losses if losses > 0 else math.nan,
-        "avg_daily_turnover": float(daily_turnover["abs_position_change"].sum() / n_days),
-        "exposure": float((bars["position"] != 0).mean()),
-        "n_trades": int(changes["position_changed"].sum()),
-        "total_cost": float(portfolio["cost"].sum()),
+        "avg_daily_turnover": float(avg_daily_turnover),
+        "exposure": float(exposure),
+        "n_trades": int(n_trades),
+        "total_cost": float(total_cost),
         "bar_mean": float(np.mean(bar_returns)),
         "bar_std": float(np.std(bar_returns, ddof=1)) if bar_returns.size > 1 else math.nan,
         "bar_sharpe": float(sharpe_ratio(bar_returns)),

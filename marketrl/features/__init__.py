@@ -9,13 +9,8 @@ The public names are re-exported here: ``from marketrl.features import X`` is th
 
 from __future__ import annotations
 
-from marketrl.features.build import (
-    PARQUET_ZSTD_LEVEL,
-    build_feature_file,
-    feature_options,
-    skipped_reason,
-    warmup_only_note,
-)
+from typing import Any
+
 from marketrl.features.catalog import (
     BASE_COLUMNS,
     BOOK_CATALOG,
@@ -29,6 +24,25 @@ from marketrl.features.catalog import (
     FeatureSpec,
 )
 from marketrl.features.engine import CHUNK_BARS, FeatureChunks, feature_chunks, non_finite_columns
+
+#: names of the file stage (``build``: pyarrow and the Parquet writing), loaded on first use (`__getattr__`), so
+#: that jobs which only read feature tables (evaluate, baselines) do not import it
+_BUILD_NAMES = (
+    "PARQUET_ZSTD_LEVEL",
+    "build_feature_file",
+    "feature_options",
+    "skipped_reason",
+    "warmup_only_note",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BUILD_NAMES:
+        from marketrl.features import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BASE_COLUMNS",

@@ -15,14 +15,14 @@ import glob
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Literal
 
 from marketrl.runtime.testing_hooks import hold_point
 
-__all__ = ["atomic_open", "atomic_write", "write_json_atomic"]
+__all__ = ["atomic_open", "atomic_write", "atomic_writes", "json_text", "write_json_atomic"]
 
 
 def _umask() -> int:
@@ -61,7 +61,7 @@ def _fsync_dir(directory: Path) -> None:
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
-def _naming(exc: OSError, dest: Path) -> OSError:
+def _naming(exc: OSError, dest: Path | str) -> OSError:
     reason = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0]
     return type(exc)(exc.errno, f"cannot write {dest}: {reason}")
 
@@ -72,6 +72,23 @@ def _remove_stale_temps(dest: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
+def _temp_beside(dest: Path) -> Path:
+    """A new hidden temp file in `dest`'s directory (created with its parents), keeping `dest`'s suffix."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(dest)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=f".tmp{dest.suffix}", dir=dest.parent)
+    os.close(fd)
+    return Path(tmp_name)
+
+
+def _finish(tmp: Path, dest: Path) -> None:
+    """Check, fsync and chmod a written temp file (not yet renamed)."""
+    if not tmp.exists():
+        raise FileNotFoundError(f"{dest}: the writer did not create the temp file {tmp}")
+    _fsync_file(tmp)
+    os.chmod(tmp, _DEFAULT_MODE)  # mkstemp creates 0600; outputs get the usual umask-derived mode
+
+
 @contextmanager
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp path beside ``path``; on success it is fsynced and renamed onto ``path``.
@@ -80,32 +97,40 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     ``torch.save``, ``matplotlib.savefig``...). Parent directories are created. The temp file keeps the
     destination's suffix so writers that infer the format from it still work.
     """
-    dest = Path(path)
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temps(dest)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=f".tmp{dest.suffix}", dir=dest.parent)
-    except OSError as exc:
-        raise _naming(exc, dest) from exc
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with atomic_writes([path]) as (tmp,):
         yield tmp
-        if not tmp.exists():
-            raise FileNotFoundError(f"{dest}: the writer did not create the temp file {tmp}")
-        _fsync_file(tmp)
-        os.chmod(tmp, _DEFAULT_MODE)  # mkstemp creates 0600; outputs get the usual umask-derived mode
-        hold_point(f"atomic_write_before_rename:{dest}")
-        os.replace(tmp, dest)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        if exc.errno in _STORAGE_ERRNOS:
-            raise _naming(exc, dest) from exc
+
+
+@contextmanager
+def atomic_writes(paths: Sequence[str | os.PathLike[str]]) -> Iterator[list[Path]]:
+    """`atomic_write` for outputs that stand or fall together: yields one temp path per output; when the block
+    succeeds, all are fsynced, then renamed onto their destinations. On any exception, in the block or in a
+    rename, every temp file is removed and so is every destination already renamed: all of them or none."""
+    dests = [Path(path) for path in paths]
+    tmps: list[Path] = []
+    renamed: list[Path] = []
+    writing: Path | str = ""  # the output an error is about, for the message
+    try:
+        for dest in dests:
+            writing = dest
+            tmps.append(_temp_beside(dest))
+        writing = dests[0] if len(dests) == 1 else f"{dests[0]} (and {len(dests) - 1} more outputs)"
+        yield tmps
+        for tmp, dest in zip(tmps, dests, strict=True):
+            _finish(tmp, dest)
+        for tmp, dest in zip(tmps, dests, strict=True):
+            writing = dest
+            hold_point(f"atomic_write_before_rename:{dest}")
+            os.replace(tmp, dest)
+            renamed.append(dest)
+    except BaseException as exc:
+        for path in (*tmps, *renamed):
+            path.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+            raise _naming(exc, writing) from exc
         raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(dest.parent)
+    for directory in dict.fromkeys(dest.parent for dest in dests):
+        _fsync_dir(directory)
 
 
 @contextmanager
@@ -127,11 +152,16 @@ def atomic_open(
                 yield handle
 
 
+def json_text(obj: Any, *, indent: int | None = 2) -> str:
+    """`obj` as the JSON text `write_json_atomic` writes (keys sorted, no NaN, trailing newline)."""
+    return json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n"
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> None:
     """Serialize ``obj`` as JSON (keys sorted, trailing newline) and atomically write it to ``path``.
 
     The object is serialized before the file is opened, so a non-serializable object leaves no trace.
     """
-    text = json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n"
+    text = json_text(obj, indent=indent)
     with atomic_open(path, "w") as handle:
         handle.write(text)

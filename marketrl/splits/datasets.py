@@ -14,18 +14,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import polars as pl
-import pyarrow.parquet as pq
 import torch
 
 from marketrl.env import EnvConfig, MarketData, parse_duration
 from marketrl.env.costs import Costs, costs_from_config, is_continuous
-from marketrl.features import (
-    BOOK_FEATURE_NAMES,
-    FEATURE_NAMES,
-    non_finite_columns,
-    skipped_reason,
-    warmup_only_note,
-)
+from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns
 from marketrl.runtime.io import write_json_atomic
 from marketrl.runtime.provenance import sha256_file
 from marketrl.splits.folds import FoldPlan, select_rows, select_tuning_rows
@@ -112,6 +105,10 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
     The fan-out jobs depend on this one file instead of on every feature table, which keeps the DAG small
     (thousands of jobs x hundreds of files would be hundreds of thousands of edges).
     """
+    import pyarrow.parquet as pq  # here, not at the top: the jobs that read feature tables need no pyarrow
+
+    from marketrl.features import skipped_reason, warmup_only_note
+
     entries, spans = [], []
     for path in feature_files:
         frame = pl.read_parquet(path, columns=["ts_event", "trading_day", "instrument_id", "symbol"])

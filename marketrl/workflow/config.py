@@ -6,13 +6,15 @@ import copy
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import jsonschema
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from marketrl.workflow.contract_specs import contract_spec_problem
 from marketrl.workflow.registry import MODEL_NAMES
+
+if TYPE_CHECKING:
+    import jsonschema
+
+# jsonschema and yaml are imported where they are used: jobs import this module for derive_seed only.
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
@@ -27,6 +29,8 @@ class ConfigError(ValueError):
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of config.yaml."""
+    import yaml
+
     with open(path, encoding="utf-8") as handle:
         return yaml.safe_load(handle)
 
@@ -44,6 +48,8 @@ def _key_path(error: jsonschema.ValidationError) -> str:
 
 def schema_errors(config: dict[str, Any], schema: dict[str, Any] | None = None) -> list[str]:
     """Every schema violation as a one-line message naming the dotted config key."""
+    import jsonschema
+
     validator_cls = jsonschema.validators.validator_for(schema or load_schema())
     validator = validator_cls(schema or load_schema(), format_checker=validator_cls.FORMAT_CHECKER)
     messages = []
@@ -146,6 +152,8 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read and validate a YAML config file."""
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as handle:
             raw = yaml.safe_load(handle) or {}
