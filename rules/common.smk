@@ -96,7 +96,8 @@ def study_results_dir(wildcards):
 
 def seed_outputs(template):
     """One output per seed of a model x fold job ({algo} and {fold} stay wildcards). Outputs cannot be input
-    functions, so this is the config's seed list; the *_once rules take seed 0 for a deterministic model."""
+    functions, so this is the config's seed list; the *_once rules take seed 0 for a deterministic model.
+    """
     return expand(template, seed=pipeline.seed_indices(config), allow_missing=True)
 
 
@@ -107,7 +108,8 @@ def resume_file(wildcards):
 
 def run_seeds(wildcards):
     """The seed indices one train or evaluate job (one model x fold) runs: the one list every per-seed input
-    and output of that job follows (seed 0 alone for a deterministic model: rules train_once, evaluate_once)."""
+    and output of that job follows (seed 0 alone for a deterministic model: rules train_once, evaluate_once).
+    """
     return pipeline.seed_indices(config, wildcards.algo)
 
 

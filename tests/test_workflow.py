@@ -64,7 +64,7 @@ def test_full_dag_dry_run_default_config(tmp_path: Path) -> None:
     assert counts["features"] == len(demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"]))
     assert counts["features"] > demo["days"]
     assert counts["train"] == n_models
-    assert counts["evaluate"] == n_model_folds  # one evaluation job scores every seed of a model x fold
+    assert counts["evaluate"] == n_models  # one evaluation job scores every seed of a model x fold
     assert counts["baselines"] == config["folds"]["n"]
     assert counts["hyperopt_worker"] == len(config["training"]["models"]) * config["hyperopt"]["workers"]
     assert counts["report"] == 1
