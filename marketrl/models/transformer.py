@@ -45,7 +45,7 @@ def search_space(trial: Trial) -> dict[str, Any]:
         # A second layer doubled a trial's cost at the largest window and width (bench/hyperopt_cost.py).
         **sequence_space(trial),
         "n_heads": trial.suggest_categorical("n_heads", [1, 2, 4]),
-        "n_layers": 1,
+        "n_layers": trial.suggest_categorical("n_layers", [1]),  # suggested: best_params carry it
     }
 
 
