@@ -195,8 +195,13 @@ def cost_proxy(model: str, hp: Mapping[str, Any], sizes: Sizes = Sizes()) -> flo
 #: the env trial_steps times and validate ten times whatever the network (DQN at hidden_dim_base=64, batch 64,
 #: one gradient step per vector step: 8.4 CPU-s, of which ~0.2 s of training work; PPO's rollouts cost less),
 #: forecasters build the rows and score the trading rule's positions (an LSTM at window 1, width 16: 0.4 s).
-OVERHEAD = {"dqn": 3.5e11, "ppo": 3e10}
+OVERHEAD = {"dqn": 3.5e11, "ppo": 2.5e10}
 FORECASTER_OVERHEAD = 3e9
+#: PPO's price per update (8 updates of 2,048 steps cost 2.7 s more than 2 of 8,192 at the same epochs)
+PPO_UPDATE_OVERHEAD = 9e9
+#: A forecaster's price per row and window step beyond its multiply-adds (an LSTM's width 16 -> 32 cost 1.4x,
+#: its multiply-adds 2.5x)
+STEP_OVERHEAD = 12_000
 
 
 def _work(model: str, hp: Mapping[str, Any], s: Sizes) -> float:
@@ -212,26 +217,37 @@ def _work(model: str, hp: Mapping[str, Any], s: Sizes) -> float:
             [s.obs_dim, 2 * base, base, base // 2, 1]
         )
         rollout = hp["n_steps"] * s.n_envs
-        env_steps = math.ceil(s.trial_steps / rollout) * rollout
-        return float(env_steps * (3 * hp["n_epochs"] + 1) * weights)
+        updates = math.ceil(s.trial_steps / rollout)
+        # each update also pays a fixed price (GAE on the host, statistics, the evaluation check)
+        return float(updates * (PPO_UPDATE_OVERHEAD + rollout * (3 * hp["n_epochs"] + 1) * weights))
     window, f = hp["window"], s.features
     if model == "linear":
         return float(s.train_rows * (window * f) ** 2)
     if model == "lightgbm":
+        # a round builds histograms of the rows x columns for about log2(leaves) levels of splits
         rounds = min(hp["n_estimators"], s.trial_updates)
         columns = window * f * hp["feature_fraction"]
-        return float(rounds * s.train_rows * hp["bagging_fraction"] * columns)
+        levels = 1 + math.log2(hp["num_leaves"])
+        return float(rounds * s.train_rows * hp["bagging_fraction"] * columns * levels)
     width = hp["hidden_dim_base"]
-    per_sample = {
-        "mlp": window * f * width + width * width // 2,
-        "lstm": window * 4 * width * (f + width) * hp.get("num_layers", 1),
-        "gru": window * 3 * width * (f + width) * hp.get("num_layers", 1),
-        "alstm": window * (f * width + 4 * width * 2 * width + width * width // 2),
-        "tcn": window * (f * width + 2 * hp.get("levels", 1) * hp.get("kernel_size", 2) * width * width),
-        "transformer": window
-        * (f * width + hp.get("n_layers", 1) * (4 * width * width + 4 * width * width + 2 * window * width)),
-        "dlinear": f * window * width * 2 + f * width,
-    }[model]
+    # small matrices: each row (and each step of a sequence model over the window) has a fixed price too
+    overhead = STEP_OVERHEAD * (1 if model in ("mlp", "dlinear") else window)
+    per_sample = (
+        overhead
+        + {
+            "mlp": window * f * width + width * width // 2,
+            "lstm": window * 4 * width * (f + width) * hp.get("num_layers", 1),
+            "gru": window * 3 * width * (f + width) * hp.get("num_layers", 1),
+            "alstm": window * (f * width + 4 * width * 2 * width + width * width // 2),
+            "tcn": window * (f * width + 2 * hp.get("levels", 1) * hp.get("kernel_size", 2) * width * width),
+            "transformer": window
+            * (
+                f * width
+                + hp.get("n_layers", 1) * (4 * width * width + 4 * width * width + 2 * window * width)
+            ),
+            "dlinear": f * window * width * 2 + f * width,
+        }[model]
+    )
     steps = min(s.trial_updates, s.epochs * math.ceil(s.train_rows / hp["batch_size"]))
     samples = min(steps * hp["batch_size"], s.epochs * s.train_rows)
     validations = min(

@@ -132,18 +132,10 @@ def test_model_jobs_do_not_load_decoding_or_scipy_stacks() -> None:
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
-def job_script_imports(stage: str) -> list[str]:
-    """The top-level import statements of a job script (workflow_scripts/{stage}.py), without `_checkout`."""
-    import ast
-
-    tree = ast.parse((REPO_ROOT / "workflow_scripts" / f"{stage}.py").read_text())
-    statements = [ast.unparse(node) for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
-    return [line for line in statements if "_checkout" not in line]
-
-
 def test_features_job_never_imports_torch(tmp_path: Path) -> None:
     """The features jobs (one per input file, ~37 in make run) decode and write Parquet: neither the job script's
     imports nor building a feature table may load torch (~3 CPU-s of import per job; issue 24)."""
+    from bench.job_imports import script_imports
     from marketrl.data.dbn_writer import encode_dbn, write_dbn
     from tests.support.synthetic import ohlcv_messages, random_walk_bars
 
@@ -153,7 +145,7 @@ def test_features_job_never_imports_torch(tmp_path: Path) -> None:
         tmp_path / "es.dbn.zst",
         encode_dbn(ohlcv_messages(bars), schema="ohlcv-1m", start_ns=start, end_ns=end, symbols={"ESH4": 7}),
     )
-    imports = job_script_imports("features")
+    imports = script_imports("features")  # what bench/job_imports.py times
     assert any("build_feature_file" in line for line in imports)  # the probe runs what the job imports
     probe = "\n".join(
         [
