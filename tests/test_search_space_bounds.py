@@ -33,7 +33,7 @@ BOUNDS: dict[str, dict[str, tuple[float, float]]] = {
     "lightgbm": {
         "window": (1, 8),
         "n_estimators": (50, 1000),  # capped at hyperopt.trial_updates rounds in a trial
-        "num_leaves": (4, 128),
+        "num_leaves": (4, 32),
         "feature_fraction": (0.3, 1.0),
         "bagging_fraction": (0.5, 1.0),
     },
