@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -52,6 +53,25 @@ def test_agents_bench_quick_runs_every_configuration() -> None:
     out = _run("agents.py", "--clock", "cpu", *([] if HAS_SB3 else ["--skip-sb3"]))
     for name in ("ppo-64", "dqn-64", "ppo-sb3-defaults", "ppo-1024", "dqn-1024"):
         assert any(line.startswith(name) for line in out.splitlines()), name
+
+
+@pytest.mark.bench
+def test_hyperopt_cost_bench_quick_times_every_corner(tmp_path: Path) -> None:
+    out = _run("hyperopt_cost.py", "--json", str(tmp_path / "cost.json"))
+    report = json.loads((tmp_path / "cost.json").read_text())
+    assert (report["trial_steps"], report["trial_updates"]) == (2048, 10)  # the quick budgets
+    models = {m["model"]: m for m in report["models"]}
+    assert list(models) == ["dqn", "mlp"]
+    for name, m in models.items():
+        assert len(m["median_trials"]) == 2, name
+        assert len(m["corners"]) == 2 ** len(m["drivers"]), name  # every combination of the drivers' extremes
+        assert len({tuple(c["hparams"][d] for d in m["drivers"]) for c in m["corners"]}) == len(m["corners"])
+        for trial in m["median_trials"] + m["corners"]:
+            assert trial["cpu_s"] > 0 and trial["proxy"] > 0, name
+            assert trial["ratio"] == pytest.approx(trial["cpu_s"] / m["median_s"]), name
+        assert m["worst_ratio"] == max(c["ratio"] for c in m["corners"]), name
+        assert out.count(f"**{name}**: median trial") == 1
+    assert "worst corner over all models:" in out and "log-log correlation" in out
 
 
 def test_unequal_rows_fail_in_one_line_naming_the_row() -> None:

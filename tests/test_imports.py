@@ -152,3 +152,40 @@ def test_evaluation_jobs_load_only_what_they_use() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_features_job_never_imports_torch(tmp_path: Path) -> None:
+    """The features jobs (one per input file, ~37 in make run) decode and write Parquet: neither the job script's
+    imports nor building a feature table may load torch (~3 CPU-s of import per job; issue 24)."""
+    from bench.job_imports import script_imports
+    from marketrl.data.dbn_writer import encode_dbn, write_dbn
+    from tests.support.synthetic import ohlcv_messages, random_walk_bars
+
+    bars = random_walk_bars(200, {7: 4000.0}, seed=3)
+    start, end = int(bars["ts_event"].min()), int(bars["ts_event"].max()) + 1
+    src = write_dbn(
+        tmp_path / "es.dbn.zst",
+        encode_dbn(ohlcv_messages(bars), schema="ohlcv-1m", start_ns=start, end_ns=end, symbols={"ESH4": 7}),
+    )
+    imports = script_imports("features")  # what bench/job_imports.py times
+    assert any("build_feature_file" in line for line in imports)  # the probe runs what the job imports
+    probe = "\n".join(
+        [
+            "import sys",
+            *imports,
+            "after_imports = 'torch' in sys.modules",
+            f"build_feature_file(Path({str(src)!r}), Path({str(tmp_path / 'es.parquet')!r}))",
+            "print(after_imports, 'torch' in sys.modules)",
+        ]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False"]
+    assert (tmp_path / "es.parquet").exists()

@@ -48,7 +48,7 @@ from marketrl.agents.common import (
 )
 from marketrl.agents.networks import mlp, orthogonal_init
 from marketrl.agents.spec import (
-    HIDDEN_DIM_BASES,
+    PPO_HIDDEN_DIM_BASES,
     REWARD_SCALES,
     AgentSpec,
     Architecture,
@@ -515,7 +515,7 @@ def _explained_variance(values: np.ndarray, returns: np.ndarray) -> float | None
 def search_space(trial: Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
     """PPO search space (docs/HYPEROPT.md); minibatch sizes within the device's bounds."""
     return {
-        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", HIDDEN_DIM_BASES),
+        "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", PPO_HIDDEN_DIM_BASES),
         "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-3, log=True),
         "gamma": trial.suggest_float("gamma", 0.9, 0.999),
         "gae_lambda": trial.suggest_float("gae_lambda", 0.8, 0.99),

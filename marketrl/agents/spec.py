@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HIDDEN_DIM_BASES",
+    "PPO_HIDDEN_DIM_BASES",
     "REWARD_SCALES",
     "AgentSpec",
     "Architecture",
@@ -35,6 +36,9 @@ __all__ = [
 
 #: hidden_dim_base choices of every agent's search space (the memory bounds are computed for the widest).
 HIDDEN_DIM_BASES = (64, 128, 256, 512)
+#: PPO's: its 512-wide corner (value net 1024-512-256, 8 epochs over every rollout) cost 6.7x its median trial
+#: by bench/hyperopt_cost.py's proxy; without 512 every corner stays within 4x (docs/HYPEROPT.md).
+PPO_HIDDEN_DIM_BASES = (64, 128, 256)
 #: Per-bar returns are ~1e-4: rewards are multiplied by this before the losses (the objective is unaffected).
 REWARD_SCALES = (1.0, 10.0, 100.0, 1000.0)
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from marketrl.models.base import NeuralHParams, Trial, neural_space
+from marketrl.models.base import NeuralHParams, Trial, sequence_space
 from marketrl.models.lstm import Recurrent
 from marketrl.models.supervised_trainer import torch_model_spec
 
@@ -27,8 +27,8 @@ class ALSTMHParams(NeuralHParams):
 
 
 def search_space(trial: Trial) -> dict[str, Any]:
-    """`neural_space`."""
-    return neural_space(trial)
+    """`sequence_space` (bounded window and width)."""
+    return sequence_space(trial)
 
 
 class ALSTM(nn.Module):

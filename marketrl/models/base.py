@@ -46,6 +46,7 @@ __all__ = [
     "common_space",
     "distinct_seeds",
     "neural_space",
+    "sequence_space",
 ]
 
 CHECKPOINT_FORMAT = "marketrl-model"
@@ -101,30 +102,41 @@ class NeuralHParams(CommonHParams):
         require(0 <= self.dropout < 1, "dropout", "a number in [0, 1)", self.dropout)
 
 
-def common_space(trial: Trial, max_window: int = 32) -> dict[str, Any]:
+def common_space(trial: Trial, max_window: int = 32, min_window: int = 1) -> dict[str, Any]:
     """The shared part of every search space: lookback window, threshold multiplier, hold band."""
     return {
-        "window": trial.suggest_int("window", 1, max_window, log=True),
+        "window": trial.suggest_int("window", min_window, max_window, log=True),
         "threshold_multiplier": trial.suggest_float("threshold_multiplier", 0.25, 4.0, log=True),
         "hold_band": trial.suggest_float("hold_band", 0.2, 1.0),
     }
 
 
 NEURAL_WIDTHS = (16, 32, 64, 128)
+#: Widths and windows of the models whose step costs window x width^2 (recurrent, attention, convolution): at
+#: a fixed step budget a trial's cost grows with both, and the corner (window 32, width 128) cost more than 40x
+#: the median trial (bench/hyperopt_cost.py); these keep every corner within 4x of the median (docs/HYPEROPT.md).
+SEQUENCE_WIDTHS = (16, 32)
+SEQUENCE_WINDOW = (2, 8)
 
 
 def neural_space(
-    trial: Trial, max_window: int = 32, widths: tuple[int, ...] = NEURAL_WIDTHS
+    trial: Trial, max_window: int = 32, widths: tuple[int, ...] = NEURAL_WIDTHS, min_window: int = 1
 ) -> dict[str, Any]:
     """`common_space` plus the shared neural hyperparameters (width, optimizer, batch, regularization)."""
     return {
-        **common_space(trial, max_window),
+        **common_space(trial, max_window, min_window),
         "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", list(widths)),
         "learning_rate": trial.suggest_float("learning_rate", 1e-4, 3e-3, log=True),
         "batch_size": trial.suggest_categorical("batch_size", [128, 256, 512, 1024]),
         "weight_decay": trial.suggest_float("weight_decay", 1e-6, 1e-2, log=True),
         "dropout": trial.suggest_float("dropout", 0.0, 0.3),
     }
+
+
+def sequence_space(trial: Trial) -> dict[str, Any]:
+    """`neural_space` with the bounded windows and widths of the sequence models (`SEQUENCE_WIDTHS`)."""
+    low, high = SEQUENCE_WINDOW
+    return neural_space(trial, max_window=high, widths=SEQUENCE_WIDTHS, min_window=low)
 
 
 @dataclass(frozen=True)

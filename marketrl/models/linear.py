@@ -48,8 +48,11 @@ class RidgeHParams(CommonHParams):
 
 
 def search_space(trial: Trial) -> dict[str, Any]:
-    """Window, trading rule and the log-uniform penalty."""
-    return {**common_space(trial, 16), "alpha": trial.suggest_float("alpha", 1e-4, 1e2, log=True)}
+    """Window (2-16 rows: the normal equations cost window^2), trading rule and the log-uniform penalty."""
+    return {
+        **common_space(trial, 16, min_window=2),
+        "alpha": trial.suggest_float("alpha", 1e-4, 1e2, log=True),
+    }
 
 
 def fit_ridge(rows: SupervisedRows, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from marketrl.loop.hparams import check_ranges
-from marketrl.models.base import NeuralHParams, Trial, neural_space
+from marketrl.models.base import NeuralHParams, Trial, sequence_space
 from marketrl.models.supervised_trainer import torch_model_spec
 
 __all__ = ["SPEC", "Recurrent", "RecurrentHParams", "RecurrentRegressor", "search_space"]
@@ -41,8 +41,8 @@ class RecurrentHParams(NeuralHParams):
 
 
 def search_space(trial: Trial) -> dict[str, Any]:
-    """`neural_space` plus 1-2 layers."""
-    return {**neural_space(trial), "num_layers": trial.suggest_int("num_layers", 1, 2)}
+    """`sequence_space` (bounded window and width) plus 1-2 layers."""
+    return {**sequence_space(trial), "num_layers": trial.suggest_int("num_layers", 1, 2)}
 
 
 class Recurrent(nn.Module):

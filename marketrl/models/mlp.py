@@ -22,8 +22,8 @@ class MLPHParams(NeuralHParams):
 
 
 def search_space(trial: Trial) -> dict[str, Any]:
-    """`neural_space` with windows up to 16 rows."""
-    return neural_space(trial, max_window=16)
+    """`neural_space` with windows of 2-8 rows (16 rows cost 5x the median trial, bench/hyperopt_cost.py)."""
+    return neural_space(trial, max_window=8, min_window=2)
 
 
 class MLP(nn.Module):
