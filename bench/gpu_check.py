@@ -359,58 +359,72 @@ def linear_output_dtypes(module: torch.nn.Module) -> tuple[Counter[str], Callabl
     return seen, lambda: [handle.remove() for handle in handles]
 
 
+_MATMULS = {torch.baddbmm, torch.bmm, torch.matmul, torch.nn.functional.linear, torch.addmm, torch.mm}
+
+
+@contextmanager
+def matmul_output_dtypes() -> Iterator[Counter[str]]:
+    """Count the output dtype of every matrix product run inside (the trainers' stacked networks call
+    ``baddbmm`` on stacked weights, not ``nn.Linear`` modules, so forward hooks would see nothing)."""
+    seen: Counter[str] = Counter()
+
+    class Recorder(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in _MATMULS and isinstance(out, torch.Tensor):
+                seen.update([str(out.dtype).removeprefix("torch.")])
+            return out
+
+    with Recorder():
+        yield seen
+
+
 def autocast_probe(plan: Any, device: torch.device, obs_dim: int) -> dict[str, Any]:
-    """One DQN TD-loss step and one PPO loss step with hooks on their Linear layers (the trainers' code)."""
+    """One DQN TD-loss step and one PPO loss step of one seed through the trainers' own stacked networks and
+    losses, with the dtype of every matrix product recorded (inside the forward passes and the losses)."""
     gpu_utils = STACK.load("gpu_utils")
     dqn, ppo = STACK.load("marketrl.agents.dqn"), STACK.load("marketrl.agents.ppo")
-    networks = STACK.load("marketrl.agents.networks")
+    networks, common = STACK.load("marketrl.agents.networks"), STACK.load("marketrl.agents.common")
     n_actions = STACK.load("marketrl.env").N_ACTIONS
     batch = 64
     result: dict[str, Any] = {}
 
-    q_net = networks.build_networks(networks.make_architecture("dqn", obs_dim, {"hidden_dim_base": 32}))["q"]
-    q_net = q_net.to(device)
-    target = networks.build_networks(networks.make_architecture("dqn", obs_dim, {"hidden_dim_base": 32}))["q"]
-    target = target.to(device).requires_grad_(False)
-    stepper = gpu_utils.OptimStep(
-        gpu_utils.make_optimizer(q_net.parameters(), 1e-3, plan, device), plan, 10.0
-    )
-    seen, remove = linear_output_dtypes(q_net)
+    def q_network() -> Any:
+        built = networks.build_networks(networks.make_architecture("dqn", obs_dim, {"hidden_dim_base": 32}))
+        return dqn.StackedQNetwork([built["q"]]).to(device)
+
+    q_net, target = q_network(), q_network().requires_grad_(False)
+    stepper = gpu_utils.SeedOptimStep.adam(q_net.parameters(), 1e-3, plan, 10.0, n_seeds=1)
     transitions = dqn.Batch(
-        obs=torch.randn(batch, obs_dim, device=device),
-        actions=torch.randint(0, n_actions, (batch,), device=device),
-        rewards=torch.randn(batch, device=device),
-        discounts=torch.full((batch,), 0.99, device=device),
-        next_obs=torch.randn(batch, obs_dim, device=device),
+        obs=torch.randn(1, batch, obs_dim, device=device),
+        actions=torch.randint(0, n_actions, (1, batch), device=device),
+        rewards=torch.randn(1, batch, device=device),
+        discounts=torch.full((1, batch), 0.99, device=device),
+        next_obs=torch.randn(1, batch, obs_dim, device=device),
     )
-    loss, _ = dqn.td_loss(q_net, target, transitions, plan, double_q=True)
+    with matmul_output_dtypes() as seen:
+        loss, _ = dqn.td_loss(q_net, target, transitions, plan, double_q=True)
     stepper.step(loss)
-    remove()
     result["dqn"] = {"linear_output_dtypes": dict(seen), "loss_dtype": str(loss.dtype).removeprefix("torch.")}
 
     nets = networks.build_networks(networks.make_architecture("ppo", obs_dim, {"hidden_dim_base": 32}))
-    policy_net, value_net = nets["policy"].to(device), nets["value"].to(device)
+    policy_net = common.SeedStack([nets["policy"]]).to(device)
+    value_net = common.SeedStack([nets["value"]]).to(device)
     hp = ppo.PPOHyperparams()
     params = [*policy_net.parameters(), *value_net.parameters()]
-    stepper = gpu_utils.OptimStep(gpu_utils.make_optimizer(params, 1e-3, plan, device), plan, 0.5)
-    seen_policy, remove_policy = linear_output_dtypes(policy_net)
-    seen_value, remove_value = linear_output_dtypes(value_net)
+    stepper = gpu_utils.SeedOptimStep.adam(params, 1e-3, plan, 0.5, n_seeds=1)
     minibatch = ppo.Minibatch(
-        obs=torch.randn(batch, obs_dim, device=device),
-        actions=torch.randint(0, n_actions, (batch,), device=device),
-        old_log_probs=torch.full((batch,), -math.log(n_actions), device=device),
-        advantages=torch.randn(batch, device=device),
-        returns=torch.randn(batch, device=device),
-        old_values=torch.randn(batch, device=device),
+        obs=torch.randn(1, batch, obs_dim, device=device),
+        actions=torch.randint(0, n_actions, (1, batch), device=device),
+        old_log_probs=torch.full((1, batch), -math.log(n_actions), device=device),
+        advantages=torch.randn(1, batch, device=device),
+        returns=torch.randn(1, batch, device=device),
+        old_values=torch.randn(1, batch, device=device),
     )
-    loss, _ = ppo.ppo_loss(policy_net, value_net, minibatch, hp, plan)
+    with matmul_output_dtypes() as seen:
+        loss, _ = ppo.ppo_loss(policy_net, value_net, minibatch, hp, plan)
     stepper.step(loss)
-    remove_policy()
-    remove_value()
-    result["ppo"] = {
-        "linear_output_dtypes": dict(seen_policy + seen_value),
-        "loss_dtype": str(loss.dtype).removeprefix("torch."),
-    }
+    result["ppo"] = {"linear_output_dtypes": dict(seen), "loss_dtype": str(loss.dtype).removeprefix("torch.")}
     expected = str(plan.dtype).removeprefix("torch.")
     result["expected_dtype"] = expected
     result["ok"] = all(
@@ -798,15 +812,16 @@ def section_utilization(device: torch.device, sizes: Sizes, data: Any, dry: bool
 
 
 def dqn_step_at(batch: int, obs_dim: int, hidden: int, replay: int, plan: Any, device: torch.device) -> None:
-    """Allocate what a DQN trainer holds (networks, Adam, replay) and take one gradient step at ``batch``."""
+    """Allocate what a one-seed DQN trainer holds (stacked networks, Adam, replay) and take one gradient step at
+    ``batch``."""
     gpu_utils = STACK.load("gpu_utils")
     dqn, networks = STACK.load("marketrl.agents.dqn"), STACK.load("marketrl.agents.networks")
     architecture = networks.make_architecture("dqn", obs_dim, {"hidden_dim_base": hidden})
-    q_net = networks.build_networks(architecture)["q"].to(device)
-    target = networks.build_networks(architecture)["q"].to(device).requires_grad_(False)
-    stepper = gpu_utils.OptimStep(
-        gpu_utils.make_optimizer(q_net.parameters(), 1e-4, plan, device), plan, 10.0
+    q_net = dqn.StackedQNetwork([networks.build_networks(architecture)["q"]]).to(device)
+    target = (
+        dqn.StackedQNetwork([networks.build_networks(architecture)["q"]]).to(device).requires_grad_(False)
     )
+    stepper = gpu_utils.SeedOptimStep.adam(q_net.parameters(), 1e-4, plan, 10.0, n_seeds=1)
     replay_buffer = dqn.ReplayBuffer(replay, obs_dim, device)
     for table in (replay_buffer.obs, replay_buffer.next_obs, replay_buffer.rewards):
         table.normal_()
@@ -814,7 +829,7 @@ def dqn_step_at(batch: int, obs_dim: int, hidden: int, replay: int, plan: Any, d
     replay_buffer.discounts.fill_(0.99)
     replay_buffer.size = replay
     generator = torch.Generator(device=device).manual_seed(0)
-    (transitions,) = replay_buffer.sample(batch, 1, generator)
+    (transitions,) = replay_buffer.sample(batch, 1, [generator])
     loss, _ = dqn.td_loss(q_net, target, transitions, plan, double_q=True)
     stepper.step(loss)
     synchronize(device)
