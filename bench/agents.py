@@ -31,7 +31,7 @@ import torch
 from adapters import make_sb3_vec_env
 from env import synthetic_frame  # the same synthetic bars as bench/env.py
 
-from gpu_utils import OptimStep, PrecisionPlan, detect_precision, make_optimizer
+from gpu_utils import OptimStep, PrecisionPlan, SeedOptimStep, detect_precision, make_optimizer
 from marketrl.agents import dqn, ppo
 from marketrl.agents.networks import build_networks, make_architecture
 from marketrl.env import N_ACTIONS, EnvConfig, MarketData, TradingEnv
@@ -253,19 +253,19 @@ def dqn_floor(
 ) -> tuple[float, int]:
     """Q-network forward on N rows per vector step plus every gradient step (TD loss incl. target net) on random data."""
     hp = dqn.DQNHyperparams(**{**COMMON, **DQN_COMMON, **case.hparams})
+    # the trainer's own shapes: one seed on the seed axis (StackedQNetwork, SeedOptimStep, [1, B] batches)
     with seeded(0):
         q_net = build_networks(make_architecture("dqn", obs_dim, {"net_arch": COMMON["net_arch"]}))["q"]
     target_net = build_networks(make_architecture("dqn", obs_dim, {"net_arch": COMMON["net_arch"]}))["q"]
-    stepper = OptimStep(
-        make_optimizer(q_net.parameters(), hp.learning_rate, plan, "cpu"), plan, hp.max_grad_norm
-    )
-    obs = torch.randn(case.n_envs, obs_dim)
+    q_net, target_net = dqn.StackedQNetwork([q_net]), dqn.StackedQNetwork([target_net]).requires_grad_(False)
+    stepper = SeedOptimStep.adam(q_net.parameters(), hp.learning_rate, plan, hp.max_grad_norm, n_seeds=1)
+    obs = torch.randn(1, case.n_envs, obs_dim)
     batch = dqn.Batch(
-        obs=torch.randn(hp.batch_size, obs_dim),
-        actions=torch.randint(0, N_ACTIONS, (hp.batch_size,)),
-        rewards=torch.randn(hp.batch_size),
-        discounts=torch.full((hp.batch_size,), hp.gamma),
-        next_obs=torch.randn(hp.batch_size, obs_dim),
+        obs=torch.randn(1, hp.batch_size, obs_dim),
+        actions=torch.randint(0, N_ACTIONS, (1, hp.batch_size)),
+        rewards=torch.randn(1, hp.batch_size),
+        discounts=torch.full((1, hp.batch_size), hp.gamma),
+        next_obs=torch.randn(1, hp.batch_size, obs_dim),
     )
     started = clock()
     for _ in range(vector_steps):

@@ -333,7 +333,7 @@ def measure(
     entry = get_entry(model)
     device = torch.device("cpu")
     started = time.process_time()
-    trained = entry.train(
+    (trained,) = entry.train(
         TrainRequest(
             train_data=window.splits["train"],
             validation_data=window.splits["validation"],
@@ -341,7 +341,7 @@ def measure(
             hparams=hparams,
             precision=detect_precision(device, config["training"]["precision"]),
             device=device,
-            seed=seed,
+            seeds=(seed,),
             steps=config["hyperopt"]["trial_steps"],
             updates=config["hyperopt"]["trial_updates"],
             budget=HardwareBudget.detect(device),

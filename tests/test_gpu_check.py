@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKER = ROOT / "tests" / "faults" / "no_heavy_deps"
-SECTIONS = ("precision", "host_syncs", "env", "bf16_vs_fp32", "utilization", "vram")
+SECTIONS = ("precision", "host_syncs", "env", "bf16_vs_fp32", "utilization", "vram", "seeds")
 
 
 def run_dry(out: Path, *, blocked: bool) -> tuple[subprocess.CompletedProcess[str], dict]:

@@ -92,7 +92,7 @@ def test_one_seeds_evaluation_target_runs_its_model_and_folds_evaluation(tmp_pat
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout + result.stderr)
     assert counts["evaluate"] == 1  # ppo fold 1, all three seeds: their models are its inputs
-    assert counts["train"] == 3
+    assert counts["train"] == 1  # ... and one train job writes all three
     assert "report" not in counts and "baselines" not in counts
 
 
