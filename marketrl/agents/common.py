@@ -5,7 +5,7 @@ schedule and `SeedStack` (S copies of one MLP as one batched module, for trainer
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -20,8 +20,8 @@ from marketrl.loop.hparams import (
     check_run_setting,
     parse_hparams,
 )
-from marketrl.loop.resume import Run
-from marketrl.loop.schedule import EvalSchedule, seeded
+from marketrl.loop.resume import Run, TrainingCheckpoint
+from marketrl.loop.schedule import EvalCallback, EvalSchedule, seeded
 
 __all__ = [
     "GreedyPolicy",
@@ -35,6 +35,7 @@ __all__ = [
     "finish_seeds",
     "set_up",
     "set_up_seeds",
+    "single_seed",
 ]
 
 #: Offset of the trainer's own generator seed (exploration, Gumbel noise, minibatch order) from the run seed.
@@ -227,6 +228,27 @@ class SeedStack(nn.Module):
         own = dict(module.named_parameters())
         for name, stacked in zip(self.names, self.stacked, strict=True):
             own[name].copy_(stacked[index])
+
+
+def single_seed(train_seeds: Callable[..., list[TrainResult]]) -> Callable[..., TrainResult]:
+    """The single-seed entry point of an agent's batched trainer: the batch of the one seed, its `EvalCallback`
+    adapted to the batch's `SeedsEvalCallback`; one loop serves both."""
+
+    def train(
+        train_data: MarketData,
+        config: RunConfig,
+        hparams: Mapping[str, Any] | None,
+        precision: PrecisionPlan | str,
+        device: torch.device | str,
+        seed: int,
+        on_eval: EvalCallback | None = None,
+        checkpoint: TrainingCheckpoint | None = None,
+    ) -> TrainResult:
+        on_evals = None if on_eval is None else (lambda steps, policies: [on_eval(steps, policies[0])])
+        return train_seeds(train_data, config, hparams, precision, device, [seed], on_evals, checkpoint)[0]
+
+    train.__doc__ = f"Train one agent: `{train_seeds.__module__}.train_seeds` with ``seeds=[seed]``."
+    return train
 
 
 def finish(

@@ -30,7 +30,14 @@ from torch import nn
 
 from gpu_utils import DeviceMetrics, NonFiniteError, PrecisionPlan
 from gpu_utils.seeds import SeedOptimStep, stack_modules, unstack_state
-from marketrl.agents.common import GreedyPolicy, RunConfig, TrainResult, finish_seeds, set_up_seeds
+from marketrl.agents.common import (
+    GreedyPolicy,
+    RunConfig,
+    TrainResult,
+    finish_seeds,
+    set_up_seeds,
+    single_seed,
+)
 from marketrl.agents.networks import QNetwork
 from marketrl.agents.spec import (
     HIDDEN_DIM_BASES,
@@ -43,7 +50,7 @@ from marketrl.agents.spec import (
 from marketrl.env import N_ACTIONS, EnvConfig, MarketData
 from marketrl.loop.hparams import check_ranges, check_run_setting, require
 from marketrl.loop.resume import TrainingCheckpoint, resume_or_start, to_device
-from marketrl.loop.schedule import EvalCallback, EvalSchedule, SeedsEvalCallback
+from marketrl.loop.schedule import EvalSchedule, SeedsEvalCallback
 
 if TYPE_CHECKING:
     from marketrl.models.base import Trial
@@ -346,21 +353,6 @@ class LoopState:
     epsilon: float = 1.0
 
 
-def train(
-    train_data: MarketData,
-    config: DQNConfig,
-    hparams: Mapping[str, Any] | None,
-    precision: PrecisionPlan | str,
-    device: torch.device | str,
-    seed: int,
-    on_eval: EvalCallback | None = None,
-    checkpoint: TrainingCheckpoint | None = None,
-) -> TrainResult:
-    """Train one DQN agent: the batch of the one seed (`train_seeds`)."""
-    on_evals = None if on_eval is None else (lambda steps, policies: [on_eval(steps, policies[0])])
-    return train_seeds(train_data, config, hparams, precision, device, [seed], on_evals, checkpoint)[0]
-
-
 def train_seeds(
     train_data: MarketData,
     config: DQNConfig,
@@ -602,6 +594,10 @@ def architecture_options(hparams: Mapping[str, Any]) -> dict[str, Any]:
 def run_config(*, total_steps: int, env: EnvConfig, eval_every: int, check_every: int) -> DQNConfig:
     """DQN's run settings: length, env, evaluation cadence and the statistics cadence."""
     return DQNConfig(total_steps=total_steps, env=env, eval_every=eval_every, check_every=check_every)
+
+
+#: the single-seed entry point: the batch of one seed
+train = single_seed(train_seeds)
 
 
 SPEC = AgentSpec(

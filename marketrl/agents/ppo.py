@@ -45,6 +45,7 @@ from marketrl.agents.common import (
     TrainResult,
     finish_seeds,
     set_up_seeds,
+    single_seed,
 )
 from marketrl.agents.networks import mlp, orthogonal_init
 from marketrl.agents.spec import (
@@ -58,7 +59,7 @@ from marketrl.agents.spec import (
 from marketrl.env import N_ACTIONS, EnvConfig, MarketData
 from marketrl.loop.hparams import check_ranges
 from marketrl.loop.resume import TrainingCheckpoint, resume_or_start
-from marketrl.loop.schedule import EvalCallback, EvalSchedule, SeedsEvalCallback
+from marketrl.loop.schedule import EvalSchedule, SeedsEvalCallback
 
 if TYPE_CHECKING:
     from marketrl.models.base import Trial
@@ -203,26 +204,6 @@ class LoopState:
     env_steps: int = 0  # per seed
     grad_steps: int = 0  # minibatch steps of the batch (the statistics' step counter)
     rollout_copies: int = 0
-
-
-def train(
-    train_data: MarketData,
-    config: PPOConfig,
-    hparams: Mapping[str, Any] | None,
-    precision: PrecisionPlan | str,
-    device: torch.device | str,
-    seed: int,
-    on_eval: EvalCallback | None = None,
-    checkpoint: TrainingCheckpoint | None = None,
-) -> TrainResult:
-    """Train one PPO agent: `train_seeds` with ``seeds=[seed]``."""
-    seeds_eval: SeedsEvalCallback | None = None
-    if on_eval is not None:
-
-        def seeds_eval(env_steps: int, policies: list[Any]) -> list[float | None]:
-            return [on_eval(env_steps, policies[0])]
-
-    return train_seeds(train_data, config, hparams, precision, device, [seed], seeds_eval, checkpoint)[0]
 
 
 def train_seeds(
@@ -549,6 +530,10 @@ def run_config(*, total_steps: int, env: EnvConfig, eval_every: int, check_every
     """PPO's run settings: length, env and evaluation cadence (statistics are read once per update, so
     ``check_every`` does not apply)."""
     return PPOConfig(total_steps=total_steps, env=env, eval_every=eval_every)
+
+
+#: the single-seed entry point: the batch of one seed
+train = single_seed(train_seeds)
 
 
 SPEC = AgentSpec(
