@@ -190,7 +190,18 @@ def evaluate_job(
         return test_data[key]
 
     with torch.inference_mode():
-        positions = [run.positions(data_for(run.meta), env_config).to(torch.float32) for run in runs]
+        # a forecaster predicts once: its positions and its forecast columns come from the same predictions
+        predictions = [
+            run.predictions(data_for(run.meta)) if run.predictions is not None else None for run in runs
+        ]
+        positions = [
+            (
+                run.positions(data_for(run.meta), env_config)
+                if predicted is None or run.positions_from_predictions is None
+                else run.positions_from_predictions(data_for(run.meta), predicted)
+            ).to(torch.float32)
+            for run, predicted in zip(runs, predictions, strict=True)
+        ]
     data = data_for(runs[0].meta)  # the rows, prices and costs are the same whatever the normalizer
     # Scored on the CPU: its scatter sums and products run in a fixed order, CUDA's atomics do not, and the same
     # config must give the same bytes. A few seconds for a model x fold of demo size (bench/evaluate.py).
@@ -203,14 +214,12 @@ def evaluate_job(
         [(algo, fold, s) for s in seed_indices],
     )
     frames, results = [], []
-    for (bars, scored), seed_index, run, model_path in zip(
-        scored_runs, seed_indices, runs, model_paths, strict=True
+    for (bars, scored), seed_index, run, model_path, predicted in zip(
+        scored_runs, seed_indices, runs, model_paths, predictions, strict=True
     ):
         extra: dict[str, Any] = {}
-        if run.predictions is not None and run.horizon is not None:
-            with torch.inference_mode():
-                predictions = run.predictions(data_for(run.meta))
-            bars = pl.concat([bars, forecast_columns(data, predictions, run.horizon)], how="horizontal")
+        if predicted is not None and run.horizon is not None:
+            bars = pl.concat([bars, forecast_columns(data, predicted, run.horizon)], how="horizontal")
             extra["horizon"] = run.horizon
         sharpe = scored["metrics"]["sharpe"]
         log.info(

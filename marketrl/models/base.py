@@ -267,13 +267,15 @@ class TrainedModel:
             )
         return predict_rows(self.predictor, data, self.window)
 
-    def positions(self, data: MarketData) -> torch.Tensor:
-        """Target positions [T] in {-1, 0, 1} by the cost-aware trading rule of this model's hyperparameters."""
+    def positions(self, data: MarketData, predictions: torch.Tensor | None = None) -> torch.Tensor:
+        """Target positions [T] in {-1, 0, 1} by the cost-aware trading rule of this model's hyperparameters;
+        ``predictions``: this model's `predict` of ``data``, when the caller has it already (one inference)."""
         from marketrl.models.trading_rule import TradingRule, cost_model
 
         rule = TradingRule(self.hparams["threshold_multiplier"], self.hparams["hold_band"])
         costs = self.settings.get("costs")
-        return rule.positions(self.predict(data), data, cost_model(costs) if costs else None)
+        predicted = self.predict(data) if predictions is None else predictions
+        return rule.positions(predicted, data, cost_model(costs) if costs else None)
 
     def evaluate(self, data: MarketData, env_config: EnvConfig | None = None) -> pl.DataFrame:
         """The per-bar evaluation frame of `marketrl.env.evaluate_positions` (same fills and costs as the agents'

@@ -61,7 +61,8 @@ __all__ = [
 ]
 
 Kind = Literal["agent", "forecaster"]
-EVALS_PER_RUN = 10  # validation scores (and progress lines) per training run, for every model
+EVALS_PER_RUN = 5  # validation scores (and progress lines) per training run, for every model (each costs a
+# full pass over the validation split per seed: about half of a demo run's training time at 10)
 
 #: on_score(step, validation Sharpe per seed): progress logging and hyperopt pruning (may raise to stop the run)
 ScoreHook = Callable[[int, list[float]], None]
@@ -167,6 +168,8 @@ class LoadedModel:
     info: dict[str, Any] = field(default_factory=dict)
     predictions: Callable[[MarketData], torch.Tensor] | None = None
     horizon: int | None = None
+    #: a forecaster's positions from its own `predictions` of the same data (evaluation predicts once)
+    positions_from_predictions: Callable[[MarketData, torch.Tensor], torch.Tensor] | None = None
 
 
 class _NamedBySpec:
@@ -375,6 +378,7 @@ class ForecasterEntry(_NamedBySpec):
             meta=meta,
             positions=lambda data, env: model.positions(data),
             info={"precision": model.precision, "hparams": dict(model.hparams)},
+            positions_from_predictions=model.positions,
             predictions=model.predict,
             horizon=int(model.settings["horizon"]),
         )
