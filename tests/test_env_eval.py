@@ -206,3 +206,28 @@ def test_matched_random_trader_trades_as_often_in_a_random_direction() -> None:
     assert float((matched_random_positions(data, 0.0, seed=1) != 0).sum()) == 0
     with pytest.raises(EnvConfigError, match="change rate"):
         matched_random_positions(data, 1.5, seed=0)
+
+
+def test_policies_stepped_together_choose_what_each_chooses_alone() -> None:
+    # S greedy policies as one stacked act function (the seeds of a batch): the same positions as S lockstep
+    # passes one policy at a time, each policy reading only its own held positions.
+    from gpu_utils import resolve_precision
+    from marketrl.agents.common import GreedyPolicies, GreedyPolicy
+    from marketrl.agents.networks import mlp
+    from marketrl.env import policies_positions, policy_positions
+    from marketrl.loop.schedule import seeded
+
+    data = market_data(random_frame(n_instruments=2, days=4, skip_days=(date(2024, 1, 3),)))
+    plan = resolve_precision("fp32", "cpu")
+    policies = []
+    for seed in range(3):
+        with seeded(seed):
+            # the position input gets a large weight so each policy's own holdings steer its next action
+            net = mlp(data.n_features + 1, [8], 3, "tanh")
+            net[0].weight.data[:, -1] *= 20.0
+        policies.append(GreedyPolicy(net, plan))
+    together = policies_positions(GreedyPolicies(policies), len(policies), data)
+    alone = torch.stack([policy_positions(policy, data) for policy in policies])
+    assert together.shape == (3, data.n_rows)
+    torch.testing.assert_close(together, alone, rtol=0, atol=0)
+    assert not torch.equal(alone[0], alone[1]) or not torch.equal(alone[1], alone[2])  # the policies differ

@@ -24,6 +24,7 @@ from marketrl.loop.resume import Run, TrainingCheckpoint
 from marketrl.loop.schedule import EvalCallback, EvalSchedule, seeded
 
 __all__ = [
+    "GreedyPolicies",
     "GreedyPolicy",
     "RunConfig",
     "SeedStack",
@@ -75,6 +76,30 @@ class GreedyPolicy:
         with self.plan.autocast():
             scores = self.net(obs)
         return scores.float().argmax(dim=1)
+
+
+class GreedyPolicies:
+    """S greedy policies of one architecture as one act function: ``obs [S, B, obs_dim] -> actions [S, B]``,
+    policy s acting on its own rows only (stacked weights through `torch.func.functional_call` under `vmap`), so
+    a lockstep evaluation of S seeds costs one forward a step (`marketrl.env.policies_positions`)."""
+
+    def __init__(self, policies: Sequence[GreedyPolicy]) -> None:
+        self.n_policies = len(policies)
+        self.plan = policies[0].plan
+        self.template = policies[0].net
+        self.params, self.buffers = stack_modules([policy.net for policy in policies])
+
+        def scores(params: dict, buffers: dict, obs: torch.Tensor) -> torch.Tensor:
+            return torch.func.functional_call(self.template, (params, buffers), (obs,))
+
+        self._scores = torch.vmap(scores)
+
+    @torch.no_grad()
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        """Greedy actions [S, B]."""
+        with self.plan.autocast():
+            scores = self._scores(self.params, self.buffers, obs)
+        return scores.float().argmax(dim=-1)
 
 
 @dataclass

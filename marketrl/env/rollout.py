@@ -89,33 +89,55 @@ def policy_positions(policy: Policy, data: MarketData, config: EnvConfig | None 
     `policy(obs [K, W·F + 1]) -> actions LongTensor [K]` (K = number of chains; obs as in `TradingEnv`);
     every chain starts flat, the position it holds carries through its rolls; non-decision rows get 0.
     """
+    one = policies_positions(lambda obs: policy(obs[0])[None], 1, data, config)
+    return one[0]
+
+
+def policies_positions(
+    policies: Callable[[torch.Tensor], torch.Tensor],
+    n_policies: int,
+    data: MarketData,
+    config: EnvConfig | None = None,
+) -> torch.Tensor:
+    """`policy_positions` of S policies at once, [S, T]: ``policies(obs [S, K, W·F + 1]) -> actions [S, K]``
+    (e.g. the S seeds of a batch as one stacked network), so a lockstep step is one forward for all of them.
+    Policy s sees only its own positions: its rows of the batch are its own."""
     config = config or EnvConfig(max_gap=data.max_gap)
     check_segmentation(data, config)
     chains = np.flatnonzero(data.chain_last > data.chain_first)  # chains with at least one decision
-    positions = torch.zeros(data.n_rows + 1, dtype=torch.float32, device=data.device)  # + a scratch slot
+    # + a scratch slot per policy
+    positions = torch.zeros(n_policies, data.n_rows + 1, dtype=torch.float32, device=data.device)
     if chains.size:
         with torch.no_grad():
-            _run_policy(policy, data, config.window, chains, positions)
-    return positions[:-1]
+            _run_policies(policies, n_policies, data, config.window, chains, positions)
+    return positions[:, :-1]
 
 
-def _run_policy(
-    policy: Policy, data: MarketData, window: int, chains: np.ndarray, positions: torch.Tensor
+def _run_policies(
+    policies: Callable[[torch.Tensor], torch.Tensor],
+    n_policies: int,
+    data: MarketData,
+    window: int,
+    chains: np.ndarray,
+    positions: torch.Tensor,
 ) -> None:
-    """Step `policy` through `chains` in lockstep (one batch row per chain), writing each decision into
-    `positions[row]`; chains that have finished keep stepping on their last row and write to the scratch slot."""
+    """Step the policies through `chains` in lockstep (one batch row per policy and chain), writing each decision
+    into `positions[s, row]`; chains that have finished keep stepping on their last row and write to the scratch
+    slot."""
     first = torch.as_tensor(data.chain_first[chains], device=data.device)
     last_decision = torch.as_tensor(data.chain_last[chains] - 1, device=data.device)
     scratch_row = torch.full_like(first, data.n_rows)
     action_positions = torch.tensor(ACTION_POSITIONS, dtype=torch.float32, device=data.device)
-    held = torch.zeros(chains.size, dtype=torch.float32, device=data.device)
+    held = torch.zeros(n_policies, chains.size, dtype=torch.float32, device=data.device)
     n_steps = int((data.chain_last[chains] - data.chain_first[chains]).max())
     for step in range(n_steps):
         row = torch.minimum(first + step, last_decision)
         active = first + step <= last_decision
-        target = action_positions.index_select(0, policy(data.observe(row, held, window)).reshape(-1))
+        obs = data.observe(row.repeat(n_policies), held.reshape(-1), window)
+        actions = policies(obs.view(n_policies, chains.size, -1)).reshape(-1)
+        target = action_positions.index_select(0, actions).view(n_policies, chains.size)
         held = torch.where(active, target, held)
-        positions.index_copy_(0, torch.where(active, row, scratch_row), target)
+        positions.index_copy_(1, torch.where(active, row, scratch_row), target)
 
 
 def evaluate_positions(

@@ -45,7 +45,7 @@ from marketrl.splits.datasets import (
 )
 from marketrl.splits.folds import FoldPlan, select_rows
 from marketrl.splits.normalize import FeatureNormalizer
-from marketrl.training.zoo import get_entry
+from marketrl.training.zoo import get_entry, seeds_positions
 from marketrl.workflow.config import derive_seed
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,10 @@ def evaluate_job(
         predictions = [
             run.predictions(data_for(run.meta)) if run.predictions is not None else None for run in runs
         ]
-        positions = [
+        # agents whose seeds share the test data step in lockstep together (one stacked forward a bar)
+        shared = len({json.dumps(run.meta["normalizer"], sort_keys=True) for run in runs}) == 1
+        together = seeds_positions(runs, data_for(runs[0].meta), env_config) if shared else None
+        positions = together or [
             (
                 run.positions(data_for(run.meta), env_config)
                 if predicted is None or run.positions_from_predictions is None

@@ -34,10 +34,10 @@ import torch
 
 from gpu_utils import HardwareBudget, PrecisionPlan
 from marketrl.agents.checkpoint import save_checkpoint
-from marketrl.agents.common import TrainResult, env_settings
+from marketrl.agents.common import GreedyPolicies, GreedyPolicy, TrainResult, env_settings
 from marketrl.agents.memory import batch_size_bounds
 from marketrl.agents.spec import HIDDEN_DIM_BASES, AgentSpec
-from marketrl.env import EnvConfig, MarketData, evaluate_positions, policy_positions
+from marketrl.env import EnvConfig, MarketData, evaluate_positions, policies_positions, policy_positions
 from marketrl.evaluation.metrics import performance_summary
 from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models import RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
@@ -58,6 +58,7 @@ __all__ = [
     "get_entry",
     "positions_sharpe",
     "run_settings",
+    "seeds_positions",
 ]
 
 Kind = Literal["agent", "forecaster"]
@@ -170,6 +171,19 @@ class LoadedModel:
     horizon: int | None = None
     #: a forecaster's positions from its own `predictions` of the same data (evaluation predicts once)
     positions_from_predictions: Callable[[MarketData, torch.Tensor], torch.Tensor] | None = None
+    #: an agent's greedy policy (evaluation steps the seeds of a model x fold in lockstep together)
+    policy: GreedyPolicy | None = None
+
+
+def seeds_positions(
+    runs: list[LoadedModel], data: MarketData, env_config: EnvConfig
+) -> list[torch.Tensor] | None:
+    """The positions of S loaded agents of one model on the same ``data`` as one lockstep pass (one stacked
+    forward a bar for all seeds), or None when the runs are not all agents."""
+    if not runs or any(run.policy is None for run in runs):
+        return None
+    stacked = GreedyPolicies([run.policy for run in runs])
+    return list(policies_positions(stacked, len(runs), data, env_config))
 
 
 class _NamedBySpec:
@@ -207,8 +221,12 @@ class AgentEntry(_NamedBySpec):
         validation Sharpe EVALS_PER_RUN times (when there is a validation split)."""
         env_config = request.env_config
 
-        def scores(policies: list[Callable]) -> list[float]:
-            return [request.score(lambda data, p=p: policy_positions(p, data, env_config)) for p in policies]
+        def scores(policies: list[GreedyPolicy]) -> list[float]:
+            # the seeds' greedy policies step the validation split in lockstep as one stacked forward
+            positions = policies_positions(
+                GreedyPolicies(policies), len(policies), request.validation_data, env_config
+            )
+            return [request.score(lambda data, row=row: row) for row in positions]
 
         validating = request.validation_data is not None
         eval_every = max(1, request.steps // EVALS_PER_RUN) if validating else 0
@@ -264,6 +282,7 @@ class AgentEntry(_NamedBySpec):
             meta=meta,
             positions=lambda data, env: policy_positions(policy, data, env),
             info={"precision": meta.get("precision"), "hidden": meta["architecture"]["hidden"]},
+            policy=policy,
         )
 
 
