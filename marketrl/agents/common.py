@@ -80,26 +80,37 @@ class GreedyPolicy:
 
 class GreedyPolicies:
     """S greedy policies of one architecture as one act function: ``obs [S, B, obs_dim] -> actions [S, B]``,
-    policy s acting on its own rows only (stacked weights through `torch.func.functional_call` under `vmap`), so
-    a lockstep evaluation of S seeds costs one forward a step (`marketrl.env.policies_positions`)."""
+    policy s acting on its own rows only, so a lockstep evaluation of S seeds steps its data once
+    (`marketrl.env.policies_positions`). MLPs (an ``nn.Sequential``, or a network whose ``net`` is one and that has
+    no other layers) run as one `SeedStack` (batched weights: one ``baddbmm`` a layer); other networks (DQN's
+    dueling heads) act one after another on their own rows. ``vmap`` over ``functional_call`` was slower than
+    either at these tiny batches (a lockstep step holds one row per chain)."""
 
     def __init__(self, policies: Sequence[GreedyPolicy]) -> None:
-        self.n_policies = len(policies)
+        self.policies = list(policies)
         self.plan = policies[0].plan
-        self.template = policies[0].net
-        self.params, self.buffers = stack_modules([policy.net for policy in policies])
-
-        def scores(params: dict, buffers: dict, obs: torch.Tensor) -> torch.Tensor:
-            return torch.func.functional_call(self.template, (params, buffers), (obs,))
-
-        self._scores = torch.vmap(scores)
+        self.stack = _seed_stack([policy.net for policy in policies])
 
     @torch.no_grad()
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         """Greedy actions [S, B]."""
+        if self.stack is None:
+            return torch.stack([policy(rows) for policy, rows in zip(self.policies, obs, strict=True)])
         with self.plan.autocast():
-            scores = self._scores(self.params, self.buffers, obs)
+            scores = self.stack(obs)
         return scores.float().argmax(dim=-1)
+
+
+def _seed_stack(nets: Sequence[nn.Module]) -> SeedStack | None:
+    """The nets as one `SeedStack` where each is a plain MLP, else None."""
+    if all(isinstance(net, nn.Sequential) for net in nets):
+        return SeedStack(nets).to(next(nets[0].parameters()).device)
+    bodies = [getattr(net, "net", None) for net in nets]
+    plain = all(
+        isinstance(body, nn.Sequential) and len(list(net.children())) == 1
+        for net, body in zip(nets, bodies, strict=True)
+    )
+    return SeedStack(bodies).to(next(nets[0].parameters()).device) if plain else None
 
 
 @dataclass
