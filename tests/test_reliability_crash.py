@@ -135,11 +135,16 @@ def test_killed_study_kept_its_trials(crashed: dict) -> None:
 
 def test_killed_training_resumed_from_its_checkpoint(crashed: dict) -> None:
     assert crashed["checkpoints"], "no checkpoint existed when training was killed"
-    for model_dir, env_steps in crashed["checkpoints"].items():
-        log = json.loads((crashed["workdir"] / "results" / model_dir / "train_log.json").read_text())
-        assert log["resumed_from_step"] == env_steps
-        reference = json.loads((baseline_run() / "results" / model_dir / "train_log.json").read_text())
-        assert reference["resumed_from_step"] is None
-        assert (
-            log["history"] == reference["history"]
-        )  # curves and validation scores from before the kill kept
+    # a resume file belongs to a model x fold's batch of seeds: every seed's log says it resumed from it
+    for batch_dir, env_steps in crashed["checkpoints"].items():
+        seed_logs = sorted((crashed["workdir"] / "results" / batch_dir).glob("seed_*/train_log.json"))
+        assert seed_logs, f"no seed logs under {batch_dir}"
+        for path in seed_logs:
+            log = json.loads(path.read_text())
+            assert log["resumed_from_step"] == env_steps
+            relative = path.relative_to(crashed["workdir"])
+            reference = json.loads((baseline_run() / relative).read_text())
+            assert reference["resumed_from_step"] is None
+            assert (
+                log["history"] == reference["history"]
+            )  # curves and validation scores from before the kill kept
