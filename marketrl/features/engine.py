@@ -38,6 +38,7 @@ from marketrl.features.catalog import (
     FeatureSpec,
     _c,
 )
+from marketrl.features.user import UserFeatures, user_columns, with_reference
 
 __all__ = ["CHUNK_BARS", "FeatureChunks", "feature_chunks", "non_finite_columns"]
 
@@ -99,14 +100,21 @@ def _plan(bar_ns: int, with_book: bool) -> tuple[_Stage, ...]:
     )
 
 
-def _feature_query(frame: pl.LazyFrame, bar_ns: int, with_book: bool) -> pl.LazyFrame:
+def _feature_query(
+    frame: pl.LazyFrame, bar_ns: int, with_book: bool, user: UserFeatures | None = None
+) -> pl.LazyFrame:
     """Lazy query over bars carrying ``_bar_index`` and the day sums (``_with_day_sums``): ``BASE_COLUMNS``, the
-    features, and ``_bar_index``, ``_day_tpv``, ``_day_volume`` passed through."""
+    features (the ``user`` features last, computed after the catalog's), and ``_bar_index``, ``_day_tpv``,
+    ``_day_volume`` passed through."""
     for stage in _plan(bar_ns, with_book):
         frame = frame.with_columns(*stage.columns)
         if stage.drop:
             frame = frame.drop(*stage.drop)
     features = FEATURE_NAMES + (BOOK_FEATURE_NAMES if with_book else ())
+    if user is not None:
+        helpers, columns = user_columns(user)
+        frame = frame.with_columns(*helpers).with_columns(*columns)
+        features += user.names
     return frame.select(*BASE_COLUMNS, *features, *_PASSED_THROUGH)
 
 
@@ -169,7 +177,13 @@ CHUNK_BARS = 24576
 
 
 def _feature_chunks(
-    bars: pl.DataFrame, bar_ns: int, *, with_book: bool, keep: pl.Expr, chunk_bars: int
+    bars: pl.DataFrame,
+    bar_ns: int,
+    *,
+    with_book: bool,
+    keep: pl.Expr,
+    chunk_bars: int,
+    user: UserFeatures | None = None,
 ) -> Iterator[pl.DataFrame]:
     """Rows of ``bars`` (sorted, with ``_bar_index``) that satisfy ``keep``, with features, ``chunk_bars`` bars at
     a time.
@@ -182,7 +196,7 @@ def _feature_chunks(
     for start in range(0, bars.height, chunk_bars):
         first = max(0, start - MAX_LOOKBACK)
         frame = _with_day_sums(bars.slice(first, start + chunk_bars - first).lazy(), start - first, carry)
-        table = _feature_query(frame, bar_ns, with_book).collect(
+        table = _feature_query(frame, bar_ns, with_book, user).collect(
             engine="in-memory"  # the streaming engine adds ~0.1 s of set-up per query
         )
         table = table.slice(start - first)  # the chunk's own rows
@@ -216,10 +230,16 @@ class FeatureChunks:
     instruments: int  # instruments with at least one row
     dropped: list[str]  # symbols of the instruments left out (drop_short=True)
     chunk_bars: int
+    user: UserFeatures | None = None  # features.user, appended after the catalog's
 
     def __iter__(self) -> Iterator[pl.DataFrame]:
         return _feature_chunks(
-            self.bars, self.bar_ns, with_book=self.with_book, keep=self.keep, chunk_bars=self.chunk_bars
+            self.bars,
+            self.bar_ns,
+            with_book=self.with_book,
+            keep=self.keep,
+            chunk_bars=self.chunk_bars,
+            user=self.user,
         )
 
 
@@ -232,6 +252,7 @@ def feature_chunks(
     keep_from: Any = None,
     drop_short: bool = False,
     chunk_bars: int | None = None,
+    user: UserFeatures | None = None,
 ) -> FeatureChunks:
     """Check ``bars`` (read_bars' layout, sorted by instrument and time) and count the feature table's rows:
     warm-up rows dropped, only rows with ``ts_event >= keep_from`` kept. Iterating the result computes the
@@ -239,8 +260,11 @@ def feature_chunks(
 
     An instrument left with no rows is an error (``DataFileError`` naming ``path``), or, with
     ``drop_short=True``, left out and listed in ``dropped`` (then every instrument may be, giving no rows).
+    ``user``: features of a ``features.user`` file (marketrl.features.user), appended after the catalog's.
     """
     _check_positive_prices(bars, path)
+    if user is not None and user.reference:
+        bars = with_reference(bars, user.reference, path)
     bars = bars.hstack([chunked_like(bars.select(_BAR_INDEX).to_series(), bars["ts_event"])])
     in_scope = pl.lit(True) if keep_from is None else _c("ts_event") >= keep_from
     keep = in_scope & (_c("_bar_index") >= MAX_LOOKBACK)
@@ -277,6 +301,7 @@ def feature_chunks(
         instruments=counts.height - short.height,
         dropped=short["symbol"].to_list() if short.height else [],
         chunk_bars=chunk_bars or CHUNK_BARS,
+        user=user,
     )
 
 

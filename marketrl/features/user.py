@@ -1,0 +1,368 @@
+"""Bring-your-own features (``features.user``): a Python file whose ``FEATURES`` dict maps names to polars
+expressions over the bar columns and the catalog's features, checked for look-ahead before any job uses them.
+
+- ``load_user_features``: import the file and check its names, expressions, ``LOOKBACK`` and ``REFERENCE``
+  (a bad file is one ``UserFeatureError`` line naming ``features.user``);
+- ``audit_user_features``: evaluate every expression on a generated CME-shaped window of the demo's two
+  instruments, then again with every bar after t perturbed (the value at t must not change: no look-ahead) and
+  with every bar more than the declared lookback before t perturbed (it must not change either: an honest
+  lookback, which the engine's context and warm-up rely on); a non-finite value past the warm-up fails too;
+- ``user_columns``, ``with_reference``: what the engine (marketrl.features.engine) adds to its query.
+
+The expressions run in the engine's query after the catalog's features, on each chunk of bars sorted by
+(instrument, time), so they see what a catalog entry sees: one instrument's bars in time order, its rows more
+than ``MAX_LOOKBACK`` bars into the data. Two extra columns exist for them: ``session_vwap`` (the running VWAP
+of the instrument's trading day, handed from chunk to chunk like ``vwap_dev_day``'s sums) and, with
+``REFERENCE = "<symbol>"``, ``ref_close`` (that symbol's close at the latest bar at or before each bar).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import importlib.util
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from marketrl.features.catalog import (
+    _BAR_COLUMNS,
+    _BOOK_COLUMNS,
+    _DAY_SUMS,
+    _ENTRIES,
+    BASE_COLUMNS,
+    BOOK_FEATURE_NAMES,
+    FEATURE_NAMES,
+    MAX_LOOKBACK,
+    _c,
+)
+
+__all__ = [
+    "REF_CLOSE",
+    "SESSION_VWAP",
+    "USER_KEY",
+    "UserFeatureError",
+    "UserFeatures",
+    "audit_user_features",
+    "load_user_features",
+    "user_columns",
+    "with_reference",
+]
+
+USER_KEY = "features.user"
+SESSION_VWAP = "session_vwap"
+REF_CLOSE = "ref_close"
+# What an expression may read: the bars, the table's key columns, the catalog's features and the two columns above.
+_READABLE = frozenset(
+    (*BASE_COLUMNS, *(c for c in _BAR_COLUMNS if c not in _DAY_SUMS), *FEATURE_NAMES, *BOOK_FEATURE_NAMES)
+) | {SESSION_VWAP}
+_BOOK_READS = frozenset((*_BOOK_COLUMNS, *BOOK_FEATURE_NAMES))
+
+
+class UserFeatureError(ValueError):
+    """A ``features.user`` file that cannot be used, or a feature that fails the look-ahead audit (one line)."""
+
+
+@dataclass(frozen=True)
+class UserFeatures:
+    """The checked contents of a ``features.user`` file."""
+
+    path: Path
+    sha256: str
+    features: Mapping[str, pl.Expr]
+    lookbacks: Mapping[str, int]  # declared, or MAX_LOOKBACK where the file declares none
+    reference: str | None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.features)
+
+    def reads(self, name: str) -> frozenset[str]:
+        """The columns feature ``name`` reads."""
+        return frozenset(self.features[name].meta.root_names())
+
+    @property
+    def reads_book(self) -> bool:
+        return any(self.reads(name) & _BOOK_READS for name in self.names)
+
+    def record(self) -> dict[str, Any]:
+        """What the feature tables' metadata and the manifest say about these features."""
+        return {
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "names": list(self.names),
+            "lookbacks": dict(self.lookbacks),
+            "reference": self.reference,
+        }
+
+
+def _fail(fault: str) -> UserFeatureError:
+    return UserFeatureError(f"{USER_KEY}: {fault}".splitlines()[0])
+
+
+def load_user_features(path: str | Path) -> UserFeatures:
+    """Import ``path`` (relative paths from the working directory) and check what it defines:
+    ``FEATURES: dict[str, pl.Expr]`` (new names only), optional ``LOOKBACK: dict[str, int]`` (0..MAX_LOOKBACK,
+    default MAX_LOOKBACK) and optional ``REFERENCE: str`` (the symbol ``ref_close`` follows)."""
+    path = Path(path)
+    if not path.is_file():
+        raise _fail(f"{path}: no such file (a Python file defining FEATURES, relative to the working directory)")
+    source = path.read_bytes()
+    module_name = f"_marketrl_user_features_{hashlib.sha256(source).hexdigest()[:12]}"
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses and the like look their module up while it runs
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: any error is the file's fault
+        raise _fail(f"{path}: cannot import it: {type(exc).__name__}: {exc}") from exc
+    features = getattr(module, "FEATURES", None)
+    if not isinstance(features, dict) or not features:
+        raise _fail(f"{path}: expected a non-empty dict FEATURES = {{name: polars expression}}")
+    reference = getattr(module, "REFERENCE", None)
+    if reference is not None and (not isinstance(reference, str) or not reference):
+        raise _fail(f"{path}: REFERENCE: expected a symbol such as 'ES.c.0', got {reference!r}")
+    readable = _READABLE | ({REF_CLOSE} if reference else set())
+    for name, expr in features.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise _fail(f"{path}: FEATURES key {name!r}: expected a name of letters, digits and underscores")
+        if name in _ENTRIES or name in readable or name in (SESSION_VWAP, REF_CLOSE):
+            raise _fail(f"{path}: feature {name!r}: the name of a catalog feature or bar column; choose another")
+        if not isinstance(expr, pl.Expr):
+            raise _fail(f"{path}: feature {name!r}: expected a polars expression, got {type(expr).__name__}")
+        unknown = sorted(set(expr.meta.root_names()) - readable)
+        if unknown:
+            raise _fail(
+                f"{path}: feature {name!r} reads {unknown[0]!r}: not a bar column or catalog feature"
+                + (" (ref_close needs REFERENCE)" if unknown[0] == REF_CLOSE else "")
+            )
+    declared = getattr(module, "LOOKBACK", {})
+    if not isinstance(declared, dict):
+        raise _fail(f"{path}: LOOKBACK: expected a dict {{feature name: bars}}, got {type(declared).__name__}")
+    for name, bars in declared.items():
+        if name not in features:
+            raise _fail(f"{path}: LOOKBACK names {name!r}, which is not in FEATURES")
+        if isinstance(bars, bool) or not isinstance(bars, int) or not 0 <= bars <= MAX_LOOKBACK:
+            raise _fail(
+                f"{path}: LOOKBACK[{name!r}]: expected an integer 0..{MAX_LOOKBACK} (MAX_LOOKBACK), got {bars!r}"
+            )
+    return UserFeatures(
+        path=path,
+        sha256=hashlib.sha256(source).hexdigest(),
+        features=dict(features),
+        lookbacks={name: declared.get(name, MAX_LOOKBACK) for name in features},
+        reference=reference,
+    )
+
+
+def user_columns(user: UserFeatures) -> tuple[list[pl.Expr], list[pl.Expr]]:
+    """The helper columns (``session_vwap``) and the Float32 feature columns the engine adds after the catalog's
+    features, each a list for one ``with_columns``."""
+    volume = _c("_day_volume")
+    vwap = pl.when(volume > 0).then(_c("_day_tpv") / volume).otherwise(_c("close")).alias(SESSION_VWAP)
+    features = [expr.cast(pl.Float64).cast(pl.Float32).alias(name) for name, expr in user.features.items()]
+    return [vwap], features
+
+
+def with_reference(bars: pl.DataFrame, reference: str, path: Path) -> pl.DataFrame:
+    """``bars`` (sorted by instrument and time) with ``ref_close``: the close of symbol ``reference`` at its latest
+    bar at or before each bar's ``ts_event`` (null before its first bar); no later bar is ever read."""
+    ref = (
+        bars.filter(_c("symbol") == reference)
+        .select("ts_event", _c("close").alias(REF_CLOSE))
+        .unique("ts_event", keep="last", maintain_order=True)
+        .sort("ts_event")
+    )
+    if ref.height == 0:
+        raise _fail(f"REFERENCE symbol {reference!r} has no bars in {path} (symbols: {_symbols(bars)})")
+    order = "_ref_row"
+    joined = (
+        bars.with_row_index(order)
+        .sort("ts_event", order)
+        .join_asof(ref, on="ts_event", strategy="backward", check_sortedness=False)
+        .sort(order)
+        .drop(order)
+    )
+    return joined
+
+
+def _symbols(bars: pl.DataFrame) -> str:
+    return ", ".join(sorted(bars["symbol"].unique().to_list()))
+
+
+# ------------------------------------------------------------------------------------------------------ the audit
+
+# The generated window: the demo's ES and NQ bars of two CME trading days (the daily halt between them, thin
+# quiet bars left out), always the same.
+_AUDIT_START, _AUDIT_DAYS, _AUDIT_SEED = dt.date(2024, 1, 9), 2, 20260101
+# Bars t probed, relative to the second trading day's first bar of the instrument: the last bars of the first
+# day, the session open and the opening hour, later in the day; the first probe is past the warm-up and the
+# largest lookback. Probes alternate between the instruments.
+_PROBE_OFFSETS = (-2, 0, 1, 10, 45, 400)
+
+
+def _audit_bars() -> pl.DataFrame:
+    """The audit window in read_bars' layout, sorted by (instrument_id, ts_event)."""
+    from marketrl.data.demo import simulate_demo_bars
+
+    rows: dict[str, list[Any]] = {k: [] for k in ("ts_event", "trading_day", "instrument_id", "symbol")}
+    prices: dict[str, list[np.ndarray]] = {k: [] for k in ("open", "high", "low", "close", "volume")}
+    for trading_day, day_bars in simulate_demo_bars(_AUDIT_START, _AUDIT_DAYS, _AUDIT_SEED):
+        for bars in day_bars:
+            n = len(bars.ts_event)
+            rows["ts_event"].append(bars.ts_event)
+            rows["trading_day"] += [trading_day] * n
+            rows["instrument_id"] += [bars.instrument.instrument_id] * n
+            rows["symbol"] += [bars.instrument.symbol] * n
+            for key in prices:
+                prices[key].append(getattr(bars, key))
+    frame = pl.DataFrame(
+        {
+            "ts_event": pl.Series(np.concatenate(rows["ts_event"])).cast(pl.Datetime("ns", "UTC")),
+            "trading_day": pl.Series(rows["trading_day"], dtype=pl.Date),
+            "instrument_id": pl.Series(rows["instrument_id"], dtype=pl.UInt32),
+            "symbol": pl.Series(rows["symbol"], dtype=pl.String),
+            **{key: pl.Series(np.concatenate(parts)).cast(pl.Float64) for key, parts in prices.items()},
+        }
+    )
+    return frame.sort("instrument_id", "ts_event", maintain_order=True)
+
+
+def _with_book(bars: pl.DataFrame) -> pl.DataFrame:
+    """Plausible top-of-book columns (one tick around the close) for features that read the book."""
+    sizes = pl.Series(np.random.default_rng(5).integers(1, 50, (2, bars.height)).astype(np.float64).T.tolist())
+    return bars.with_columns(
+        (_c("close") - 0.25).alias("bid_px"),
+        (_c("close") + 0.25).alias("ask_px"),
+        sizes.list.get(0).alias("bid_sz"),
+        sizes.list.get(1).alias("ask_sz"),
+    )
+
+
+def _perturbed(bars: pl.DataFrame, mask: pl.Series, seed: int) -> pl.DataFrame:
+    """``bars`` with the rows in ``mask`` replaced by different, still valid OHLCV (and book) values."""
+    rng = np.random.default_rng(seed)
+    n = bars.height
+    scale = pl.Series(rng.uniform(0.8, 1.25, n))
+    wick = pl.Series(rng.uniform(0.0, 3.0, n))
+    volume = pl.Series(rng.integers(1, 2000, n).astype(np.float64))
+    changed = bars.with_columns(
+        (_c("open") * scale).alias("open"), (_c("close") / scale).alias("close"), volume.alias("volume")
+    ).with_columns(
+        (pl.max_horizontal("open", "close") + wick).alias("high"),
+        (pl.min_horizontal("open", "close") - wick).alias("low"),
+    )
+    if "bid_px" in bars.columns:
+        changed = _with_book(changed.drop("bid_px", "ask_px", "bid_sz", "ask_sz"))
+        changed = changed.with_columns((_c("bid_sz") * scale).alias("bid_sz"))
+    values = [c for c in bars.columns if c not in ("ts_event", "trading_day", "instrument_id", "symbol")]
+    return bars.with_columns(pl.when(pl.lit(mask)).then(changed[c]).otherwise(_c(c)).alias(c) for c in values)
+
+
+def _evaluate(bars: pl.DataFrame, user: UserFeatures, with_book: bool) -> pl.DataFrame:
+    """The user features of the whole window (one chunk), keyed by instrument and time."""
+    from marketrl.features.engine import feature_chunks
+
+    selection = feature_chunks(
+        bars, 60_000_000_000, path=Path("<audit window>"), with_book=with_book, user=user,
+        chunk_bars=bars.height,
+    )
+    try:
+        tables = list(selection)
+    except pl.exceptions.PolarsError as exc:
+        raise _fail(f"{user.path}: cannot evaluate the features on bars: {exc}") from exc
+    return pl.concat(tables).select("instrument_id", "ts_event", "trading_day", "symbol", *user.names)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Exact equality, NaN equal to NaN."""
+    if a is None or b is None:
+        return a is b
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def audit_user_features(user: UserFeatures) -> dict[str, Any]:
+    """Run the look-ahead, lookback and finiteness audit; raise ``UserFeatureError`` naming the first feature
+    that fails and the first bar where it does; return a summary (window, probes, per-feature lookback)."""
+    with_book = user.reads_book
+    bars = _audit_bars()
+    if with_book:
+        bars = _with_book(bars)
+    base = _evaluate(bars, user, with_book)
+    ts_all = bars["ts_event"]
+    probes = _probes(bars)
+    for position, (own, t) in enumerate(probes):  # in time order: the first failure is the earliest one
+        later = _perturbed(bars, ts_all > t["ts_event"], seed=position)
+        changed = _changed(base, _evaluate(later, user, with_book), t, user.names)
+        if changed:
+            raise _fail(
+                f"feature {changed[0]!r} reads the future: its value at {_where(t)} of the audit window changed "
+                "when only later bars changed (shift(-n), a centred window or a whole-column statistic?)"
+            )
+    # Lookback: perturb every bar more than the declared lookback before t (a feature that reads the running
+    # session VWAP may read its whole trading day back, as vwap_dev_day does: only earlier days' bars then).
+    groups: dict[tuple[int, bool], list[str]] = {}
+    for name in user.names:
+        groups.setdefault((user.lookbacks[name], SESSION_VWAP in user.reads(name)), []).append(name)
+    for position, (own, t) in enumerate(probes):
+        for (lookback, session), names in sorted(groups.items()):
+            start = own.row(t["_row"] - lookback, named=True)
+            mask = ts_all < start["ts_event"]
+            if session:
+                mask &= bars["trading_day"] < t["trading_day"]
+            changed = _changed(base, _evaluate(_perturbed(bars, mask, seed=7 + position), user, with_book), t, names)
+            if changed:
+                raise _fail(
+                    f"feature {changed[0]!r} reads more than its lookback of {lookback} bars: its value at "
+                    f"{_where(t)} of the audit window changed when only bars before {start['ts_event']:%H:%M} "
+                    "changed (declare LOOKBACK up to MAX_LOOKBACK; no cumulative or whole-column statistics)"
+                )
+    for name in user.names:  # last: a look-ahead often leaves nulls at the window's end
+        bad = base.filter(~_c(name).is_finite() | _c(name).is_null())
+        if bad.height:
+            row = bad.row(0, named=True)
+            raise _fail(
+                f"feature {name!r} is not finite ({row[name]}) at {_where(row)} of the audit window (valid bars); "
+                "guard divisions and logs"
+            )
+    return {
+        "path": str(user.path),
+        "sha256": user.sha256,
+        "features": list(user.names),
+        "lookbacks": dict(user.lookbacks),
+        "reference": user.reference,
+        "window": {"start": str(_AUDIT_START), "days": _AUDIT_DAYS, "bars": bars.height, "book": with_book},
+        "probes": [f"{t['ts_event'].isoformat()} {t['symbol']}" for _, t in probes],
+        "passed": True,
+    }
+
+
+def _probes(bars: pl.DataFrame) -> list[tuple[pl.DataFrame, dict[str, Any]]]:
+    """The probed bars t in time order, each with the rows of its instrument (``_row``: position among them)."""
+    instruments = bars["instrument_id"].unique(maintain_order=True).to_list()
+    probes = []
+    for k, offset in enumerate(_PROBE_OFFSETS):
+        own = bars.filter(_c("instrument_id") == instruments[k % len(instruments)]).with_row_index("_row")
+        second_day = own["trading_day"].arg_max() or 0  # first row of the later day
+        position = min(max(second_day + offset, 2 * MAX_LOOKBACK + 1), own.height - 1)
+        probes.append((own, own.row(position, named=True)))
+    return sorted(probes, key=lambda probe: probe[1]["ts_event"])
+
+
+def _where(row: Mapping[str, Any]) -> str:
+    return f"bar {row['ts_event']:%Y-%m-%d %H:%M} UTC of {row['symbol']}"
+
+
+def _changed(base: pl.DataFrame, other: pl.DataFrame, t: Mapping[str, Any], names: list[str]) -> list[str]:
+    """The features in ``names`` whose value at bar ``t`` differs between two evaluations."""
+    at = (_c("instrument_id") == t["instrument_id"]) & (_c("ts_event") == t["ts_event"])
+    before, after = base.filter(at).row(0, named=True), other.filter(at).row(0, named=True)
+    return [name for name in names if not _same(before[name], after[name])]
+
