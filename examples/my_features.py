@@ -40,7 +40,10 @@ FEATURES = {
 }
 
 LOOKBACK = {
-    "vwap_dev_session_atr": LOOKBACKS["atr_14"],  # plus the session's bars, which session_vwap may always read
+    "vwap_dev_session_atr": LOOKBACKS[
+        "atr_14"
+    ],  # plus the session's bars, which session_vwap may always read
     "overnight_gap": 61,  # 60 bars of forward fill, each reading the bar before it
-    "spread_z_60": 59 + 5,  # a 60-bar window; ref_close may come from a few bars earlier when the reference paused
+    "spread_z_60": 59
+    + 5,  # a 60-bar window; ref_close may come from a few bars earlier when the reference paused
 }

@@ -43,8 +43,15 @@ def _audit_error(path: Path) -> str:
 
 def test_the_example_passes_the_audit() -> None:
     summary = audit_user_features(load_user_features(EXAMPLE))
-    assert summary["passed"] and summary["features"] == ["vwap_dev_session_atr", "overnight_gap", "spread_z_60"]
-    assert {probe.split()[1] for probe in summary["probes"]} == {"ES.c.0", "NQ.c.0"}  # both instruments probed
+    assert summary["passed"] and summary["features"] == [
+        "vwap_dev_session_atr",
+        "overnight_gap",
+        "spread_z_60",
+    ]
+    assert {probe.split()[1] for probe in summary["probes"]} == {
+        "ES.c.0",
+        "NQ.c.0",
+    }  # both instruments probed
 
 
 BAR = r"at bar \d{4}-\d\d-\d\d \d\d:\d\d UTC of \S+ of the audit window"
@@ -77,7 +84,9 @@ def test_a_cumulative_sum_breaks_the_lookback(tmp_path: Path) -> None:
     """A running sum per instrument reads no later bar, but every earlier one: the lookback check catches it (the
     engine computes a chunk with only MAX_LOOKBACK bars of context, so it would differ chunk to chunk)."""
     message = _audit_error(_one_feature(tmp_path, "pl.col('volume').cum_sum().over('instrument_id')"))
-    assert re.search(rf"feature 'cheat' reads more than its lookback of {MAX_LOOKBACK} bars: its value {BAR}", message)
+    assert re.search(
+        rf"feature 'cheat' reads more than its lookback of {MAX_LOOKBACK} bars: its value {BAR}", message
+    )
 
 
 def test_an_undeclared_longer_lookback_fails(tmp_path: Path) -> None:
@@ -104,18 +113,33 @@ def test_non_finite_values_on_valid_data_fail(tmp_path: Path) -> None:
         ("x = 1\n", "expected a non-empty dict FEATURES"),
         ("FEATURES = {}\n", "expected a non-empty dict FEATURES"),
         ("FEATURES = {'a': 1.0}\n", "feature 'a': expected a polars expression, got float"),
-        ("import polars as pl\nFEATURES = {'ret_5': pl.col('close')}\n", "feature 'ret_5': the name of a catalog"),
-        ("import polars as pl\nFEATURES = {'close': pl.col('close')}\n", "feature 'close': the name of a catalog"),
+        (
+            "import polars as pl\nFEATURES = {'ret_5': pl.col('close')}\n",
+            "feature 'ret_5': the name of a catalog",
+        ),
+        (
+            "import polars as pl\nFEATURES = {'close': pl.col('close')}\n",
+            "feature 'close': the name of a catalog",
+        ),
         ("import polars as pl\nFEATURES = {'a b': pl.col('close')}\n", "FEATURES key 'a b'"),
         ("import polars as pl\nFEATURES = {'a': pl.col('clse')}\n", "feature 'a' reads 'clse'"),
         ("import polars as pl\nFEATURES = {'a': pl.col('ref_close')}\n", "(ref_close needs REFERENCE)"),
-        ("import polars as pl\nFEATURES = {'a': pl.col('close')}\nLOOKBACK = 3\n", "LOOKBACK: expected a dict"),
-        ("import polars as pl\nFEATURES = {'a': pl.col('close')}\nLOOKBACK = {'b': 3}\n", "LOOKBACK names 'b'"),
+        (
+            "import polars as pl\nFEATURES = {'a': pl.col('close')}\nLOOKBACK = 3\n",
+            "LOOKBACK: expected a dict",
+        ),
+        (
+            "import polars as pl\nFEATURES = {'a': pl.col('close')}\nLOOKBACK = {'b': 3}\n",
+            "LOOKBACK names 'b'",
+        ),
         (
             "import polars as pl\nFEATURES = {'a': pl.col('close')}\nLOOKBACK = {'a': 10_000}\n",
             f"LOOKBACK['a']: expected an integer 0..{MAX_LOOKBACK}",
         ),
-        ("import polars as pl\nFEATURES = {'a': pl.col('close')}\nREFERENCE = 3\n", "REFERENCE: expected a symbol"),
+        (
+            "import polars as pl\nFEATURES = {'a': pl.col('close')}\nREFERENCE = 3\n",
+            "REFERENCE: expected a symbol",
+        ),
         ("raise RuntimeError('boom')\n", "cannot import it: RuntimeError: boom"),
     ],
 )
@@ -142,7 +166,9 @@ def test_user_features_follow_the_catalog_as_float32(tmp_path: Path) -> None:
     assert table.schema["honest"] == pl.Float32
     assert table.drop("honest").equals(plain)  # the catalog's columns do not change
     expected = bars.select(
-        "instrument_id", "ts_event", pl.col("close").pct_change().rolling_mean(5).over("instrument_id").alias("want")
+        "instrument_id",
+        "ts_event",
+        pl.col("close").pct_change().rolling_mean(5).over("instrument_id").alias("want"),
     )
     joined = table.join(expected, on=["instrument_id", "ts_event"])
     assert (joined["honest"] - joined["want"].cast(pl.Float32)).abs().max() < 1e-6
@@ -150,7 +176,9 @@ def test_user_features_follow_the_catalog_as_float32(tmp_path: Path) -> None:
 
 
 def test_a_missing_reference_symbol_is_named(tmp_path: Path) -> None:
-    text = "import polars as pl\nREFERENCE = 'ES.c.0'\nFEATURES = {'s': pl.col('close') / pl.col('ref_close')}\n"
+    text = (
+        "import polars as pl\nREFERENCE = 'ES.c.0'\nFEATURES = {'s': pl.col('close') / pl.col('ref_close')}\n"
+    )
     user = load_user_features(_file(tmp_path, text))
     bars = _prepared(random_walk_bars(3 * MAX_LOOKBACK, {1: 100.0, 2: 50.0}, seed=4))
     with pytest.raises(UserFeatureError, match=r"REFERENCE symbol 'ES.c.0' has no bars in <memory>"):

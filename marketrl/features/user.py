@@ -112,7 +112,9 @@ def load_user_features(path: str | Path) -> UserFeatures:
     default MAX_LOOKBACK) and optional ``REFERENCE: str`` (the symbol ``ref_close`` follows)."""
     path = Path(path)
     if not path.is_file():
-        raise _fail(f"{path}: no such file (a Python file defining FEATURES, relative to the working directory)")
+        raise _fail(
+            f"{path}: no such file (a Python file defining FEATURES, relative to the working directory)"
+        )
     source = path.read_bytes()
     module_name = f"_marketrl_user_features_{hashlib.sha256(source).hexdigest()[:12]}"
     try:
@@ -134,7 +136,9 @@ def load_user_features(path: str | Path) -> UserFeatures:
         if not isinstance(name, str) or not name.isidentifier():
             raise _fail(f"{path}: FEATURES key {name!r}: expected a name of letters, digits and underscores")
         if name in _ENTRIES or name in readable or name in (SESSION_VWAP, REF_CLOSE):
-            raise _fail(f"{path}: feature {name!r}: the name of a catalog feature or bar column; choose another")
+            raise _fail(
+                f"{path}: feature {name!r}: the name of a catalog feature or bar column; choose another"
+            )
         if not isinstance(expr, pl.Expr):
             raise _fail(f"{path}: feature {name!r}: expected a polars expression, got {type(expr).__name__}")
         unknown = sorted(set(expr.meta.root_names()) - readable)
@@ -145,7 +149,9 @@ def load_user_features(path: str | Path) -> UserFeatures:
             )
     declared = getattr(module, "LOOKBACK", {})
     if not isinstance(declared, dict):
-        raise _fail(f"{path}: LOOKBACK: expected a dict {{feature name: bars}}, got {type(declared).__name__}")
+        raise _fail(
+            f"{path}: LOOKBACK: expected a dict {{feature name: bars}}, got {type(declared).__name__}"
+        )
     for name, bars in declared.items():
         if name not in features:
             raise _fail(f"{path}: LOOKBACK names {name!r}, which is not in FEATURES")
@@ -237,7 +243,9 @@ def _audit_bars() -> pl.DataFrame:
 
 def _with_book(bars: pl.DataFrame) -> pl.DataFrame:
     """Plausible top-of-book columns (one tick around the close) for features that read the book."""
-    sizes = pl.Series(np.random.default_rng(5).integers(1, 50, (2, bars.height)).astype(np.float64).T.tolist())
+    sizes = pl.Series(
+        np.random.default_rng(5).integers(1, 50, (2, bars.height)).astype(np.float64).T.tolist()
+    )
     return bars.with_columns(
         (_c("close") - 0.25).alias("bid_px"),
         (_c("close") + 0.25).alias("ask_px"),
@@ -271,7 +279,11 @@ def _evaluate(bars: pl.DataFrame, user: UserFeatures, with_book: bool) -> pl.Dat
     from marketrl.features.engine import feature_chunks
 
     selection = feature_chunks(
-        bars, 60_000_000_000, path=Path("<audit window>"), with_book=with_book, user=user,
+        bars,
+        60_000_000_000,
+        path=Path("<audit window>"),
+        with_book=with_book,
+        user=user,
         chunk_bars=bars.height,
     )
     try:
@@ -298,7 +310,7 @@ def audit_user_features(user: UserFeatures) -> dict[str, Any]:
     base = _evaluate(bars, user, with_book)
     ts_all = bars["ts_event"]
     probes = _probes(bars)
-    for position, (own, t) in enumerate(probes):  # in time order: the first failure is the earliest one
+    for position, (_, t) in enumerate(probes):  # in time order: the first failure is the earliest one
         later = _perturbed(bars, ts_all > t["ts_event"], seed=position)
         changed = _changed(base, _evaluate(later, user, with_book), t, user.names)
         if changed:
@@ -317,7 +329,9 @@ def audit_user_features(user: UserFeatures) -> dict[str, Any]:
             mask = ts_all < start["ts_event"]
             if session:
                 mask &= bars["trading_day"] < t["trading_day"]
-            changed = _changed(base, _evaluate(_perturbed(bars, mask, seed=7 + position), user, with_book), t, names)
+            changed = _changed(
+                base, _evaluate(_perturbed(bars, mask, seed=7 + position), user, with_book), t, names
+            )
             if changed:
                 raise _fail(
                     f"feature {changed[0]!r} reads more than its lookback of {lookback} bars: its value at "
@@ -365,4 +379,3 @@ def _changed(base: pl.DataFrame, other: pl.DataFrame, t: Mapping[str, Any], name
     at = (_c("instrument_id") == t["instrument_id"]) & (_c("ts_event") == t["ts_event"])
     before, after = base.filter(at).row(0, named=True), other.filter(at).row(0, named=True)
     return [name for name in names if not _same(before[name], after[name])]
-
