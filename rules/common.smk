@@ -72,7 +72,19 @@ def feature_inputs(wildcards):
     context = pipeline.previous_files(config, wildcards.stem)
     if context:
         inputs["context"] = context
+    if config["features"]["user"]:  # features.user: audited before any features job runs
+        inputs["audit"] = paths.USER_FEATURES_AUDIT
     return inputs
+
+
+def user_features_file():
+    """The features.user file the audit reads (none without one: then no job asks for the audit)."""
+    return [config["features"]["user"]] if config["features"]["user"] else []
+
+
+def user_features_hash():
+    """Hash of the features.user file's content (in params: editing it reruns the audit, features and on)."""
+    return stages.user_features_hash(config)
 
 
 def hyperopt_worker_summaries(wildcards):

@@ -2,7 +2,8 @@
 
 - ``catalog``: the one catalog of the features (names, lookbacks, definitions);
 - ``engine``: the query planner and the chunk engine that computes the table;
-- ``build``: the file stage (``build_feature_file``) and its Parquet writing.
+- ``build``: the file stage (``build_feature_file``) and its Parquet writing;
+- ``user``: features of the user's own file (``features.user``) and their look-ahead audit.
 
 The public names are re-exported here: ``from marketrl.features import X`` is the way to import them.
 """
@@ -24,6 +25,7 @@ from marketrl.features.catalog import (
     FeatureSpec,
 )
 from marketrl.features.engine import CHUNK_BARS, FeatureChunks, feature_chunks, non_finite_columns
+from marketrl.features.user import UserFeatureError, UserFeatures, audit_user_features, load_user_features
 
 #: names of the file stage (``build``: pyarrow and the Parquet writing), loaded on first use (`__getattr__`), so
 #: that jobs which only read feature tables (evaluate, baselines) do not import it
@@ -58,9 +60,13 @@ __all__ = [
     "PARQUET_ZSTD_LEVEL",
     "FeatureChunks",
     "FeatureSpec",
+    "UserFeatureError",
+    "UserFeatures",
+    "audit_user_features",
     "build_feature_file",
     "feature_chunks",
     "feature_options",
+    "load_user_features",
     "non_finite_columns",
     "skipped_reason",
     "warmup_only_note",

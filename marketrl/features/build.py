@@ -33,6 +33,7 @@ from marketrl.features.catalog import (
     _c,
 )
 from marketrl.features.engine import _check_finite, feature_chunks
+from marketrl.features.user import UserFeatureError, UserFeatures
 from marketrl.runtime.io import atomic_write
 
 __all__ = [
@@ -116,7 +117,7 @@ def feature_options(data: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _empty_feature_table(with_book: bool) -> pl.DataFrame:
+def _empty_feature_table(with_book: bool, user: UserFeatures | None = None) -> pl.DataFrame:
     """A feature table with no rows: the columns and types ``build_feature_file`` writes."""
     columns: dict[str, Any] = {
         "ts_event": pl.Datetime("ns", "UTC"),
@@ -126,6 +127,7 @@ def _empty_feature_table(with_book: bool) -> pl.DataFrame:
         **dict.fromkeys(("open", "high", "low", "close", "volume"), pl.Float64),
         "bar_return": pl.Float32,
         **dict.fromkeys(FEATURE_NAMES + (BOOK_FEATURE_NAMES if with_book else ()), pl.Float32),
+        **dict.fromkeys(user.names if user else (), pl.Float32),
     }
     return pl.DataFrame(schema=columns)
 
@@ -168,6 +170,7 @@ def build_feature_file(
     session: SessionCalendar | Mapping[str, Any] | None = None,
     max_price_jump: float = DEFAULT_MAX_PRICE_JUMP,
     on_bad_file: OnBadFile = "error",
+    user: UserFeatures | None = None,
 ) -> dict[str, Any]:
     """Decode ``src`` once, featurize it and atomically write ``dst`` (zstd Parquet with provenance metadata).
 
@@ -189,6 +192,9 @@ def build_feature_file(
     ``skipped_reason``) and summary (``skipped``) say why, and an unreadable context file only loses the
     context from it on back. Features are computed and written in chunks of ``CHUNK_BARS`` bars, so memory
     beyond the bars stays bounded however long the file is.
+
+    ``user``: the features of a ``features.user`` file (marketrl.features.user, audited by the caller), written
+    after the catalog's and named in the metadata (``marketrl.user_features``).
     """
     src, dst = Path(src), Path(dst)
     if on_bad_file not in ("error", "skip"):
@@ -199,14 +205,22 @@ def build_feature_file(
         context_srcs = [prev_src]
     options = {"session": session, "max_price_jump": max_price_jump}
     try:
-        return _build_feature_file(src, dst, bar_size, [Path(p) for p in context_srcs], options, on_bad_file)
+        return _build_feature_file(
+            src, dst, bar_size, [Path(p) for p in context_srcs], options, on_bad_file, user
+        )
     except DataFileError as exc:
         if on_bad_file == "error" or exc.path != src or isinstance(exc, DataConfigError):
             raise
-        return _write_skipped(src, dst, bar_size, exc)
+        return _write_skipped(src, dst, bar_size, exc, user)
 
 
-def _write_skipped(src: Path, dst: Path, bar_size: str, exc: DataFileError) -> dict[str, Any]:
+def _user_metadata(user: UserFeatures | None) -> dict[str, str]:
+    return {"marketrl.user_features": json.dumps(user.record())} if user else {}
+
+
+def _write_skipped(
+    src: Path, dst: Path, bar_size: str, exc: DataFileError, user: UserFeatures | None
+) -> dict[str, Any]:
     """The empty feature table of a skipped file, with the reason in its metadata."""
     reason = exc.fault.removesuffix(_SKIP_HINT)
     metadata = {
@@ -215,15 +229,16 @@ def _write_skipped(src: Path, dst: Path, bar_size: str, exc: DataFileError) -> d
         "marketrl.bar_size": bar_size,
         "marketrl.rows": "0",
         "marketrl.skipped": reason,
+        **_user_metadata(user),
     }
-    table = _empty_feature_table(with_book=False).to_arrow()
+    table = _empty_feature_table(with_book=False, user=user).to_arrow()
     with atomic_write(dst) as tmp:
         pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="zstd")
     logging.getLogger(__name__).warning("%s: skipped (%s: skip): %s", src, ON_BAD_FILE_KEY, reason)
     return {
         "rows": 0,
         "instruments": 0,
-        "features": len(FEATURE_NAMES),
+        "features": len(FEATURE_NAMES) + len(user.names if user else ()),
         "bar_size": bar_size,
         "warmup_only": None,
         "skipped": reason,
@@ -319,8 +334,14 @@ def _build_feature_file(
     context_srcs: Sequence[Path],
     options: dict[str, Any],
     on_bad_file: OnBadFile,
+    user: UserFeatures | None,
 ) -> dict[str, Any]:
     current = read_bars(src, bar_size, **options)
+    if user is not None and user.reads_book and not current.has_book:
+        raise UserFeatureError(
+            f"features.user: {user.path} reads the book (bid_px, ask_px, bid_sz, ask_sz or a book_* feature), "
+            f"which {src.name} ({current.schema}) does not have"
+        )
     if current.bars.height == 0:
         raise DataFileError(
             src,
@@ -338,10 +359,17 @@ def _build_feature_file(
     # Instruments without a row have only warm-up bars: left out and listed, never an error (a contract
     # first traded near the end of the file gets its rows in the next file, with this one as context).
     selection = feature_chunks(
-        bars, current.bar_ns, path=src, with_book=current.has_book, keep_from=keep_from, drop_short=True
+        bars,
+        current.bar_ns,
+        path=src,
+        with_book=current.has_book,
+        keep_from=keep_from,
+        drop_short=True,
+        user=user,
     )
     del bars  # the selection holds the bars (with _bar_index) from here on
     feature_names = list(FEATURE_NAMES) + (list(BOOK_FEATURE_NAMES) if current.has_book else [])
+    feature_names += list(user.names) if user else []
     metadata = {
         "marketrl.feature_set_version": FEATURE_SET_VERSION,
         "marketrl.source_file": src.name,
@@ -358,6 +386,7 @@ def _build_feature_file(
         "marketrl.dropped_in_halt": str(current.dropped_in_halt),
         "marketrl.context_files": json.dumps(context.files),
         "marketrl.warmup_instruments": json.dumps(selection.dropped),
+        **_user_metadata(user),
     }
     if context.files:  # the nearest earlier file, as before multi-file context
         metadata["marketrl.prev_source_file"] = context.files[-1]["file"]
@@ -376,7 +405,7 @@ def _build_feature_file(
         )
     with atomic_write(dst) as tmp:
         if selection.rows == 0:
-            table = _empty_feature_table(with_book=current.has_book).to_arrow()
+            table = _empty_feature_table(with_book=current.has_book, user=user).to_arrow()
             pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="zstd")
         else:
             written = _write_chunks(iter(selection), tmp, metadata, src)

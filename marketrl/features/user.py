@@ -7,7 +7,8 @@ expressions over the bar columns and the catalog's features, checked for look-ah
   instruments, then again with every bar after t perturbed (the value at t must not change: no look-ahead) and
   with every bar more than the declared lookback before t perturbed (it must not change either: an honest
   lookback, which the engine's context and warm-up rely on); a non-finite value past the warm-up fails too;
-- ``user_columns``, ``with_reference``: what the engine (marketrl.features.engine) adds to its query.
+- ``user_columns``, ``with_reference``: what the engine (marketrl.features.engine) adds to its query;
+- ``write_user_audit`` (the ``user_features_audit`` job) and ``audited_user_features`` (the features job).
 
 The expressions run in the engine's query after the catalog's features, on each chunk of bars sorted by
 (instrument, time), so they see what a catalog entry sees: one instrument's bars in time order, its rows more
@@ -50,9 +51,11 @@ __all__ = [
     "UserFeatureError",
     "UserFeatures",
     "audit_user_features",
+    "audited_user_features",
     "load_user_features",
     "user_columns",
     "with_reference",
+    "write_user_audit",
 ]
 
 USER_KEY = "features.user"
@@ -379,3 +382,36 @@ def _changed(base: pl.DataFrame, other: pl.DataFrame, t: Mapping[str, Any], name
     at = (_c("instrument_id") == t["instrument_id"]) & (_c("ts_event") == t["ts_event"])
     before, after = base.filter(at).row(0, named=True), other.filter(at).row(0, named=True)
     return [name for name in names if not _same(before[name], after[name])]
+
+
+# ------------------------------------------------------------------------------------------- the pipeline's jobs
+
+
+def write_user_audit(path: str | Path, config: Mapping[str, Any], out_path: str | Path) -> dict[str, Any]:
+    """The ``user_features_audit`` job: load and audit ``path``, then write the summary with provenance to
+    ``out_path`` (nothing is written when the audit fails)."""
+    from marketrl.runtime.io import write_json_atomic
+    from marketrl.runtime.provenance import collect
+
+    user = load_user_features(path)
+    summary = audit_user_features(user)
+    summary["provenance"] = collect(dict(config), inputs={str(user.path): user.sha256})
+    write_json_atomic(out_path, summary)
+    return summary
+
+
+def audited_user_features(path: str | Path, audit_path: str | Path | None = None) -> UserFeatures:
+    """The features of ``path`` for a features job: audited already when ``audit_path`` (the audit job's
+    summary) records this very content, else audited here, before any bar is featurized."""
+    import json
+
+    user = load_user_features(path)
+    if audit_path is not None:
+        try:
+            audited = json.loads(Path(audit_path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise _fail(f"{audit_path}: cannot read the audit summary: {exc}") from exc
+        if audited.get("passed") and audited.get("sha256") == user.sha256:
+            return user
+    audit_user_features(user)
+    return user

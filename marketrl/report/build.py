@@ -217,7 +217,8 @@ def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
     """What the feature manifest says about the input files: how many, which were skipped and why
     (`data.on_bad_file: skip`), which only served as warm-up context (the first file(s)), bars dropped outside
     the session and inside the daily halt per file, the rolls of every continuous symbol and where the file names
-    disagree with the data's time order (docs/OUTPUTS.md). A malformed manifest is a ReportInputError naming it."""
+    disagree with the data's time order, and the features.user features (docs/OUTPUTS.md). A malformed manifest is a
+    ReportInputError naming it."""
     manifest = read_json_object(manifest_path, "feature manifest")
     files, rolls = manifest.get("files"), manifest.get("rolls", [])
     if not isinstance(files, list) or not all(isinstance(entry, dict) and "path" in entry for entry in files):
@@ -230,6 +231,11 @@ def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
     if name_order is not None and not (isinstance(name_order, dict) and {"file", "after"} <= set(name_order)):
         raise ReportInputError(
             f"{manifest_path}: feature manifest: 'name_order' must be null or an object with file and after"
+        )
+    user = manifest.get("user_features")
+    if user is not None and not (isinstance(user, dict) and isinstance(user.get("names"), list)):
+        raise ReportInputError(
+            f"{manifest_path}: feature manifest: 'user_features' must be null or an object with a list of names"
         )
 
     def name(entry: Mapping[str, Any]) -> str:
@@ -251,6 +257,7 @@ def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
         "outside": sum(int(e["dropped_outside_session"]) for e in counted),
         "rolls": rolls,
         "name_order": name_order,
+        "user_features": user,  # None: the catalog's features only
     }
 
 

@@ -21,6 +21,7 @@ KNOWN_ERRORS: frozenset[str] = frozenset(
         "marketrl.data.calendars.sessions.SessionConfigError",
         "marketrl.data.download.DownloadError",
         "marketrl.data.checks.DataFileError",
+        "marketrl.features.user.UserFeatureError",
         "marketrl.env.config.EnvConfigError",
         "marketrl.env.config.EnvDataError",
         "marketrl.env.costs.CostConfigError",

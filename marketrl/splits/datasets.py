@@ -18,7 +18,7 @@ import torch
 
 from marketrl.env import EnvConfig, MarketData, parse_duration
 from marketrl.env.costs import Costs, costs_from_config, is_continuous
-from marketrl.features import BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns
+from marketrl.features import BASE_COLUMNS, BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns
 from marketrl.runtime.io import write_json_atomic
 from marketrl.runtime.provenance import sha256_file
 from marketrl.splits.folds import FoldPlan, select_rows, select_tuning_rows
@@ -99,8 +99,9 @@ def _check_finite(frame: pl.DataFrame, path: str | Path) -> None:
 
 def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | Path) -> dict[str, Any]:
     """results/features/manifest.json: every feature table with its sha256, rows, days, source file, bars dropped
-    outside the session (and in the daily halt), skip reason and warm-up-only note, and the rolls of every
-    continuous symbol.
+    outside the session (and in the daily halt), skip reason and warm-up-only note, the rolls of every
+    continuous symbol, and the ``features.user`` features the tables carry (``user_features``: path, sha256,
+    names, lookbacks, reference; None without).
 
     The fan-out jobs depend on this one file instead of on every feature table, which keeps the DAG small
     (thousands of jobs x hundreds of files would be hundreds of thousands of edges).
@@ -110,10 +111,18 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
     from marketrl.features import skipped_reason, warmup_only_note
 
     entries, spans = [], []
-    for path in feature_files:
+    user: dict[str, Any] | None = None
+    for index, path in enumerate(feature_files):
         frame = pl.read_parquet(path, columns=["ts_event", "trading_day", "instrument_id", "symbol"])
         days = frame["trading_day"]
         metadata = pq.read_schema(path).metadata or {}  # tables written elsewhere may carry none
+        record = json.loads(_metadata_value(metadata, "user_features") or "null")
+        if index and record != user:
+            raise DatasetError(
+                f"{path}: built with other features.user features ({_user_names(record)}) than "
+                f"{feature_files[0]} ({_user_names(user)}); rerun the features stage"
+            )
+        user = record
         entries.append(
             {
                 "path": str(path),
@@ -133,9 +142,14 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
         "files": entries,
         "rolls": continuous_rolls(pl.concat(spans)) if spans else [],
         "name_order": name_order_disagreement(entries),
+        "user_features": user,
     }
     write_json_atomic(out_path, manifest)
     return manifest
+
+
+def _user_names(record: Mapping[str, Any] | None) -> str:
+    return ", ".join(record["names"]) + f" of {record['path']}" if record else "none"
 
 
 def name_order_disagreement(entries: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
@@ -230,10 +244,13 @@ def load_features(manifest_path: str | Path) -> pl.DataFrame:
 
 
 def feature_names_of(table: pl.DataFrame) -> list[str]:
-    """The catalog's base features, plus the book group when every file carries it."""
+    """The catalog's base features, plus the book group when every file carries it, plus the ``features.user``
+    features: every other Float32 column, in table order (the features stage writes them after the catalog's)."""
     names = list(FEATURE_NAMES)
     if all(name in table.columns for name in BOOK_FEATURE_NAMES):
         names += list(BOOK_FEATURE_NAMES)
+    known = {*BASE_COLUMNS, *FEATURE_NAMES, *BOOK_FEATURE_NAMES}
+    names += [name for name, dtype in table.schema.items() if dtype == pl.Float32 and name not in known]
     return names
 
 

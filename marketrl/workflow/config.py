@@ -108,6 +108,12 @@ def check_semantics(config: dict[str, Any]) -> None:
         raise ConfigError(
             "config key 'data.files': empty glob; data.source=files needs a glob of .dbn.zst files"
         )
+    user = config["features"]["user"]
+    if user and (not user.endswith(".py") or not Path(user).is_file()):
+        raise ConfigError(
+            f"config key 'features.user': {user}: no such Python file (a .py file defining FEATURES, relative to "
+            "the working directory)"
+        )
     folds = config["folds"]
     if folds["validation_days"] >= folds["train_days"]:
         raise ConfigError(

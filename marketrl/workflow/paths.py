@@ -19,6 +19,7 @@ DEMO_DIR = "results/data/demo"
 DATABENTO_DIR = "results/data/databento"
 FEATURES = "results/features/{stem}.parquet"
 FEATURE_MANIFEST = "results/features/manifest.json"
+USER_FEATURES_AUDIT = "results/features/user_audit.json"  # the features.user audit (marketrl.features.user)
 FOLDS = "results/folds.json"
 
 HYPEROPT_WORKER = "results/hyperopt/{algo}/worker_{worker}.json"

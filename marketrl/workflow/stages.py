@@ -85,7 +85,8 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "data.databento.stype_in",
         "data.databento.symbols",
     ),
-    "features": ("data.bar_size", "data.max_price_jump", "data.on_bad_file", "data.session"),
+    "features": ("data.bar_size", "data.max_price_jump", "data.on_bad_file", "data.session", "features.user"),
+    "user_features_audit": ("features.user",),
     "feature_manifest": (),
     "folds": _FOLDS,
     "hyperopt_worker": (
@@ -185,12 +186,14 @@ DAG_KEYS: dict[str, str] = {
     "training.seeds": "seed jobs",
     "training.gpu_jobs": "gpu resource only",
     "training.device": "gpu resource",
+    "features.user": "user_features_audit job",
 }
 
 # Which stages read each stage's outputs (mirrors the rules' inputs; tests check it against Snakemake's rulegraph).
 DOWNSTREAM: dict[str, tuple[str, ...]] = {
     "demo_data": ("features",),
     "download_databento": ("features",),
+    "user_features_audit": ("features",),
     "features": ("feature_manifest", "folds"),
     "feature_manifest": ("hyperopt_worker", "train", "evaluate", "baselines", "report"),
     "folds": ("hyperopt_worker", "hyperopt_best", "train", "evaluate", "baselines", "report"),
@@ -382,6 +385,13 @@ def stage_sources(stage: str) -> tuple[Path, ...]:
                     if found.name == "__init__.py":
                         files.update(_package_data(found))
     return tuple(sorted(files))
+
+
+def user_features_hash(config: Mapping[str, Any]) -> str:
+    """Hash of the ``features.user`` file's content ("" without one): a param of the stages that run it, so that
+    editing the file reruns the audit, the features and everything downstream, and an unchanged file nothing."""
+    user = config["features"]["user"]
+    return hashlib.sha256(Path(user).read_bytes()).hexdigest()[:16] if user else ""
 
 
 @functools.cache
