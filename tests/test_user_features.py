@@ -3,6 +3,7 @@ in one line naming the feature and the bar), the features appended to the table,
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -10,9 +11,18 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from marketrl.features import FEATURE_NAMES, MAX_LOOKBACK, feature_chunks
-from marketrl.features.user import UserFeatureError, audit_user_features, load_user_features
-from tests.support.synthetic import random_walk_bars
+from marketrl.data.dbn_writer import encode_dbn, write_dbn
+from marketrl.features import CATALOG, FEATURE_NAMES, MAX_LOOKBACK, build_feature_file, feature_chunks
+from marketrl.features.user import (
+    UserFeatureError,
+    audit_user_features,
+    audited_user_features,
+    load_user_features,
+    write_user_audit,
+)
+from marketrl.splits.datasets import DatasetError, feature_names_of, write_feature_manifest
+from marketrl.workflow import stages
+from tests.support.synthetic import ohlcv_messages, random_walk_bars
 from tests.test_features import MINUTE_NS, _prepared
 
 REPO = Path(__file__).resolve().parents[1]
@@ -190,3 +200,79 @@ def test_example_is_copied_verbatim_elsewhere(tmp_path: Path) -> None:
     copy = tmp_path / "copy.py"
     shutil.copy(EXAMPLE, copy)
     assert load_user_features(copy).names == load_user_features(EXAMPLE).names
+
+
+def _dbn(tmp_path: Path, name: str, seed: int) -> Path:
+    bars = random_walk_bars(400, {7: 4000.0, 9: 15000.0}, seed=seed)
+    start, end = int(bars["ts_event"].min()), int(bars["ts_event"].max()) + 1
+    messages = ohlcv_messages(bars)
+    encoded = encode_dbn(
+        messages, schema="ohlcv-1m", start_ns=start, end_ns=end, symbols={"ESH4": 7, "NQH4": 9}
+    )
+    return write_dbn(tmp_path / name, encoded)
+
+
+def test_tables_and_manifest_name_the_user_features(tmp_path: Path) -> None:
+    """build_feature_file appends them (metadata too), feature_names_of hands them to training, and the
+    manifest names them; tables built with another file are refused."""
+    user = load_user_features(_file(tmp_path, HONEST))
+    src = _dbn(tmp_path, "a.dbn.zst", seed=1)
+    dst = tmp_path / "a.parquet"
+    summary = build_feature_file(src, dst, user=user)
+    table = pl.read_parquet(dst)
+    assert table.columns[-1] == "honest" and summary["features"] == len(CATALOG) + 1
+    meta = pl.read_parquet_metadata(dst)
+    assert meta["marketrl.feature_names"].split(",") == [*FEATURE_NAMES, "honest"]
+    assert json.loads(meta["marketrl.user_features"])["sha256"] == user.sha256
+    assert feature_names_of(table) == [*FEATURE_NAMES, "honest"]
+
+    manifest = write_feature_manifest([dst], tmp_path / "manifest.json")
+    assert manifest["user_features"]["names"] == ["honest"] and manifest["user_features"]["lookbacks"] == {
+        "honest": 5
+    }
+    plain = tmp_path / "b.parquet"
+    build_feature_file(_dbn(tmp_path, "b.dbn.zst", seed=2), plain)
+    assert write_feature_manifest([plain], tmp_path / "plain.json")["user_features"] is None
+    with pytest.raises(DatasetError, match=r"b.parquet: built with other features.user features \(none\)"):
+        write_feature_manifest([dst, plain], tmp_path / "mixed.json")
+
+
+def test_a_book_feature_on_an_ohlcv_file_is_named(tmp_path: Path) -> None:
+    user = load_user_features(
+        _file(tmp_path, "import polars as pl\nFEATURES = {'b': pl.col('book_imbalance')}\n")
+    )
+    with pytest.raises(
+        UserFeatureError, match=r"reads the book .* which a.dbn.zst \(ohlcv-1m\) does not have"
+    ):
+        build_feature_file(_dbn(tmp_path, "a.dbn.zst", seed=1), tmp_path / "a.parquet", user=user)
+    assert not (tmp_path / "a.parquet").exists()
+
+
+def test_the_content_hash_reruns_on_edits_only(tmp_path: Path) -> None:
+    """The features rule's `user` param: a new content changes it, rewriting the same content does not."""
+    path = _file(tmp_path, HONEST)
+    config = {"features": {"user": str(path)}}
+    before = stages.user_features_hash(config)
+    path.write_text(HONEST, encoding="utf-8")
+    assert stages.user_features_hash(config) == before
+    path.write_text(HONEST + "# edited\n", encoding="utf-8")
+    assert stages.user_features_hash(config) != before
+    assert stages.user_features_hash({"features": {"user": ""}}) == ""
+    assert "features.user" in stages.STAGE_KEYS["features"]
+    assert stages.reruns("features.user")[:2] == ["user_features_audit", "features"]
+
+
+def test_the_audit_job_writes_its_summary_and_the_features_job_trusts_it(tmp_path: Path) -> None:
+    path = _file(tmp_path, HONEST)
+    out = tmp_path / "audit.json"
+    write_user_audit(path, {"features": {"user": str(path)}}, out)
+    record = json.loads(out.read_text())
+    assert record["passed"] and record["sha256"] == load_user_features(path).sha256
+    assert record["provenance"]["inputs"] == {str(path): record["sha256"]}
+    assert audited_user_features(path, out).names == ("honest",)
+    # edited after the audit: the job audits it itself, and a cheat fails there
+    path.write_text(
+        "import polars as pl\nFEATURES = {'honest': pl.col('close').shift(-1)}\n", encoding="utf-8"
+    )
+    with pytest.raises(UserFeatureError, match="feature 'honest' reads the future"):
+        audited_user_features(path, out)
