@@ -71,9 +71,9 @@ def test_chunk_frames_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     heights: list[int] = []
     real_query = engine._feature_query
 
-    def recording_query(frame: pl.LazyFrame, bar_ns: int, with_book: bool) -> pl.LazyFrame:
+    def recording_query(frame: pl.LazyFrame, *args: object) -> pl.LazyFrame:
         heights.append(frame.collect().height)
-        return real_query(frame, bar_ns, with_book)
+        return real_query(frame, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine, "_feature_query", recording_query)
     bars = _two_instruments_over_days(seed=73)

@@ -69,11 +69,12 @@ def test_example_features_run_end_to_end(finished: Path) -> None:
     assert audit["passed"] and audit["features"] == NAMES
     manifest = json.loads((finished / "results/features/manifest.json").read_text())
     assert manifest["user_features"]["names"] == NAMES
-    for model in ("dqn", "linear"):  # the observation / input width grew by the three features
-        checkpoint = torch.load(
-            finished / f"results/models/{model}/fold_0/seed_0/model.pt", weights_only=False
-        )
-        assert checkpoint["feature_names"][len(CATALOG) :] == NAMES
+    # the observation / input width grew by the three features (a forecaster keeps the names in `extra`)
+    agent = torch.load(finished / "results/models/dqn/fold_0/seed_0/model.pt", weights_only=False)
+    forecaster = torch.load(finished / "results/models/linear/fold_0/seed_0/model.pt", weights_only=False)
+    assert agent["feature_names"][len(CATALOG) :] == NAMES
+    assert forecaster["extra"]["feature_names"][len(CATALOG) :] == NAMES
+    assert forecaster["n_features"] == len(CATALOG) + len(NAMES)
     report = (finished / "results/eval_report.html").read_text()
     assert 'data-metric="user-features" data-value="3"' in report
     assert all(f"<code>{name}</code>" in report for name in NAMES)
