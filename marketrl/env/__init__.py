@@ -39,6 +39,7 @@ from marketrl.env.rollout import (
     policy_positions,
     position_results,
     results_frame,
+    tabulated_policies_positions,
 )
 from marketrl.env.tensor_env import TradingEnv, check_segmentation, step_rewards
 
@@ -69,4 +70,5 @@ __all__ = [
     "results_frame",
     "rule_positions",
     "step_rewards",
+    "tabulated_policies_positions",
 ]
