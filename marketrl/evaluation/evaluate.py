@@ -217,6 +217,7 @@ def evaluate_job(
         config,
         [(algo, fold, s) for s in seed_indices],
     )
+    provenance = collect(dict(config), device=str(device))  # the same for every seed: collected once
     frames, results = [], []
     for (bars, scored), seed_index, run, model_path, predicted in zip(
         scored_runs, seed_indices, runs, model_paths, predictions, strict=True
@@ -241,7 +242,7 @@ def evaluate_job(
                 **_test_span(bars),
                 **scored,
                 "model": {"path": str(model_path), **run.info},
-                "provenance": collect(dict(config), device=str(device)),
+                "provenance": provenance,
             }
         )
     texts = [json_text(to_json_safe(result)) for result in results]  # serialized before any file is opened

@@ -49,6 +49,7 @@ from marketrl.evaluation.metrics import performance_summary
 from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models import RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
 from marketrl.models.base import CHECKPOINT_FORMAT, ModelSpec, Trial
+from marketrl.models.supervised_data import CPU_EVAL_PREDICT_CHUNK
 from marketrl.splits.datasets import WindowData, env_config_from_config
 from marketrl.workflow.registry import REGISTRY, RegistryError, load_spec
 
@@ -406,7 +407,10 @@ class ForecasterEntry(_NamedBySpec):
             positions=lambda data, env: model.positions(data),
             info={"precision": model.precision, "hparams": dict(model.hparams)},
             positions_from_predictions=model.positions,
-            predictions=model.predict,
+            # smaller forwards on the CPU (CPU_EVAL_PREDICT_CHUNK); a device keeps the training chunk
+            predictions=functools.partial(
+                model.predict, chunk=CPU_EVAL_PREDICT_CHUNK if device.type == "cpu" else None
+            ),
             horizon=int(model.settings["horizon"]),
         )
 
