@@ -7,7 +7,8 @@ Modules (each importable with only torch and numpy, except `frames`):
   tensor_env   TradingEnv (N envs in one batched tensor step) and step_rewards, the one reward definition
   rollout      deterministic evaluation: policy_positions / position_results / decision_results (tensors,
                [K, T] positions for K traders at once), evaluate / evaluate_positions / results_frame (per-bar
-               polars frames)
+               polars frames), tabulated_policies_positions (stateless policies' positions from a table of
+               their actions: evaluation's fast path)
   baselines    rule_positions: buy-and-hold, short, flat, random, momentum; matched_random_positions (a random
                trader at a given rate of position changes) and position_change_rate
 
