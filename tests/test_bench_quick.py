@@ -97,3 +97,11 @@ def test_seeds_bench_quick_times_batched_and_sequential_ppo() -> None:
     rows = [line.split("|") for line in out.splitlines() if line.startswith("ppo ")]
     assert [int(row[1]) for row in rows] == [1, 2]
     assert all(int(row[2]) == 128 * 64 for row in rows)  # the same env steps per seed on both sides
+
+
+@pytest.mark.bench
+def test_evaluate_job_bench_quick_checks_the_positions_against_lockstep() -> None:
+    out = _run("evaluate_job.py")
+    assert "equal work (checked after timing): the evaluation's positions are the lockstep pass's" in out
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["algo"] == "dqn (quick)" and figures["job_cpu"] >= 0 and figures["imports_cpu"] > 0

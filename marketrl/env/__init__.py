@@ -7,7 +7,8 @@ Modules (each importable with only torch and numpy, except `frames`):
   tensor_env   TradingEnv (N envs in one batched tensor step) and step_rewards, the one reward definition
   rollout      deterministic evaluation: policy_positions / position_results / decision_results (tensors,
                [K, T] positions for K traders at once), evaluate / evaluate_positions / results_frame (per-bar
-               polars frames)
+               polars frames), tabulated_policies_positions (stateless policies' positions from a table of
+               their actions: evaluation's fast path)
   baselines    rule_positions: buy-and-hold, short, flat, random, momentum; matched_random_positions (a random
                trader at a given rate of position changes) and position_change_rate
 
@@ -39,6 +40,7 @@ from marketrl.env.rollout import (
     policy_positions,
     position_results,
     results_frame,
+    tabulated_policies_positions,
 )
 from marketrl.env.tensor_env import TradingEnv, check_segmentation, step_rewards
 
@@ -69,4 +71,5 @@ __all__ = [
     "results_frame",
     "rule_positions",
     "step_rewards",
+    "tabulated_policies_positions",
 ]

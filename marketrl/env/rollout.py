@@ -7,6 +7,7 @@ the last two score K traders at once from [K, T] positions); `evaluate`, `evalua
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -138,6 +139,72 @@ def _run_policies(
         target = action_positions.index_select(0, actions).view(n_policies, chains.size)
         held = torch.where(active, target, held)
         positions.index_copy_(1, torch.where(active, row, scratch_row), target)
+
+
+#: decision rows per batched forward of `tabulated_policies_positions` (x3 held positions x S policies)
+TABLE_CHUNK = 4096
+
+
+def tabulated_policies_positions(
+    policies: Callable[[torch.Tensor], torch.Tensor],
+    n_policies: int,
+    data: MarketData,
+    config: EnvConfig | None = None,
+    chunk: int = TABLE_CHUNK,
+) -> torch.Tensor:
+    """`policies_positions` without a forward per bar, for policies whose action depends on the observation
+    alone (greedy, stateless: every agent's evaluation policy).
+
+    An observation is the feature window of row t plus the position held into t, one of ACTION_POSITIONS; so
+    each policy's action at every decision row for each position it could hold is one table [S, 3, D], filled
+    by batched forwards of `chunk` rows, and the positions follow by walking each chain through that table on
+    the host. The observations are the lockstep pass's, bit for bit; the actions match it wherever the
+    policies' scores do not depend on how many rows share a forward (row-wise MLPs on the CPU in fp32:
+    tests/test_env_eval.py checks both paths agree). Evaluation only: training keeps the lockstep pass.
+    """
+    config = config or EnvConfig(max_gap=data.max_gap)
+    check_segmentation(data, config)
+    chains = np.flatnonzero(data.chain_last > data.chain_first)  # chains with at least one decision
+    positions = np.zeros((n_policies, data.n_rows), dtype=np.float32)
+    if chains.size:
+        firsts, stops = data.chain_first[chains], data.chain_last[chains]  # decision rows: [first, stop)
+        rows = np.concatenate([np.arange(a, b) for a, b in zip(firsts, stops, strict=True)])
+        table = _action_table(policies, n_policies, data, config.window, rows, chunk)
+        flat = ACTION_POSITIONS.index(0.0)  # every chain starts flat
+        values = np.asarray(ACTION_POSITIONS, dtype=np.float32)
+        offsets = np.r_[0, np.cumsum(stops - firsts)]
+        for s in range(n_policies):
+            # per decision row, the action for each held position: (action if held -1, if 0, if +1)
+            by_held = list(zip(*table[s].tolist(), strict=True))
+            chosen = []
+            for lo, hi in itertools.pairwise(offsets.tolist()):
+                held = flat
+                for i in range(lo, hi):
+                    held = by_held[i][held]
+                    chosen.append(held)
+            positions[s, rows] = values[chosen]
+    return torch.as_tensor(positions, device=data.device)
+
+
+def _action_table(
+    policies: Callable[[torch.Tensor], torch.Tensor],
+    n_policies: int,
+    data: MarketData,
+    window: int,
+    rows: np.ndarray,
+    chunk: int,
+) -> np.ndarray:
+    """Actions [S, 3, len(rows)] (indices into ACTION_POSITIONS) of each policy at `rows` for each held position."""
+    held_values = torch.tensor(ACTION_POSITIONS, dtype=torch.float32, device=data.device)
+    n_held = held_values.numel()
+    table = np.empty((n_policies, n_held, rows.size), dtype=np.int64)
+    with torch.no_grad():
+        for start in range(0, rows.size, chunk):
+            part = torch.as_tensor(rows[start : start + chunk], device=data.device)
+            obs = data.observe(part.repeat(n_held), held_values.repeat_interleave(part.numel()), window)
+            actions = policies(obs.expand(n_policies, *obs.shape))  # every policy sees the same rows
+            table[:, :, start : start + part.numel()] = actions.view(n_policies, n_held, -1).cpu().numpy()
+    return table
 
 
 def evaluate_positions(

@@ -41,7 +41,7 @@ from marketrl.splits.datasets import (
     cost_model_from_config,
     env_config_from_config,
     fold_window,
-    load_features,
+    load_features_for_days,
 )
 from marketrl.splits.folds import FoldPlan, select_rows
 from marketrl.splits.normalize import FeatureNormalizer
@@ -171,8 +171,9 @@ def evaluate_job(
     # every seed's settings equal the config's (or trained_settings raises), hence each other's
     settings = [trained_settings(run.meta, config, path) for run, path in zip(runs, model_paths, strict=True)]
     env_config, cost_model = settings[0]
-    plan = FoldPlan.load(folds_path)
-    test_rows = select_rows(load_features(manifest_path), plan.fold(fold), "test")
+    fold_spec = FoldPlan.load(folds_path).fold(fold)
+    # only the tables holding a test day are read (and hash-checked): the test rows need no other
+    test_rows = select_rows(load_features_for_days(manifest_path, fold_spec.test_days), fold_spec, "test")
     test_data: dict[str, MarketData] = {}  # per distinct normalizer (the seeds of a fold normally share one)
 
     def data_for(meta: Mapping[str, Any]) -> MarketData:
@@ -216,6 +217,7 @@ def evaluate_job(
         config,
         [(algo, fold, s) for s in seed_indices],
     )
+    provenance = collect(dict(config), device=str(device))  # the same for every seed: collected once
     frames, results = [], []
     for (bars, scored), seed_index, run, model_path, predicted in zip(
         scored_runs, seed_indices, runs, model_paths, predictions, strict=True
@@ -240,7 +242,7 @@ def evaluate_job(
                 **_test_span(bars),
                 **scored,
                 "model": {"path": str(model_path), **run.info},
-                "provenance": collect(dict(config), device=str(device)),
+                "provenance": provenance,
             }
         )
     texts = [json_text(to_json_safe(result)) for result in results]  # serialized before any file is opened
@@ -325,7 +327,10 @@ def baselines_job(
     """Evaluate the baselines on one fold's test days with the agents' environment and cost model."""
     device = torch.device("cpu")  # rule baselines are a handful of vector ops: no GPU needed
     plan = FoldPlan.load(folds_path)
-    window = fold_window(load_features(manifest_path), plan, fold, config, device, splits=("test",))
+    fold_spec = plan.fold(fold)
+    # the normalizer is fit on the inner training days and the baselines trade the test days: no other table is read
+    table = load_features_for_days(manifest_path, (*fold_spec.inner_train_days, *fold_spec.test_days))
+    window = fold_window(table, plan, fold, config, device, splits=("test",))
     data = window.splits["test"]
     env_config = env_config_from_config(config)
     positions = baseline_positions(data, config, fold)

@@ -257,15 +257,16 @@ class TrainedModel:
         """The model's lookback window in rows."""
         return int(self.hparams["window"])
 
-    def predict(self, data: MarketData) -> torch.Tensor:
-        """Predicted forward return per row [T] float32 on the data's device; 0 where the window is not full."""
-        from marketrl.models.supervised_data import predict_rows
+    def predict(self, data: MarketData, chunk: int | None = None) -> torch.Tensor:
+        """Predicted forward return per row [T] float32 on the data's device; 0 where the window is not full;
+        `chunk` rows per forward (default `PREDICT_CHUNK`)."""
+        from marketrl.models.supervised_data import PREDICT_CHUNK, predict_rows
 
         if data.n_features != self.n_features:
             raise ValueError(
                 f"features: {self.name} was trained on {self.n_features} features, the data has {data.n_features}"
             )
-        return predict_rows(self.predictor, data, self.window)
+        return predict_rows(self.predictor, data, self.window, chunk or PREDICT_CHUNK)
 
     def positions(self, data: MarketData, predictions: torch.Tensor | None = None) -> torch.Tensor:
         """Target positions [T] in {-1, 0, 1} by the cost-aware trading rule of this model's hyperparameters;

@@ -23,6 +23,7 @@ import torch
 from marketrl.env import MarketData
 
 __all__ = [
+    "CPU_EVAL_PREDICT_CHUNK",
     "PREDICT_CHUNK",
     "ModelDataError",
     "SupervisedRows",
@@ -34,6 +35,11 @@ __all__ = [
 
 #: Rows per forward pass when predicting a whole split (bounds memory; host-side chunking, no syncs).
 PREDICT_CHUNK = 8192
+#: Evaluation's rows per forward on the CPU: DLinear's [rows, features, hidden] activations are ~100 MB at 8192
+#: rows and predict a demo test split 3x slower than at 512 (the other models: within noise). The rows of a
+#: forward can change a prediction's float32 rounding only (BLAS blocking); on the demo run every model's
+#: predictions were bit-identical at both sizes (docs/PERFORMANCE.md, Evaluation)
+CPU_EVAL_PREDICT_CHUNK = 512
 
 
 class ModelDataError(ValueError):

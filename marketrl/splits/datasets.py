@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
@@ -221,26 +222,50 @@ def continuous_rolls(spans: pl.DataFrame) -> list[dict[str, Any]]:
     return sorted(rolls, key=lambda roll: (roll["new_first_bar"], roll["symbol"]))
 
 
-def manifest_files(manifest_path: str | Path, verify: bool = True) -> list[str]:
-    """The feature tables listed in a manifest; with `verify`, each file's sha256 must still match."""
+def _manifest_entries(manifest_path: str | Path) -> list[dict[str, Any]]:
+    """The ``files`` entries of a feature manifest, with a one-line error for anything else."""
     try:
         manifest = json.loads(Path(manifest_path).read_text(encoding="utf-8"))
-        entries = manifest["files"]
+        return list(manifest["files"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DatasetError(f"{manifest_path}: not a feature manifest: {exc}".splitlines()[0]) from exc
-    paths = []
-    for entry in entries:
-        if verify and sha256_file(entry["path"]) != entry["sha256"]:
-            raise DatasetError(
-                f"{entry['path']}: changed since {manifest_path} was written; rerun the pipeline"
-            )
-        paths.append(entry["path"])
-    return paths
+
+
+def _verified(entry: Mapping[str, Any], manifest_path: str | Path) -> str:
+    """The path of a manifest entry whose file still has the sha256 the manifest recorded."""
+    if sha256_file(entry["path"]) != entry["sha256"]:
+        raise DatasetError(f"{entry['path']}: changed since {manifest_path} was written; rerun the pipeline")
+    return str(entry["path"])
+
+
+def manifest_files(manifest_path: str | Path, verify: bool = True) -> list[str]:
+    """The feature tables listed in a manifest; with `verify`, each file's sha256 must still match."""
+    entries = _manifest_entries(manifest_path)
+    return [_verified(entry, manifest_path) if verify else entry["path"] for entry in entries]
 
 
 def load_features(manifest_path: str | Path) -> pl.DataFrame:
     """Every feature table of a manifest, combined (see load_feature_tables)."""
     return load_feature_tables(manifest_files(manifest_path))
+
+
+def load_features_for_days(manifest_path: str | Path, days: Collection[date]) -> pl.DataFrame:
+    """The feature tables of a manifest that hold a row of any of `days` (by each entry's first_day..last_day),
+    each hash-checked, combined as `load_features` combines all of them: a fold split's rows selected from it are
+    the rows selected from `load_features` (tests/test_evaluation.py). A job that needs a few days (an evaluation,
+    one fold's test days) reads and hashes a few tables instead of every one."""
+    wanted = {day.isoformat() for day in days}
+    if not wanted:
+        raise DatasetError("load_features_for_days: no trading days asked for")
+    paths = [
+        _verified(entry, manifest_path)
+        for entry in _manifest_entries(manifest_path)
+        # ISO dates compare as strings; an empty table (skipped, no rows) has no first_day and holds no day
+        if entry.get("rows") and any(entry["first_day"] <= day <= entry["last_day"] for day in wanted)
+    ]
+    if not paths:
+        raise DatasetError(f"{manifest_path}: no feature table holds a day of {min(wanted)}..{max(wanted)}")
+    return load_feature_tables(paths)
 
 
 def feature_names_of(table: pl.DataFrame) -> list[str]:

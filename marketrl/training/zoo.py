@@ -37,11 +37,19 @@ from marketrl.agents.checkpoint import save_checkpoint
 from marketrl.agents.common import GreedyPolicies, GreedyPolicy, TrainResult, env_settings
 from marketrl.agents.memory import batch_size_bounds
 from marketrl.agents.spec import HIDDEN_DIM_BASES, AgentSpec
-from marketrl.env import EnvConfig, MarketData, evaluate_positions, policies_positions, policy_positions
+from marketrl.env import (
+    EnvConfig,
+    MarketData,
+    evaluate_positions,
+    policies_positions,
+    policy_positions,
+    tabulated_policies_positions,
+)
 from marketrl.evaluation.metrics import performance_summary
 from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models import RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
 from marketrl.models.base import CHECKPOINT_FORMAT, ModelSpec, Trial
+from marketrl.models.supervised_data import CPU_EVAL_PREDICT_CHUNK
 from marketrl.splits.datasets import WindowData, env_config_from_config
 from marketrl.workflow.registry import REGISTRY, RegistryError, load_spec
 
@@ -178,12 +186,13 @@ class LoadedModel:
 def seeds_positions(
     runs: list[LoadedModel], data: MarketData, env_config: EnvConfig
 ) -> list[torch.Tensor] | None:
-    """The positions of S loaded agents of one model on the same ``data`` as one lockstep pass (one stacked
-    forward a bar for all seeds), or None when the runs are not all agents."""
+    """The positions of S loaded agents of one model on the same ``data``, all seeds at once from one table of
+    their greedy actions (`tabulated_policies_positions`: batched stacked forwards, no forward per bar), or
+    None when the runs are not all agents."""
     if not runs or any(run.policy is None for run in runs):
         return None
     stacked = GreedyPolicies([run.policy for run in runs])
-    return list(policies_positions(stacked, len(runs), data, env_config))
+    return list(tabulated_policies_positions(stacked, len(runs), data, env_config))
 
 
 class _NamedBySpec:
@@ -398,7 +407,10 @@ class ForecasterEntry(_NamedBySpec):
             positions=lambda data, env: model.positions(data),
             info={"precision": model.precision, "hparams": dict(model.hparams)},
             positions_from_predictions=model.positions,
-            predictions=model.predict,
+            # smaller forwards on the CPU (CPU_EVAL_PREDICT_CHUNK); a device keeps the training chunk
+            predictions=functools.partial(
+                model.predict, chunk=CPU_EVAL_PREDICT_CHUNK if device.type == "cpu" else None
+            ),
             horizon=int(model.settings["horizon"]),
         )
 
