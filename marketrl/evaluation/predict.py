@@ -123,11 +123,12 @@ def _describe(data: Mapping[str, str]) -> str:
     return f"{data['dataset']} {data['schema']} (bar size {data['bar_size']})"
 
 
-def ensemble_positions(positions: torch.Tensor, contracts: int) -> torch.Tensor:
-    """The seeds' majority position per bar from their positions [S, T]: the mean position rounded to the
-    nearest multiple of `contracts`, a tie (as many long as short, or half flat) rounded toward flat."""
-    mean = positions.double().mean(dim=0) / contracts
-    return (torch.sign(mean) * torch.ceil(mean.abs() - 0.5) * contracts).to(torch.float32)
+def ensemble_positions(positions: torch.Tensor) -> torch.Tensor:
+    """The seeds' majority position per bar from their positions [S, T]: the position more than half of the
+    seeds hold, else flat (no majority: the seeds disagree, so the ensemble does not trade)."""
+    middle = positions.median(dim=0).values  # a strict majority's value, if there is one, is the median
+    majority = (positions == middle).sum(dim=0) * 2 > positions.shape[0]
+    return torch.where(majority, middle, torch.zeros_like(middle))
 
 
 def predict_job(
@@ -164,7 +165,7 @@ def predict_job(
     data = data.to(cpu)
     positions = [p.to(cpu) for p in positions]
     members = [(f"seed_{i}", i, p) for i, p in zip(seed_indices, positions, strict=True)]
-    members.append((ENSEMBLE, None, ensemble_positions(torch.stack(positions), env_config.contracts)))
+    members.append((ENSEMBLE, None, ensemble_positions(torch.stack(positions))))
     horizon = runs[0].horizon if predictions[0] is not None else None
     if horizon is not None:
         predicted = [p.to(cpu) for p in predictions if p is not None]
@@ -183,7 +184,7 @@ def predict_job(
         "last_train_day": str(trained.last_train_day),
         "first_day": str(rows["trading_day"].min()),
         "last_day": str(rows["trading_day"].max()),
-        "ensemble": "majority: the seeds' mean position rounded to the nearest contract multiple, ties to flat",
+        "ensemble": "majority: the position more than half of the seeds hold, else flat",
         "checkpoints": [
             {"seed_index": i, "path": str(path), "sha256": sha256_file(path)}
             for i, path in zip(seed_indices, model_paths, strict=True)
