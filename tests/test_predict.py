@@ -8,6 +8,7 @@ days (look-ahead) and one of another instrument fail in one line; a changed pred
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,13 +16,21 @@ from typing import Any
 
 import databento_dbn as dbn
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
 import zstandard
 
 from marketrl.data.dbn_writer import MappingInterval, SymbolMapping, encode_dbn, write_dbn
-from marketrl.evaluation.predict import ENSEMBLE, ensemble_positions, read_provenance
+from marketrl.evaluation.predict import (
+    ENSEMBLE,
+    PredictInputError,
+    TrainedOn,
+    check_new_file,
+    ensemble_positions,
+    read_provenance,
+)
 from marketrl.splits.folds import FoldPlan
 from marketrl.workflow import paths
 from marketrl.workflow.config import ConfigError, validate_config
@@ -198,3 +207,43 @@ def test_predict_files_glob_matching_nothing_fails_at_parse(tmp_path: Path) -> N
     assert result.returncode == 1
     assert "marketrl config error: config key 'predict.files': glob" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _table(path: Path, schema: str, bar_size: str, symbols: list[str], day: dt.date) -> pl.DataFrame:
+    """A minimal feature table with the metadata the features stage writes."""
+    rows = pl.DataFrame({"trading_day": [day] * len(symbols), "symbol": symbols})
+    metadata = {
+        "marketrl.source_file": "new.dbn.zst",
+        "marketrl.dataset": "GLBX.MDP3",
+        "marketrl.schema": schema,
+        "marketrl.bar_size": bar_size,
+    }
+    pq.write_table(rows.to_arrow().replace_schema_metadata(metadata), path)
+    return rows
+
+
+def test_check_new_file_names_the_file_and_what_the_model_was_trained_on(tmp_path: Path) -> None:
+    trained = TrainedOn(
+        {"dataset": "GLBX.MDP3", "schema": "ohlcv-1m", "bar_size": "1m"},
+        ("ES", "NQ"),
+        dt.date(2024, 3, 12),
+        2,
+    )
+    path = tmp_path / "new.parquet"
+    check_new_file(
+        path, _table(path, "ohlcv-1m", "1m", ["ESM4", "NQ.c.0"], dt.date(2024, 3, 13)), trained, "dqn"
+    )
+    with pytest.raises(
+        PredictInputError,
+        match=r"^new.dbn.zst: holds GLBX.MDP3 ohlcv-1s \(bar size 5m\) bars, the "
+        r"dqn models of fold 2 were trained on GLBX.MDP3 ohlcv-1m \(bar size 1m\)$",
+    ):
+        check_new_file(path, _table(path, "ohlcv-1s", "5m", ["ESM4"], dt.date(2024, 3, 13)), trained, "dqn")
+    with pytest.raises(PredictInputError, match=r"no model for CL\)$"):
+        check_new_file(
+            path, _table(path, "ohlcv-1m", "1m", ["CLM4", "ESM4"], dt.date(2024, 3, 13)), trained, "dqn"
+        )
+    with pytest.raises(PredictInputError, match=r"starts on trading day 2024-03-12, on or before 2024-03-12"):
+        check_new_file(path, _table(path, "ohlcv-1m", "1m", ["ESM4"], dt.date(2024, 3, 12)), trained, "dqn")
+    with pytest.raises(PredictInputError, match=r"no feature rows to predict"):
+        check_new_file(path, _table(path, "ohlcv-1m", "1m", [], dt.date(2024, 3, 13)), trained, "dqn")
