@@ -160,6 +160,11 @@ def predict_job(
     rows = pl.read_parquet(features_path)
     check_new_file(features_path, rows, trained, algo)
     runs, env_config, cost_model = load_runs(algo, model_paths, config, device)
+    folds = {(run.meta.get("extra") or {}).get("fold") for run in runs}
+    if folds != {trained.fold}:  # the rule gives the checkpoints of predict.fold; anything else is a bug
+        raise ValueError(
+            f"predict_job: checkpoints of fold(s) {sorted(map(str, folds))}, expected {trained.fold}"
+        )
     data, positions, predictions = runs_positions(runs, rows, env_config, cost_model, device)
     cpu = torch.device("cpu")
     data = data.to(cpu)
