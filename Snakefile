@@ -18,8 +18,15 @@ include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"
 include: "rules/calibration.smk"
+include: "rules/predict.smk"
 
 
 rule all:
     input:
         paths.REPORT,
+
+
+# Trained models applied to new files (predict.files; docs/PREDICT.md): not part of `all`.
+rule predict_all:
+    input:
+        PREDICT_OUTPUTS,

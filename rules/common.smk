@@ -19,6 +19,8 @@ try:
     check_contract_specs(config)
     RAW_FILES = pipeline.raw_data_files(config)
     CALIBRATION_JOBS = n_jobs(CalibrationSettings.from_config(config))
+    # predict.files x predict.models (docs/PREDICT.md)
+    PREDICT_OUTPUTS = pipeline.predict_outputs(config)
 except (ConfigError, CalibrationError) as err:
     print(f"marketrl config error: {err}", file=sys.stderr)
     sys.exit(1)
@@ -131,3 +133,28 @@ def seed_models(wildcards):
         paths.MODEL.format(algo=wildcards.algo, fold=wildcards.fold, seed=seed)
         for seed in run_seeds(wildcards)
     ]
+
+
+def predict_feature_inputs(wildcards):
+    """A new file of predict.files, plus the files that start before it (pipeline.predict_context) as lookback
+    context, as feature_inputs gives a training file."""
+    try:
+        inputs = {"src": pipeline.predict_files(config)[wildcards.stem]}
+        context = pipeline.predict_context(config, wildcards.stem)
+    except KeyError:
+        raise ValueError(
+            f"{wildcards.stem}: not a file of predict.files ({config['predict']['files']!r})"
+        ) from None
+    except ConfigError as err:
+        print(f"marketrl config error: {err}", file=sys.stderr)
+        sys.exit(1)
+    if context:
+        inputs["context"] = context
+    if config["features"]["user"]:  # the same audited user features as the training tables
+        inputs["audit"] = paths.USER_FEATURES_AUDIT
+    return inputs
+
+
+def predict_models(wildcards):
+    """Every seed's checkpoint of the model a predict job applies, in the fold predict.fold names."""
+    return pipeline.predict_model_files(config, wildcards.algo)

@@ -216,8 +216,10 @@ def test_slices_hold_only_their_keys() -> None:
     }
     assert "total_steps" not in hyperopt["training"]
     assert stages.stage_config(config, "feature_manifest") == {}
-    # the report reads every key but the calibration's (a separate target it neither runs nor shows)
-    assert stages.stage_config(config, "report") == {k: v for k, v in config.items() if k != "calibration"}
+    # the report reads every key but the calibration's and predict's (separate targets it neither runs nor shows)
+    separate = ("calibration", "predict")
+    assert stages.stage_config(config, "report") == {k: v for k, v in config.items() if k not in separate}
+    assert stages.readers("predict.files") == [] and stages.readers("predict.fold") == ["predict"]
     assert stages.readers("calibration.worlds") == ["calibration_worlds", "calibration"]
     with pytest.raises(stages.StageError, match="unknown stage 'nope'"):
         stages.stage_config(config, "nope")

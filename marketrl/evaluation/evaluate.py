@@ -45,7 +45,7 @@ from marketrl.splits.datasets import (
 )
 from marketrl.splits.folds import FoldPlan, select_rows
 from marketrl.splits.normalize import FeatureNormalizer
-from marketrl.training.zoo import get_entry, seeds_positions
+from marketrl.training.zoo import LoadedModel, get_entry, seeds_positions
 from marketrl.workflow.config import derive_seed
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,59 @@ def forecast_columns(data: MarketData, predictions: torch.Tensor, horizon: int) 
     ).with_columns(pl.col("forward_return").fill_nan(None))
 
 
+def load_runs(
+    algo: str, model_paths: Sequence[str], config: Mapping[str, Any], device: torch.device
+) -> tuple[list[LoadedModel], EnvConfig, Costs]:
+    """Every seed's checkpoint of `algo`, and the env settings and cost model they were trained with (each
+    seed's equal the config's, or `trained_settings` raises, hence each other's)."""
+    entry = get_entry(algo, config["training"]["extra_models"])
+    runs = [entry.load(path, device) for path in model_paths]
+    settings = [trained_settings(run.meta, config, path) for run, path in zip(runs, model_paths, strict=True)]
+    env_config, cost_model = settings[0]
+    return runs, env_config, cost_model
+
+
+def runs_positions(
+    runs: Sequence[LoadedModel],
+    rows: pl.DataFrame,
+    env_config: EnvConfig,
+    cost_model: Costs,
+    device: torch.device,
+) -> tuple[MarketData, list[torch.Tensor], list[torch.Tensor | None]]:
+    """Every run's positions [T] (float32) on the feature rows `rows`, and a forecaster's predictions (None for
+    an agent). Each run's rows are normalized with its own checkpoint's statistics (never refit here); agents that
+    share them step in lockstep together. Returns the first run's MarketData too: its rows, prices and costs are
+    the same whatever the normalizer."""
+    data_of: dict[str, MarketData] = {}  # per distinct normalizer (the seeds of a fold normally share one)
+
+    def data_for(meta: Mapping[str, Any]) -> MarketData:
+        key = json.dumps(meta["normalizer"], sort_keys=True)
+        if key not in data_of:
+            normalizer = FeatureNormalizer.from_state_dict(meta["normalizer"])
+            data_of[key] = MarketData.from_frame(
+                rows, normalizer.feature_names, normalizer, cost_model, device, max_gap=env_config.max_gap
+            )
+        return data_of[key]
+
+    with torch.inference_mode():
+        # a forecaster predicts once: its positions and its forecast columns come from the same predictions
+        predictions = [
+            run.predictions(data_for(run.meta)) if run.predictions is not None else None for run in runs
+        ]
+        # agents whose seeds share the data step in lockstep together (one stacked forward a bar)
+        shared = len({json.dumps(run.meta["normalizer"], sort_keys=True) for run in runs}) == 1
+        together = seeds_positions(list(runs), data_for(runs[0].meta), env_config) if shared else None
+        positions = together or [
+            (
+                run.positions(data_for(run.meta), env_config)
+                if predicted is None or run.positions_from_predictions is None
+                else run.positions_from_predictions(data_for(run.meta), predicted)
+            ).to(torch.float32)
+            for run, predicted in zip(runs, predictions, strict=True)
+        ]
+    return data_for(runs[0].meta), positions, predictions
+
+
 def evaluate_job(
     *,
     algo: str,
@@ -166,47 +219,11 @@ def evaluate_job(
             f"{len(model_paths)} models, {len(metrics_paths)} metrics and {len(bars_paths)} bars paths"
         )
     device = resolve_device(config["training"]["device"])
-    entry = get_entry(algo, config["training"]["extra_models"])
-    runs = [entry.load(path, device) for path in model_paths]
-    # every seed's settings equal the config's (or trained_settings raises), hence each other's
-    settings = [trained_settings(run.meta, config, path) for run, path in zip(runs, model_paths, strict=True)]
-    env_config, cost_model = settings[0]
+    runs, env_config, cost_model = load_runs(algo, model_paths, config, device)
     fold_spec = FoldPlan.load(folds_path).fold(fold)
     # only the tables holding a test day are read (and hash-checked): the test rows need no other
     test_rows = select_rows(load_features_for_days(manifest_path, fold_spec.test_days), fold_spec, "test")
-    test_data: dict[str, MarketData] = {}  # per distinct normalizer (the seeds of a fold normally share one)
-
-    def data_for(meta: Mapping[str, Any]) -> MarketData:
-        key = json.dumps(meta["normalizer"], sort_keys=True)
-        if key not in test_data:
-            normalizer = FeatureNormalizer.from_state_dict(meta["normalizer"])
-            test_data[key] = MarketData.from_frame(
-                test_rows,
-                normalizer.feature_names,
-                normalizer,
-                cost_model,
-                device,
-                max_gap=env_config.max_gap,
-            )
-        return test_data[key]
-
-    with torch.inference_mode():
-        # a forecaster predicts once: its positions and its forecast columns come from the same predictions
-        predictions = [
-            run.predictions(data_for(run.meta)) if run.predictions is not None else None for run in runs
-        ]
-        # agents whose seeds share the test data step in lockstep together (one stacked forward a bar)
-        shared = len({json.dumps(run.meta["normalizer"], sort_keys=True) for run in runs}) == 1
-        together = seeds_positions(runs, data_for(runs[0].meta), env_config) if shared else None
-        positions = together or [
-            (
-                run.positions(data_for(run.meta), env_config)
-                if predicted is None or run.positions_from_predictions is None
-                else run.positions_from_predictions(data_for(run.meta), predicted)
-            ).to(torch.float32)
-            for run, predicted in zip(runs, predictions, strict=True)
-        ]
-    data = data_for(runs[0].meta)  # the rows, prices and costs are the same whatever the normalizer
+    data, positions, predictions = runs_positions(runs, test_rows, env_config, cost_model, device)
     # Scored on the CPU: its scatter sums and products run in a fixed order, CUDA's atomics do not, and the same
     # config must give the same bytes. A few seconds for a model x fold of demo size (bench/evaluate.py).
     cpu = torch.device("cpu")

@@ -26,6 +26,7 @@ KNOWN_ERRORS: frozenset[str] = frozenset(
         "marketrl.env.config.EnvDataError",
         "marketrl.env.costs.CostConfigError",
         "marketrl.evaluation.evaluate.TrainedSettingsError",
+        "marketrl.evaluation.predict.PredictInputError",
         "marketrl.loop.hparams.AgentConfigError",
         "marketrl.loop.hparams.HParamError",
         "marketrl.models.supervised_data.ModelDataError",

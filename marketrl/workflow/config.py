@@ -135,6 +135,17 @@ def check_semantics(config: dict[str, Any]) -> None:
             "config key 'hyperopt.grace_seconds': must exceed hyperopt.heartbeat_seconds "
             f"({config['hyperopt']['grace_seconds']} <= {config['hyperopt']['heartbeat_seconds']})"
         )
+    predict = config["predict"]
+    unknown = [name for name in predict["models"] if name not in config["training"]["models"]]
+    if unknown:
+        raise ConfigError(
+            f"config key 'predict.models': {unknown[0]!r} is not trained (training.models: "
+            f"{', '.join(config['training']['models'])})"
+        )
+    if predict["fold"] >= folds["n"]:
+        raise ConfigError(
+            f"config key 'predict.fold': no fold {predict['fold']} (folds.n is {folds['n']}; -1 = the last fold)"
+        )
 
 
 def check_contract_specs(config: Mapping[str, Any]) -> None:

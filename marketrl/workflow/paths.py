@@ -39,6 +39,11 @@ BASELINE_BARS = "results/eval/baselines/fold_{fold}/bars.parquet"
 
 REPORT = "results/eval_report.html"
 
+# Trained models applied to new DBN files (predict.files; not part of `all`, docs/PREDICT.md): each new file's
+# feature table (shared by every model), then one table of per-bar positions per model x file.
+PREDICT_FEATURES = "results/predict/features/{stem}.parquet"
+PREDICT = "results/predict/{algo}/{stem}.parquet"
+
 # The verdict's calibration (not part of `all`): one chunk of worlds per job, then the summary.
 CALIBRATION_CHUNK = "results/calibration/chunks/job_{job}.json"
 CALIBRATION_JSON = "results/calibration/calibration.json"

@@ -13,7 +13,7 @@ from typing import Any
 from marketrl.data.calendars.cme_hours import demo_file_days
 from marketrl.workflow import paths
 from marketrl.workflow.config import ConfigError
-from marketrl.workflow.file_order import DbnHeaderError, dbn_stem, time_ordered
+from marketrl.workflow.file_order import DbnHeaderError, dbn_stem, header_start_ns, time_ordered
 from marketrl.workflow.registry import DETERMINISTIC
 
 DBN_SUFFIX = ".dbn.zst"
@@ -90,6 +90,19 @@ def file_stem(path: str) -> str:
         raise ConfigError(str(exc)) from None
 
 
+def _stems(paths: list[str], key: str) -> dict[str, str]:
+    """`paths` keyed by their stems; two files with one stem are an error naming `key`."""
+    files: dict[str, str] = {}
+    for path in paths:
+        stem = file_stem(path)
+        if stem in files:
+            raise ConfigError(
+                f"config key '{key}': two files share the name {stem}: {files[stem]} and {path}"
+            )
+        files[stem] = path
+    return files
+
+
 def raw_data_files(config: dict[str, Any]) -> dict[str, str]:
     """Every input DBN file keyed by its stem, in time order (header start; the demo and download names are dates)."""
     source = config["data"]["source"]
@@ -111,15 +124,7 @@ def raw_data_files(config: dict[str, Any]) -> dict[str, str]:
             paths = [str(p) for p in time_ordered(matched, skip_unreadable=skip)]  # by the data's time
         except DbnHeaderError as exc:
             raise ConfigError(f"config key 'data.files': {exc}") from None
-    files: dict[str, str] = {}
-    for path in paths:
-        stem = file_stem(path)
-        if stem in files:
-            raise ConfigError(
-                f"config key 'data.files': two files share the name {stem}: {files[stem]} and {path}"
-            )
-        files[stem] = path
-    return files
+    return _stems(paths, "data.files")
 
 
 # Files before each input file that its features job may decode as lookback context. One is not enough: a
@@ -225,3 +230,67 @@ def hyperopt_worker_files(config: dict[str, Any], algo: str) -> list[str]:
 def hyperopt_files(config: dict[str, Any]) -> list[str]:
     """Every model's best hyperparameters (training.models; the wildcard {algo} is the model name)."""
     return [paths.HYPEROPT_BEST.format(algo=algo) for algo in config["training"]["models"]]
+
+
+# ------------------------------------------------------------------------------------------------------- predict
+
+
+def predict_files(config: dict[str, Any]) -> dict[str, str]:
+    """The new DBN files of predict.files keyed by stem, in time order ({} when the glob is empty)."""
+    pattern = config["predict"]["files"]
+    if not pattern.strip():
+        return {}
+    matched = glob.glob(pattern, recursive=True)
+    if not matched:
+        raise ConfigError(f"config key 'predict.files': glob {pattern!r} matched no files")
+    try:
+        ordered = [str(p) for p in time_ordered(matched)]
+    except DbnHeaderError as exc:
+        raise ConfigError(f"config key 'predict.files': {exc}") from None
+    return _stems(ordered, "predict.files")
+
+
+def predict_context(config: dict[str, Any], stem: str, k: int = CONTEXT_FILES) -> list[str]:
+    """The lookback context of a new file's features, as the features stage gives a training file: the (up to)
+    `k` files that start before it among the training inputs and predict.files, in time order. The training
+    inputs must exist (predict applies the models of a finished run)."""
+    new = predict_files(config)[stem]
+    candidates = list(dict.fromkeys([*raw_data_files(config).values(), *predict_files(config).values()]))
+    missing = [path for path in candidates if not Path(path).is_file()]
+    if missing:
+        raise ConfigError(
+            f"config key 'predict.files': the training input {missing[0]} does not exist yet; run the pipeline "
+            "before predict"
+        )
+    try:
+        start = header_start_ns(new)
+        earlier = [str(p) for p in time_ordered(candidates) if header_start_ns(p) < start]
+    except DbnHeaderError as exc:
+        raise ConfigError(f"config key 'predict.files': {exc}") from None
+    return earlier[-k:]
+
+
+def predict_models(config: dict[str, Any]) -> list[str]:
+    """The models predict applies: predict.models, or every model of training.models when it is []."""
+    return list(config["predict"]["models"] or config["training"]["models"])
+
+
+def predict_fold(config: dict[str, Any]) -> int:
+    """The fold whose trained models predict applies (predict.fold; -1 = the last)."""
+    fold = config["predict"]["fold"]
+    return fold if fold >= 0 else config["folds"]["n"] - 1
+
+
+def predict_model_files(config: dict[str, Any], algo: str) -> list[str]:
+    """Every seed's checkpoint of `algo` in the fold predict applies."""
+    fold = predict_fold(config)
+    return [paths.MODEL.format(algo=algo, fold=fold, seed=seed) for seed in seed_indices(config, algo)]
+
+
+def predict_outputs(config: dict[str, Any]) -> list[str]:
+    """One per-bar table per predicted model x new file (the `predict_all` target)."""
+    return [
+        paths.PREDICT.format(algo=algo, stem=stem)
+        for algo in predict_models(config)
+        for stem in predict_files(config)
+    ]

@@ -53,8 +53,8 @@ _FOLDS = tuple(
     )
 )
 ALL_KEYS = "*"  # the report prints the whole config in its provenance section, so it reads every key...
-# ...but those of the calibration, a separate target the pipeline's report neither runs nor shows.
-NOT_IN_ALL_KEYS = ("calibration",)
+# ...but those of the calibration and of predict, separate targets the pipeline's report neither runs nor shows.
+NOT_IN_ALL_KEYS = ("calibration", "predict")
 
 # The config keys each stage's job reads, key by key (stage = rule name = workflow_scripts/{stage}.py). Keys that
 # only shape the DAG (data.source, training.models, hyperopt.workers, ...; see DAG_KEYS) change which jobs exist,
@@ -163,6 +163,15 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.n_envs",
     ),
     "calibration": _CALIBRATION,
+    # Trained models applied to new files (marketrl/evaluation/predict.py): scored like evaluate scores a model.
+    "predict": (
+        *_COSTS,
+        *_ENV,
+        "predict.fold",
+        "training.device",
+        "training.extra_models",
+        "training.n_envs",
+    ),
 }
 
 # Keys that decide which jobs (and files) exist, or how they are scheduled (rules/common.smk; a few a job reads too).
@@ -187,6 +196,9 @@ DAG_KEYS: dict[str, str] = {
     "training.gpu_jobs": "gpu resource only",
     "training.device": "gpu resource",
     "features.user": "user_features_audit job",
+    "predict.files": "predict jobs",
+    "predict.models": "predict jobs",
+    "predict.fold": "predict jobs' model inputs",
 }
 
 # Which stages read each stage's outputs (mirrors the rules' inputs; tests check it against Snakemake's rulegraph).
@@ -194,17 +206,18 @@ DOWNSTREAM: dict[str, tuple[str, ...]] = {
     "demo_data": ("features",),
     "download_databento": ("features",),
     "user_features_audit": ("features",),
-    "features": ("feature_manifest", "folds"),
-    "feature_manifest": ("hyperopt_worker", "train", "evaluate", "baselines", "report"),
-    "folds": ("hyperopt_worker", "hyperopt_best", "train", "evaluate", "baselines", "report"),
+    "features": ("feature_manifest", "folds", "predict"),  # predict_features is the features rule on new files
+    "feature_manifest": ("hyperopt_worker", "train", "evaluate", "baselines", "report", "predict"),
+    "folds": ("hyperopt_worker", "hyperopt_best", "train", "evaluate", "baselines", "report", "predict"),
     "hyperopt_worker": ("hyperopt_best",),
     "hyperopt_best": ("train", "report"),
-    "train": ("evaluate", "report"),
+    "train": ("evaluate", "report", "predict"),
     "evaluate": ("report",),
     "baselines": ("report",),
     "report": (),
     "calibration_worlds": ("calibration",),
     "calibration": (),
+    "predict": (),
 }
 STAGES = tuple(DOWNSTREAM)
 

@@ -1,0 +1,227 @@
+"""The predict stage: a finished run's trained models applied to new DBN files (docs/PREDICT.md).
+
+A new file is featurized by the features stage itself (rule `predict_features`: the same code, the same lookback
+context from the files before it), then each seed of a model decides on its rows exactly as evaluation decides on
+a fold's test rows (`runs_positions`, `evaluate_positions`): normalized with the checkpoint's own statistics,
+scored with the costs and env settings the checkpoint records. Nothing is refit or retrained.
+
+The file must be one the model could not have seen: its first trading day after the fold's last training day, the
+same dataset, schema and bar size as the training tables, and only symbol roots the fold trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+import torch
+
+from gpu_utils import resolve_device
+from marketrl.env import evaluate_positions
+from marketrl.env.costs import symbol_root
+from marketrl.evaluation.evaluate import (
+    BAR_COLUMNS,
+    forecast_columns,
+    load_runs,
+    runs_positions,
+)
+from marketrl.features import FEATURE_SET_VERSION
+from marketrl.runtime.io import atomic_write
+from marketrl.runtime.provenance import collect, sha256_file
+from marketrl.splits.datasets import manifest_files
+from marketrl.splits.folds import FoldPlan
+
+log = logging.getLogger(__name__)
+
+ENSEMBLE = "ensemble"
+#: the per-bar columns of a predict table, per member (seed_{i} or ENSEMBLE); forecasters add FORECAST_COLUMNS
+PREDICT_COLUMNS = ("member", "seed_index", "decision_ts_event", *BAR_COLUMNS)
+FORECAST_COLUMNS = ("prediction", "forward_return")
+#: the Parquet metadata key holding the table's provenance (JSON)
+PROVENANCE_KEY = "marketrl.predict"
+# what must agree between a new file's feature table and the training tables (their Parquet metadata)
+_DATA_KEYS = ("dataset", "schema", "bar_size")
+
+
+class PredictInputError(ValueError):
+    """A new file that the model must not (look-ahead) or cannot (another market or bar size) be applied to."""
+
+
+@dataclass(frozen=True)
+class TrainedOn:
+    """What a fold's models were trained on: the training tables' dataset, schema and bar size, the symbol
+    roots of the fold's training rows and its last training day."""
+
+    data: dict[str, str]
+    roots: tuple[str, ...]
+    last_train_day: date
+    fold: int
+
+
+def trained_on(manifest_path: str | Path, folds_path: str | Path, fold: int) -> TrainedOn:
+    """`TrainedOn` of fold `fold` (-1: the last), from the feature manifest's tables and the fold plan."""
+    plan = FoldPlan.load(folds_path)
+    spec = plan.fold(fold if fold >= 0 else len(plan.folds) - 1)
+    days = pl.Series(spec.train_days, dtype=pl.Date).implode()
+    data: dict[str, str] = {}
+    roots: set[str] = set()
+    for path in manifest_files(manifest_path):
+        rows = pl.read_parquet(path, columns=["trading_day", "symbol"])
+        symbols = rows.filter(pl.col("trading_day").is_in(days))["symbol"].unique().to_list()
+        if symbols and not data:
+            data = _table_data(path)
+        roots.update(symbol_root(symbol) for symbol in symbols)
+    return TrainedOn(data, tuple(sorted(roots)), spec.last_train_day, spec.index)
+
+
+def _table_data(path: str | Path) -> dict[str, str]:
+    """A feature table's source file, dataset, schema and bar size (its Parquet metadata)."""
+    metadata = pq.read_schema(path).metadata or {}
+    keys = ("source_file", "source_sha256", *_DATA_KEYS)
+    return {key: metadata.get(f"marketrl.{key}".encode(), b"").decode() for key in keys}
+
+
+def check_new_file(features_path: str | Path, rows: pl.DataFrame, trained: TrainedOn, algo: str) -> None:
+    """Raise `PredictInputError` (one line naming the file) unless `rows` may be predicted by the models of
+    `trained`: feature rows exist, same dataset/schema/bar size, known symbol roots, no training day."""
+    data = _table_data(features_path)
+    source = data["source_file"] or Path(features_path).name
+    if rows.is_empty():
+        raise PredictInputError(
+            f"{source}: no feature rows to predict (every bar is lookback warm-up, or the file was skipped)"
+        )
+    theirs = {key: data[key] for key in _DATA_KEYS}
+    ours = {key: trained.data.get(key, "") for key in _DATA_KEYS}
+    if theirs != ours:
+        raise PredictInputError(
+            f"{source}: holds {_describe(theirs)} bars, the {algo} models of fold {trained.fold} were trained on "
+            f"{_describe(ours)}"
+        )
+    roots = sorted({symbol_root(symbol) for symbol in rows["symbol"].unique().to_list()})
+    unknown = [root for root in roots if root not in trained.roots]
+    if unknown:
+        raise PredictInputError(
+            f"{source}: holds {', '.join(roots)}, the {algo} models of fold {trained.fold} were trained on "
+            f"{', '.join(trained.roots)} (no model for {unknown[0]})"
+        )
+    first_day = rows["trading_day"].min()
+    if first_day <= trained.last_train_day:
+        raise PredictInputError(
+            f"{source}: starts on trading day {first_day}, on or before {trained.last_train_day}, the last "
+            f"training day of fold {trained.fold}: predicting it would be look-ahead"
+        )
+
+
+def _describe(data: Mapping[str, str]) -> str:
+    return f"{data['dataset']} {data['schema']} (bar size {data['bar_size']})"
+
+
+def ensemble_positions(positions: torch.Tensor) -> torch.Tensor:
+    """The seeds' majority position per bar from their positions [S, T]: the position more than half of the
+    seeds hold, else flat (no majority: the seeds disagree, so the ensemble does not trade)."""
+    middle = positions.median(dim=0).values  # a strict majority's value, if there is one, is the median
+    majority = (positions == middle).sum(dim=0) * 2 > positions.shape[0]
+    return torch.where(majority, middle, torch.zeros_like(middle))
+
+
+def predict_job(
+    *,
+    algo: str,
+    seed_indices: Sequence[int],
+    features_path: str,
+    manifest_path: str,
+    folds_path: str,
+    model_paths: Sequence[str],
+    config: Mapping[str, Any],
+    out_path: str,
+) -> pl.DataFrame:
+    """Apply every seed of `algo` (fold `predict.fold`) to one new file's feature table; write its per-bar table.
+
+    One row per decision bar and member (each seed, then the ensemble, `ensemble_positions`): the position held
+    after the decision at the bar's close and its gross return, cost and net return over the next bar
+    (`BAR_COLUMNS`, as evaluation writes them; the last bar of each chain has no next bar and no row). A
+    forecaster adds its prediction (the ensemble's: the seeds' mean) and the realized forward return. The
+    provenance (checkpoint hashes, feature set version, costs, the job's config slice) is the table's Parquet
+    metadata under `PROVENANCE_KEY`.
+    """
+    if not seed_indices or len(seed_indices) != len(model_paths):
+        raise ValueError(
+            f"predict_job: expected one model path per seed, got {seed_indices} and {model_paths}"
+        )
+    device = resolve_device(config["training"]["device"])
+    trained = trained_on(manifest_path, folds_path, config["predict"]["fold"])
+    rows = pl.read_parquet(features_path)
+    check_new_file(features_path, rows, trained, algo)
+    runs, env_config, cost_model = load_runs(algo, model_paths, config, device)
+    folds = {(run.meta.get("extra") or {}).get("fold") for run in runs}
+    if folds != {trained.fold}:  # the rule gives the checkpoints of predict.fold; anything else is a bug
+        raise ValueError(
+            f"predict_job: checkpoints of fold(s) {sorted(map(str, folds))}, expected {trained.fold}"
+        )
+    data, positions, predictions = runs_positions(runs, rows, env_config, cost_model, device)
+    cpu = torch.device("cpu")
+    data = data.to(cpu)
+    positions = [p.to(cpu) for p in positions]
+    members = [(f"seed_{i}", i, p) for i, p in zip(seed_indices, positions, strict=True)]
+    members.append((ENSEMBLE, None, ensemble_positions(torch.stack(positions))))
+    horizon = runs[0].horizon if predictions[0] is not None else None
+    if horizon is not None:
+        predicted = [p.to(cpu) for p in predictions if p is not None]
+        predicted.append(torch.stack(predicted).mean(dim=0))
+    frames = []
+    for position, (member, seed_index, held) in enumerate(members):
+        bars = evaluate_positions(data, held, env_config).select("decision_ts_event", *BAR_COLUMNS)
+        if horizon is not None:
+            bars = pl.concat([bars, forecast_columns(data, predicted[position], horizon)], how="horizontal")
+        frames.append(bars.with_columns(member=pl.lit(member), seed_index=pl.lit(seed_index, dtype=pl.Int32)))
+    table = pl.concat(frames).select(*PREDICT_COLUMNS, *(FORECAST_COLUMNS if horizon is not None else ()))
+    provenance = {
+        "algo": algo,
+        "kind": runs[0].kind,
+        "fold": trained.fold,
+        "last_train_day": str(trained.last_train_day),
+        "first_day": str(rows["trading_day"].min()),
+        "last_day": str(rows["trading_day"].max()),
+        "ensemble": "majority: the position more than half of the seeds hold, else flat",
+        "checkpoints": [
+            {"seed_index": i, "path": str(path), "sha256": sha256_file(path)}
+            for i, path in zip(seed_indices, model_paths, strict=True)
+        ],
+        "features": {
+            "path": str(features_path),
+            "sha256": sha256_file(features_path),
+            "feature_set_version": FEATURE_SET_VERSION,
+            **_table_data(features_path),
+        },
+        "trained_on": {**trained.data, "roots": list(trained.roots)},
+        "costs": cost_model.to_config(),
+        "horizon": horizon,
+        "provenance": collect(dict(config), device=str(device)),
+    }
+    arrow = table.to_arrow()
+    metadata = {**(arrow.schema.metadata or {}), PROVENANCE_KEY.encode(): json.dumps(provenance).encode()}
+    with atomic_write(out_path) as tmp:
+        pq.write_table(arrow.replace_schema_metadata(metadata), tmp, compression="zstd")
+    ensemble = table.filter(pl.col("member") == ENSEMBLE)
+    log.info(
+        "%s fold %d on %s: %d bars, ensemble net return %.6f",
+        algo,
+        trained.fold,
+        provenance["features"]["source_file"],
+        ensemble.height,
+        float(ensemble["net_return"].sum()),
+    )
+    return table
+
+
+def read_provenance(path: str | Path) -> dict[str, Any]:
+    """The provenance a predict table carries in its Parquet metadata."""
+    metadata = pq.read_schema(path).metadata or {}
+    return json.loads(metadata[PROVENANCE_KEY.encode()])

@@ -1,0 +1,249 @@
+"""The predict stage (docs/PREDICT.md): a finished run's models applied to new DBN files.
+
+One cheap finished run (one fold, dqn and linear, two seeds, up to the evaluation outputs) is shared by the
+module. A "held-back" file holding exactly the fold's test days (re-encoded from the run's own demo files) must
+give, seed by seed and bar by bar, the positions and PnL that evaluation gave on the same bars; a file of training
+days (look-ahead) and one of another instrument fail in one line; a changed predict.files plans only predict jobs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import databento_dbn as dbn
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+import zstandard
+
+from marketrl.data.dbn_writer import MappingInterval, SymbolMapping, encode_dbn, write_dbn
+from marketrl.evaluation.predict import (
+    ENSEMBLE,
+    PredictInputError,
+    TrainedOn,
+    check_new_file,
+    ensemble_positions,
+    read_provenance,
+)
+from marketrl.splits.folds import FoldPlan
+from marketrl.workflow import paths
+from marketrl.workflow.config import ConfigError, validate_config
+from tests.faults.pipeline import fast_tiny_config, new_workdir, snakemake_command
+from tests.test_workflow import job_counts
+
+MODELS = ["dqn", "linear"]
+CONFIG = fast_tiny_config(training={"models": MODELS, "seeds": 2})
+
+
+def run(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        snakemake_command("--cores", "1", *args), cwd=workdir, capture_output=True, text=True, timeout=900
+    )
+
+
+def with_predict(workdir: Path, files: str) -> None:
+    """Point the workdir's config.yaml at new files (predict.files)."""
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    config["predict"] = {"files": files}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def decode(path: Path) -> tuple[Any, list[Any]]:
+    """A DBN.zst file's metadata and records."""
+    decoder = dbn.DBNDecoder()
+    decoder.write(zstandard.ZstdDecompressor().stream_reader(path.read_bytes()).read())
+    decoded = decoder.decode()
+    return decoded[0], decoded[1:]
+
+
+def write_span(sources: list[Path], out: Path, first_ns: int, last_ns: int, rename: dict[str, str]) -> None:
+    """One DBN file with the records of `sources` stamped in [first_ns, last_ns], their symbology merged (a
+    symbol renamed by `rename`): a file as a batch download of that span would hold."""
+    records, intervals = [], {}
+    for path in sources:
+        metadata, file_records = decode(path)
+        records += [r for r in file_records if first_ns <= r.ts_event <= last_ns]
+        for symbol, spans in metadata.mappings.items():
+            for span in spans:
+                interval = MappingInterval(span["start_date"], span["end_date"], span["symbol"])
+                intervals.setdefault(rename.get(symbol, symbol), []).append(interval)
+    mappings = [SymbolMapping(symbol, spans) for symbol, spans in intervals.items()]
+    data = encode_dbn(
+        sorted(records, key=lambda r: (r.ts_event, r.instrument_id)),
+        schema="ohlcv-1m",
+        start_ns=first_ns,
+        end_ns=last_ns + 60 * 10**9,
+        mappings=mappings,
+        dataset=metadata.dataset,
+        stype_in="continuous",
+    )
+    write_dbn(out, data)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run finished up to every evaluation output (the report is not needed)."""
+    workdir = new_workdir(CONFIG, tmp_path_factory.mktemp("predict"))
+    targets = [
+        paths.EVAL_BARS.format(algo=algo, fold=0, seed=seed)
+        for algo in MODELS
+        for seed in (0, 1)[: 1 + (algo == "dqn")]
+    ]
+    result = run(workdir, *targets)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def held_back(finished: Path) -> Path:
+    """A new file of the fold's test days (after its last training day), from the run's own demo files."""
+    plan = FoldPlan.load(finished / paths.FOLDS)
+    test_days = pl.Series(plan.fold(0).test_days, dtype=pl.Date).implode()
+    tables = pl.concat(
+        [pl.read_parquet(p) for p in sorted((finished / "results/features").glob("*.parquet"))]
+    )
+    span = tables.filter(pl.col("trading_day").is_in(test_days))["ts_event"]
+    out = finished / "new" / "held-back.ohlcv-1m.dbn.zst"
+    out.parent.mkdir()
+    sources = sorted((finished / paths.DEMO_DIR).glob("*.dbn.zst"))
+    first, last = (int(ts.timestamp() * 10**9) for ts in (span.min(), span.max()))
+    write_span(sources, out, first, last, {})
+    return out
+
+
+@pytest.mark.slow
+def test_held_back_file_gives_evaluations_positions(finished: Path, held_back: Path) -> None:
+    with_predict(finished, "new/*.dbn.zst")
+    result = run(finished, "predict_all")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert job_counts(result.stdout + result.stderr) == {
+        "predict_features": 1,
+        "predict": len(MODELS),
+        "predict_all": 1,
+    }
+    for algo in MODELS:
+        out = finished / paths.PREDICT.format(algo=algo, stem="held-back.ohlcv-1m")
+        table = pl.read_parquet(out)
+        seeds = (0, 1) if algo == "dqn" else (0,)
+        assert table["member"].unique().sort().to_list() == sorted([*(f"seed_{s}" for s in seeds), ENSEMBLE])
+        for seed in seeds:
+            evaluated = pl.read_parquet(finished / paths.EVAL_BARS.format(algo=algo, fold=0, seed=seed))
+            predicted = table.filter(pl.col("member") == f"seed_{seed}").select(evaluated.columns)
+            assert predicted.height > 0 and predicted.equals(evaluated), algo
+        provenance = read_provenance(out)
+        assert provenance["fold"] == 0 and len(provenance["checkpoints"]) == len(seeds)
+        assert provenance["features"]["source_file"] == held_back.name
+        assert provenance["costs"]["kind"]
+    # A changed predict.files plans predict jobs only (the rest of the run is untouched).
+    other = finished / "again"
+    other.mkdir()
+    shutil.copy(held_back, other / "held-back-copy.ohlcv-1m.dbn.zst")
+    with_predict(finished, "again/*.dbn.zst")
+    planned = run(finished, "-n", "predict_all", paths.EVAL_BARS.format(algo="dqn", fold=0, seed=0))
+    assert job_counts(planned.stdout + planned.stderr) == {
+        "predict_features": 1,
+        "predict": len(MODELS),
+        "predict_all": 1,
+    }
+
+
+@pytest.mark.slow
+def test_a_file_of_training_days_is_look_ahead(finished: Path) -> None:
+    early = finished / "early"
+    early.mkdir()
+    last_train_day = FoldPlan.load(finished / paths.FOLDS).fold(0).last_train_day
+    # the demo file of the UTC day of the last training day: its rows are training rows
+    source = finished / paths.DEMO_DIR / f"glbx-mdp3-{last_train_day:%Y%m%d}.ohlcv-1m.dbn.zst"
+    shutil.copy(source, early / source.name)
+    with_predict(finished, "early/*.dbn.zst")
+    result = run(finished, paths.PREDICT.format(algo="linear", stem=source.name.removesuffix(".dbn.zst")))
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if "look-ahead" in line]
+    assert lines and lines[0].strip().startswith("marketrl error: PredictInputError:"), result.stderr[-3000:]
+    assert source.name in lines[0] and str(last_train_day) in lines[0]
+
+
+@pytest.mark.slow
+def test_a_file_of_another_instrument_fails_in_one_line(finished: Path, held_back: Path) -> None:
+    other = finished / "other"
+    other.mkdir()
+    _, records = decode(held_back)
+    out = other / "crude.ohlcv-1m.dbn.zst"
+    write_span([held_back], out, records[0].ts_event, records[-1].ts_event, {"ES.c.0": "CL.c.0"})
+    with_predict(finished, "other/*.dbn.zst")
+    result = run(finished, paths.PREDICT.format(algo="dqn", stem="crude.ohlcv-1m"))
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if "PredictInputError" in line]
+    assert lines and lines[0].strip().startswith("marketrl error: PredictInputError:"), result.stderr[-3000:]
+    assert "crude.ohlcv-1m.dbn.zst: holds CL, NQ" in lines[0] and "trained on ES, NQ" in lines[0]
+
+
+def test_ensemble_is_the_majority_else_flat() -> None:
+    positions = torch.tensor(
+        [[1.0, 1.0, -1.0, 1.0, 0.0, 2.0], [1.0, 0.0, -1.0, -1.0, 0.0, 2.0], [0.0, 0.0, 1.0, 0.0, 0.0, 2.0]]
+    )
+    assert ensemble_positions(positions).tolist() == [1.0, 0.0, -1.0, 0.0, 0.0, 2.0]
+    # two seeds: a majority is both of them
+    assert ensemble_positions(positions[:2]).tolist() == [1.0, 0.0, -1.0, 0.0, 0.0, 2.0]
+
+
+def test_predict_keys_are_checked_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"config key 'predict.models': 'ppo' is not trained"):
+        validate_config({"training": {"models": ["dqn"]}, "predict": {"models": ["ppo"]}})
+    with pytest.raises(ConfigError, match=r"config key 'predict.fold': no fold 3 \(folds.n is 3"):
+        validate_config({"predict": {"fold": 3}})
+    assert validate_config({})["predict"] == {"files": "", "models": [], "fold": -1}
+
+
+def test_predict_files_glob_matching_nothing_fails_at_parse(tmp_path: Path) -> None:
+    workdir = new_workdir({**CONFIG, "predict": {"files": str(tmp_path / "none" / "*.dbn.zst")}}, tmp_path)
+    result = run(workdir, "-n", "predict_all")
+    assert result.returncode == 1
+    assert "marketrl config error: config key 'predict.files': glob" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _table(path: Path, schema: str, bar_size: str, symbols: list[str], day: dt.date) -> pl.DataFrame:
+    """A minimal feature table with the metadata the features stage writes."""
+    rows = pl.DataFrame({"trading_day": [day] * len(symbols), "symbol": symbols})
+    metadata = {
+        "marketrl.source_file": "new.dbn.zst",
+        "marketrl.dataset": "GLBX.MDP3",
+        "marketrl.schema": schema,
+        "marketrl.bar_size": bar_size,
+    }
+    pq.write_table(rows.to_arrow().replace_schema_metadata(metadata), path)
+    return rows
+
+
+def test_check_new_file_names_the_file_and_what_the_model_was_trained_on(tmp_path: Path) -> None:
+    trained = TrainedOn(
+        {"dataset": "GLBX.MDP3", "schema": "ohlcv-1m", "bar_size": "1m"},
+        ("ES", "NQ"),
+        dt.date(2024, 3, 12),
+        2,
+    )
+    path = tmp_path / "new.parquet"
+    check_new_file(
+        path, _table(path, "ohlcv-1m", "1m", ["ESM4", "NQ.c.0"], dt.date(2024, 3, 13)), trained, "dqn"
+    )
+    with pytest.raises(
+        PredictInputError,
+        match=r"^new.dbn.zst: holds GLBX.MDP3 ohlcv-1s \(bar size 5m\) bars, the "
+        r"dqn models of fold 2 were trained on GLBX.MDP3 ohlcv-1m \(bar size 1m\)$",
+    ):
+        check_new_file(path, _table(path, "ohlcv-1s", "5m", ["ESM4"], dt.date(2024, 3, 13)), trained, "dqn")
+    with pytest.raises(PredictInputError, match=r"no model for CL\)$"):
+        check_new_file(
+            path, _table(path, "ohlcv-1m", "1m", ["CLM4", "ESM4"], dt.date(2024, 3, 13)), trained, "dqn"
+        )
+    with pytest.raises(PredictInputError, match=r"starts on trading day 2024-03-12, on or before 2024-03-12"):
+        check_new_file(path, _table(path, "ohlcv-1m", "1m", ["ESM4"], dt.date(2024, 3, 12)), trained, "dqn")
+    with pytest.raises(PredictInputError, match=r"no feature rows to predict"):
+        check_new_file(path, _table(path, "ohlcv-1m", "1m", [], dt.date(2024, 3, 13)), trained, "dqn")
