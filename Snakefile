@@ -18,6 +18,7 @@ include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"
 include: "rules/calibration.smk"
+include: "rules/export.smk"
 
 
 rule all:

@@ -113,6 +113,11 @@ def run_seeds(wildcards):
     return pipeline.seed_indices(config, wildcards.algo)
 
 
+def export_outputs(template):
+    """One export directory per seed of a model x fold job, as `seed_outputs`."""
+    return [directory(path) for path in seed_outputs(template)]
+
+
 def seed_models(wildcards):
     """The models an evaluation job scores: every seed's model of its model x fold."""
     return [

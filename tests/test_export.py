@@ -271,7 +271,7 @@ def test_a_failed_export_leaves_no_directory(inputs, runs, tmp_path) -> None:
         str(Path(runs["dqn"]["exports"][0]).parents[1] / "seed_0" / "model.pt"),
         str(tmp_path / "missing.pt"),
     ]
-    with pytest.raises(Exception, match="missing.pt"):
+    with pytest.raises(Exception, match=r"missing\.pt"):
         export_job(algo="dqn", model_paths=models, config=inputs["config"], out_dirs=out)
     assert list(tmp_path.iterdir()) == []
 

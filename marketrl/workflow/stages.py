@@ -162,6 +162,8 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.n_envs",
     ),
     "calibration": _CALIBRATION,
+    # Exported models (marketrl/training/export.py): everything else comes from the checkpoint itself.
+    "export": ("training.extra_models",),
 }
 
 # Keys that decide which jobs (and files) exist, or how they are scheduled (rules/common.smk; a few a job reads too).
@@ -196,12 +198,13 @@ DOWNSTREAM: dict[str, tuple[str, ...]] = {
     "folds": ("hyperopt_worker", "hyperopt_best", "train", "evaluate", "baselines", "report"),
     "hyperopt_worker": ("hyperopt_best",),
     "hyperopt_best": ("train", "report"),
-    "train": ("evaluate", "report"),
+    "train": ("evaluate", "report", "export"),
     "evaluate": ("report",),
     "baselines": ("report",),
     "report": (),
     "calibration_worlds": ("calibration",),
     "calibration": (),
+    "export": (),
 }
 STAGES = tuple(DOWNSTREAM)
 
