@@ -24,3 +24,9 @@ include: "rules/export.smk"
 rule all:
     input:
         paths.REPORT,
+
+
+# Every model, fold and seed of the config exported (make export; not part of `all`).
+rule export_all:
+    input:
+        pipeline.export_dirs(config),

@@ -34,7 +34,3 @@ use rule export as export_once with:
     wildcard_constraints:
         algo=DETERMINISTIC_MODELS,
 
-
-rule export_all:
-    input:
-        pipeline.export_dirs(config),
