@@ -23,8 +23,12 @@ from marketrl.splits.folds import FoldPlan
 from marketrl.training.export import export_job, read_export
 from marketrl.training.train import train_job
 from marketrl.training.zoo import ZOO
+from marketrl.workflow import pipeline
+from marketrl.workflow.config import load_config
 from marketrl.workflow.registry import DETERMINISTIC
+from tests.faults.pipeline import copy_of_shared_run
 from tests.support.runs import synthetic_job_inputs
+from tests.test_workflow import job_counts, snakemake
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEQUENCE = {"window": 3, "hidden_dim_base": 8, "batch_size": 32, "learning_rate": 1e-2}
@@ -310,3 +314,21 @@ def test_readme_example_runs_on_an_export_and_matches_the_evaluation(inputs, run
     expected = runs["mlp"]["bars"][0]["position"].to_numpy() / test_rows["contracts"]
     # one session = one segment = one chain here (no rolls)
     assert np.array_equal(positions[test_rows["decision"]], expected)
+
+
+def test_the_export_target_runs_only_export_jobs_and_leaves_the_pipeline_unchanged(
+    shared_run: Path, tmp_path: Path
+) -> None:
+    run = copy_of_shared_run(tmp_path / "run")
+    config = load_config(run / "config.yaml")
+    result = snakemake("--cores", "1", "export_all", cwd=run, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert set(job_counts(output)) == {"export", "export_all"}  # the trained models are reused as they are
+    for directory in pipeline.export_dirs(config):
+        meta = read_export(run / directory)
+        assert meta["files"]["torchscript"] and (run / directory / meta["files"]["torchscript"]).is_file()
+        assert meta["provenance"]["config"] == {"training": {"extra_models": {}}}
+    # exports are no input of the pipeline's own target: it still plans nothing
+    dry = snakemake("-n", "results/eval_report.html", cwd=run)
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr

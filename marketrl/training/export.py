@@ -191,9 +191,8 @@ def _example_inputs(module_kind: str, window: int, n_features: int) -> tuple[tor
 
 def _torchscript(module: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path) -> None:
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore"
-        )  # tracer warnings about python branches on shapes: the batch is dynamic
+        # tracer warnings about python branches on shapes: only the batch varies, and no branch depends on it
+        warnings.simplefilter("ignore")
         traced = torch.jit.trace(module, inputs, check_trace=False)
     traced.save(str(path))
 
