@@ -10,10 +10,14 @@ CORES ?= 4
 SNAKEMAKE := $(BIN)/snakemake
 PYTEST_ARGS ?=  # extra pytest arguments for test and test-slow, e.g. PYTEST_ARGS=--durations=40
 
-.PHONY: run test test-slow setup lint dryrun bench clean-results test-slurm test-postgres
+.PHONY: run test test-slow setup lint dryrun bench clean-results test-slurm test-postgres export
 
 run: $(STAMP)
 	$(SNAKEMAKE) --cores $(CORES) results/eval_report.html
+
+# Every model, fold and seed of the config exported (results/export/; trains what is missing; not part of `run`).
+export: $(STAMP)
+	$(SNAKEMAKE) --cores $(CORES) export_all
 
 # Re-install only when the pins or the package metadata change; a second call is quick.
 $(STAMP): requirements.lock pyproject.toml

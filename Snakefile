@@ -19,6 +19,7 @@ include: "rules/evaluate.smk"
 include: "rules/report.smk"
 include: "rules/calibration.smk"
 include: "rules/predict.smk"
+include: "rules/export.smk"
 
 
 rule all:
@@ -30,3 +31,9 @@ rule all:
 rule predict_all:
     input:
         PREDICT_OUTPUTS,
+
+
+# Every model, fold and seed of the config exported (make export; not part of `all`).
+rule export_all:
+    input:
+        pipeline.export_dirs(config),

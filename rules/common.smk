@@ -74,7 +74,9 @@ def feature_inputs(wildcards):
     context = pipeline.previous_files(config, wildcards.stem)
     if context:
         inputs["context"] = context
-    if config["features"]["user"]:  # features.user: audited before any features job runs
+    if config["features"][
+        "user"
+    ]:  # features.user: audited before any features job runs
         inputs["audit"] = paths.USER_FEATURES_AUDIT
     return inputs
 
@@ -127,6 +129,11 @@ def run_seeds(wildcards):
     return pipeline.seed_indices(config, wildcards.algo)
 
 
+def export_outputs(template):
+    """One export directory per seed of a model x fold job, as `seed_outputs`."""
+    return [directory(path) for path in seed_outputs(template)]
+
+
 def seed_models(wildcards):
     """The models an evaluation job scores: every seed's model of its model x fold."""
     return [
@@ -150,7 +157,9 @@ def predict_feature_inputs(wildcards):
         sys.exit(1)
     if context:
         inputs["context"] = context
-    if config["features"]["user"]:  # the same audited user features as the training tables
+    if config["features"][
+        "user"
+    ]:  # the same audited user features as the training tables
         inputs["audit"] = paths.USER_FEATURES_AUDIT
     return inputs
 

@@ -351,6 +351,11 @@ def test_every_stage_runs_on_exactly_its_slice(
         metrics_paths=[str(tmp_path / "linear_metrics.json")],
         bars_paths=[str(tmp_path / "linear_bars.parquet")],
     )
+    from marketrl.training.export import export_job
+
+    export_job(
+        algo="dqn", model_paths=[str(model)], config=sliced("export"), out_dirs=[str(tmp_path / "export")]
+    )
     baselines_job(
         fold=0,
         manifest_path=manifest,

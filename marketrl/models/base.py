@@ -251,6 +251,9 @@ class TrainedModel:
     settings: dict[str, Any]
     precision: dict[str, Any] = field(default_factory=dict)
     log: dict[str, Any] = field(default_factory=dict)
+    #: the torch module behind ``predictor`` (windows [B, window, F] -> predictions [B] float32, fp32), for
+    #: `marketrl.training.export`; None for a model that is not torch (LightGBM exports its booster instead)
+    module: torch.nn.Module | None = None
 
     @property
     def window(self) -> int:

@@ -80,6 +80,21 @@ def fit_ridge(rows: SupervisedRows, alpha: float) -> tuple[torch.Tensor, torch.T
     return weights, mean_y - mean_x @ weights
 
 
+class RidgeModule(torch.nn.Module):
+    """The fit as a torch module (export): windows [B, window, F] -> predictions [B] float32, computed in float64
+    exactly as the predictor does."""
+
+    def __init__(self, weights: torch.Tensor, intercept: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weights", weights.detach().double().cpu())
+        self.register_buffer("intercept", intercept.detach().double().cpu())
+
+    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+        """Predictions [B] float32."""
+        flat = windows.reshape(windows.shape[0], -1).double()
+        return (flat @ self.weights + self.intercept).float()
+
+
 def _predictor(weights: torch.Tensor, intercept: torch.Tensor) -> Predictor:
     def predict(windows: torch.Tensor) -> torch.Tensor:
         flat = windows.reshape(windows.shape[0], -1).double()
@@ -106,6 +121,7 @@ def _trained(
         settings=settings,
         precision={"mode": "fp64"},
         log=log,
+        module=RidgeModule(weights, intercept),
     )
 
 

@@ -618,7 +618,20 @@ def _trained(
         settings=settings.to_dict() if isinstance(settings, RunSettings) else dict(settings),
         precision=plan.to_dict(),
         log=log,
+        module=_Rescaled(module),
     )
+
+
+class _Rescaled(nn.Module):
+    """A `TargetScaled` module with its scale multiplied back: what `make_predictor` computes, in fp32 (export)."""
+
+    def __init__(self, module: TargetScaled) -> None:
+        super().__init__()
+        self.model = module
+
+    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+        """Predicted forward returns [B] float32."""
+        return self.model(windows).float() * self.model.scale
 
 
 def load_torch(

@@ -44,6 +44,9 @@ REPORT = "results/eval_report.html"
 PREDICT_FEATURES = "results/predict/features/{stem}.parquet"
 PREDICT = "results/predict/{algo}/{stem}.parquet"
 
+# Exported models (not part of `all`): one directory per seed, TorchScript / ONNX / LightGBM file + export.json.
+EXPORT_DIR = f"results/export/{_RUN}"
+
 # The verdict's calibration (not part of `all`): one chunk of worlds per job, then the summary.
 CALIBRATION_CHUNK = "results/calibration/chunks/job_{job}.json"
 CALIBRATION_JSON = "results/calibration/calibration.json"

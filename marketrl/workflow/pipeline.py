@@ -222,6 +222,11 @@ def eval_bar_files(config: dict[str, Any]) -> list[str]:
     return agents + [paths.BASELINE_BARS.format(fold=fold) for fold in fold_indices(config)]
 
 
+def export_dirs(config: dict[str, Any]) -> list[str]:
+    """Every seed's export directory (the `export` convenience target; not part of `all`)."""
+    return [paths.EXPORT_DIR.format(**run) for run in _runs(config)]
+
+
 def hyperopt_worker_files(config: dict[str, Any], algo: str) -> list[str]:
     """Summaries of the workers of one model's study."""
     return [paths.HYPEROPT_WORKER.format(algo=algo, worker=w) for w in range(config["hyperopt"]["workers"])]

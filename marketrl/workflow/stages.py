@@ -172,6 +172,9 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.extra_models",
         "training.n_envs",
     ),
+
+    # Exported models (marketrl/training/export.py): everything else comes from the checkpoint itself.
+    "export": ("training.extra_models",),
 }
 
 # Keys that decide which jobs (and files) exist, or how they are scheduled (rules/common.smk; a few a job reads too).
@@ -211,13 +214,15 @@ DOWNSTREAM: dict[str, tuple[str, ...]] = {
     "folds": ("hyperopt_worker", "hyperopt_best", "train", "evaluate", "baselines", "report", "predict"),
     "hyperopt_worker": ("hyperopt_best",),
     "hyperopt_best": ("train", "report"),
-    "train": ("evaluate", "report", "predict"),
+    "train": ("evaluate", "report", "predict", "export"),
     "evaluate": ("report",),
     "baselines": ("report",),
     "report": (),
     "calibration_worlds": ("calibration",),
     "calibration": (),
     "predict": (),
+
+    "export": (),
 }
 STAGES = tuple(DOWNSTREAM)
 

@@ -1,0 +1,340 @@
+"""Export trained models for use outside marketrl: TorchScript (and ONNX where the model allows it), or LightGBM's
+own model file, each with an ``export.json`` that says how to turn raw feature rows into positions with plain
+numpy and torch (or onnxruntime, or lightgbm).
+
+One directory per seed (`marketrl.workflow.paths.EXPORT_DIR`):
+
+    export.json   feature names, normalizer statistics, window, input/output layout, the position rule
+                  (an agent's observation and action map, or a forecaster's trading rule as plain numbers),
+                  `how_to_use`, provenance
+    model.ts      TorchScript (torch.jit.load): agents  (windows [B, W, F], position [B]) -> target position [B],
+                  forecasters  windows [B, W, F] -> predicted forward return [B]
+    model.onnx    the same graph for onnxruntime (inputs "windows" and, for agents, "position"); absent with the
+                  reason in export.json where the exporter cannot take the model
+    model.txt     LightGBM only, instead of both: ``lightgbm.Booster(model_file=...)`` on windows flattened to
+                  [B, W·F]
+
+The exported modules run in float32 on the CPU: positions equal the pipeline's evaluation where that ran in
+fp32 (a bf16/fp16 evaluation on a GPU may differ on rows whose scores nearly tie).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from marketrl.env.config import ACTION_POSITIONS
+from marketrl.runtime.io import json_text
+from marketrl.runtime.provenance import collect, sha256_file
+from marketrl.training.zoo import LoadedModel, get_entry
+
+__all__ = ["FORMAT", "VERSION", "AgentPolicy", "ExportError", "export_job", "export_model", "read_export"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "marketrl-export"
+VERSION = 1
+EXPORT_JSON = "export.json"
+TORCHSCRIPT = "model.ts"
+ONNX = "model.onnx"
+LIGHTGBM = "model.txt"
+
+
+class ExportError(ValueError):
+    """A checkpoint cannot be exported (one line naming the file)."""
+
+
+class AgentPolicy(nn.Module):
+    """An agent's acting network as a position function: (windows [B, W, F] of normalized features, position [B]
+    held into the bar in {-1, 0, 1}) -> target position [B] float32 in {-1, 0, 1}: the observation
+    ``[window flattened oldest row first, position]`` the env builds, the greedy action (argmax), mapped through
+    ``ACTION_POSITIONS``."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("action_positions", torch.tensor(ACTION_POSITIONS, dtype=torch.float32))
+
+    def forward(self, windows: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Target positions [B] float32."""
+        obs = torch.cat([windows.reshape(windows.shape[0], -1), position.reshape(-1, 1).float()], dim=1)
+        return self.action_positions[self.net(obs).float().argmax(dim=1)]
+
+
+# ------------------------------------------------------------------------------------------------- the JSON
+
+
+def _normalizer(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "mean": list(state["mean"]),
+        "std": list(state["std"]),
+        "clip": state["clip"],
+        "formula": "z = clip((float32(x) - mean) / std, -clip, clip) in float32; a missing (NaN) value -> 0",
+    }
+
+
+def _round_trip_cost(costs: Mapping[str, Any]) -> dict[str, Any]:
+    """A cost record (`CostModel.to_config` or `InstrumentCosts.to_config`) as the numbers of the round-trip
+    cost fraction at a close price: futures 2·cost_per_contract / (close·point_value), bps 2·fraction."""
+
+    def one(spec: Mapping[str, Any]) -> dict[str, Any]:
+        if spec["kind"] == "bps":
+            return {"kind": "bps", "fraction_per_side": float(spec["bps"]) * 1e-4}
+        per_contract = spec["commission_per_contract"] + spec["half_spread_ticks"] * spec["tick_value"]
+        return {
+            "kind": "futures",
+            "cost_per_contract": float(per_contract),
+            "point_value": float(spec["tick_value"] / spec["tick_size"]),
+        }
+
+    if "instruments" in costs:
+        return {"per_symbol_root": {root: one(spec) for root, spec in costs["instruments"].items()}}
+    return one(costs)
+
+
+AGENT_HOW_TO_USE = (
+    "Normalize each raw feature row with `normalizer` (columns in `feature_names` order). At the close of bar t "
+    "build windows [1, window, F]: rows t-window+1..t of the same session (segment), oldest first; rows before the "
+    "session's first row repeat that first row. Call the model with (windows, position), position [1] = the unit "
+    "position held into bar t (start each session flat, 0; then the previous output). The output is the target "
+    "unit position in {-1, 0, 1} to hold over bar t+1; multiply by `observation.contracts` for contracts. Step "
+    "bar by bar: each output is the next call's position."
+)
+FORECASTER_HOW_TO_USE = (
+    "Normalize each raw feature row with `normalizer` (columns in `feature_names` order). For bar t with a full "
+    "window (rows t-window+1..t of the same session, oldest first) the model maps windows [B, window, F] to the "
+    "predicted forward return p_t over `trading_rule.horizon` bars; bars without a full window get p_t = 0. "
+    "Position rule at the close of bar t: threshold_t = threshold_multiplier * round-trip cost fraction at close_t "
+    "(`trading_rule.round_trip_cost`); |p_t| > threshold_t -> sign(p_t); else if |p_t| > hold_band * threshold_t "
+    "and the position held into t equals sign(p_t) -> keep it; else flat. Start each session flat. Positions are "
+    "unit positions in {-1, 0, 1}; multiply by `observation.contracts` for contracts."
+)
+
+
+def _meta(
+    algo: str, kind: str, loaded: LoadedModel, checkpoint: Mapping[str, Any], window: int
+) -> dict[str, Any]:
+    """export.json without the files, the ONNX outcome and provenance."""
+    extra = loaded.meta.get("extra") or {}
+    env = loaded.meta["env"]
+    normalizer = loaded.meta["normalizer"]
+    feature_names = list(normalizer["feature_names"])
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": algo,
+        "kind": kind,
+        "fold": extra.get("fold"),
+        "seed_index": extra.get("seed_index"),
+        "seed": extra.get("seed"),
+        "feature_names": feature_names,
+        "normalizer": _normalizer(normalizer),
+        "window": window,
+        "observation": {
+            "contracts": env["contracts"],
+            "fill": env["fill"],
+            "max_gap_seconds": env["max_gap"],
+        },
+        "precision": loaded.meta.get("precision"),
+        "costs": extra.get("costs"),
+    }
+    if kind == "agent":
+        meta["observation"].update(
+            layout="[window * F normalized features (oldest row first), unit position held into the bar]",
+            window_padding="rows before the session's first row repeat that first row",
+            action_positions=list(ACTION_POSITIONS),
+        )
+        meta["inputs"] = {
+            "windows": "[batch, window, F] float32",
+            "position": "[batch] float32 in {-1, 0, 1}",
+        }
+        meta["output"] = "target unit position [batch] float32 in {-1, 0, 1}"
+        meta["how_to_use"] = AGENT_HOW_TO_USE
+    else:
+        hparams = loaded.info["hparams"]
+        meta["observation"].update(window_padding="none: a bar without a full window predicts 0 (flat)")
+        meta["inputs"] = {"windows": "[batch, window, F] float32"}
+        meta["output"] = "predicted forward return [batch] float32"
+        meta["trading_rule"] = {
+            "threshold_multiplier": float(hparams["threshold_multiplier"]),
+            "hold_band": float(hparams["hold_band"]),
+            "horizon": int(loaded.horizon or checkpoint["settings"]["horizon"]),
+            "round_trip_cost": _round_trip_cost(extra["costs"]),
+            "round_trip_cost_formula": (
+                "futures: 2 * cost_per_contract / (close * point_value) in float64, then float32; "
+                "bps: 2 * fraction_per_side"
+            ),
+        }
+        meta["how_to_use"] = FORECASTER_HOW_TO_USE
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------- the exports
+
+
+def _example_inputs(module_kind: str, window: int, n_features: int) -> tuple[torch.Tensor, ...]:
+    windows = torch.zeros(2, window, n_features)
+    return (windows, torch.zeros(2)) if module_kind == "agent" else (windows,)
+
+
+def _torchscript(module: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path) -> None:
+    with torch.no_grad(), warnings.catch_warnings():
+        # tracer warnings about python branches on shapes: only the batch varies, and no branch depends on it
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(module, inputs, check_trace=False)
+    traced.save(str(path))
+
+
+def _onnx(module: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path) -> str | None:
+    """Write the ONNX graph; return None, or why the model cannot be exported (recorded in export.json).
+
+    The TorchScript-based exporter first (no extra dependency at run time); where it lacks an operator (the
+    transformer's fused encoder layer) the `torch.export` one (``dynamo=True``, needs onnxscript).
+    """
+    names = ["windows", "position"][: len(inputs)]
+    reasons = []
+    for dynamo in (False, True):
+        try:
+            with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                if dynamo:
+                    batch = torch.export.Dim("batch", min=1)
+                    shapes = tuple({0: batch} for _ in inputs)
+                    program = torch.onnx.export(
+                        module,
+                        inputs,
+                        input_names=names,
+                        output_names=["output"],
+                        dynamic_shapes=shapes,
+                        dynamo=True,
+                        verbose=False,
+                    )
+                    program.save(str(path))
+                else:
+                    axes = {name: {0: "batch"} for name in [*names, "output"]}
+                    torch.onnx.export(
+                        module,
+                        inputs,
+                        str(path),
+                        input_names=names,
+                        output_names=["output"],
+                        dynamic_axes=axes,
+                        dynamo=False,
+                    )
+            return None
+        except Exception as error:  # the exporters raise many types; the reason goes into export.json
+            path.unlink(missing_ok=True)
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            reasons.append(
+                f"{'dynamo' if dynamo else 'torchscript'} exporter: {type(error).__name__}: {first_line}"
+            )
+    reason = "; ".join(reasons)
+    log.info("%s: no ONNX export (%s)", path, reason)
+    return reason
+
+
+def export_model(
+    algo: str,
+    model_path: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    extra_models: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Export one seed's checkpoint into ``out_dir`` (which must exist, empty); return its export.json."""
+    entry = get_entry(algo, extra_models)
+    out = Path(out_dir)
+    loaded = entry.load(str(model_path), torch.device("cpu"))
+    checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
+    if loaded.meta.get("env") is None or loaded.meta.get("normalizer") is None:
+        raise ExportError(
+            f"{model_path}: the checkpoint records no env settings or normalizer; retrain the model"
+        )
+    n_features = len(loaded.meta["normalizer"]["feature_names"])
+    if entry.kind == "agent":
+        window = int(loaded.meta["env"]["window"])
+        module: nn.Module | None = AgentPolicy(loaded.policy.net)
+        booster = None
+    else:
+        model = entry.spec.load(checkpoint, "cpu")
+        window = model.window
+        module = model.module
+        booster = model.state.get("booster") if module is None else None
+        if module is None and booster is None:
+            raise ExportError(
+                f"{model_path}: {algo} has neither a torch module nor a LightGBM booster to export"
+            )
+    meta = _meta(algo, entry.kind, loaded, checkpoint, window)
+    files: dict[str, str | None] = {"torchscript": None, "onnx": None, "lightgbm": None}
+    if module is not None:
+        module = module.cpu().eval().requires_grad_(False)  # outputs without grad: `.numpy()` works on them
+        inputs = _example_inputs(entry.kind, window, n_features)
+        _torchscript(module, inputs, out / TORCHSCRIPT)
+        files["torchscript"] = TORCHSCRIPT
+        reason = _onnx(module, inputs, out / ONNX)
+        files["onnx"] = None if reason else ONNX
+        meta["onnx_unavailable"] = reason
+    else:
+        (out / LIGHTGBM).write_text(booster, encoding="utf-8")
+        files["lightgbm"] = LIGHTGBM
+        meta["onnx_unavailable"] = "LightGBM: the booster is exported as its own model file (model.txt)"
+    meta["files"] = files
+    meta["sha256"] = {name: sha256_file(out / name) for name in files.values() if name}
+    return meta
+
+
+def export_job(
+    *,
+    algo: str,
+    model_paths: Sequence[str],
+    config: Mapping[str, Any],
+    out_dirs: Sequence[str],
+) -> list[dict[str, Any]]:
+    """The export stage: every seed's checkpoint of one model x fold into its directory, all or none (each
+    directory is written beside its destination, then all are renamed into place)."""
+    if len(model_paths) != len(out_dirs):
+        raise ValueError(f"{algo}: {len(model_paths)} checkpoints for {len(out_dirs)} export directories")
+    extra_models = config["training"]["extra_models"]
+    provenance = collect(dict(config), inputs={path: sha256_file(path) for path in model_paths})
+    staged: list[tuple[Path, Path]] = []
+    metas = []
+    try:
+        for model_path, out_dir in zip(model_paths, out_dirs, strict=True):
+            dest = Path(out_dir)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+            staged.append((tmp, dest))
+            meta = export_model(algo, model_path, tmp, extra_models)
+            meta["provenance"] = provenance
+            (tmp / EXPORT_JSON).write_text(json_text(meta), encoding="utf-8")
+            metas.append(meta)
+        renamed = []
+        try:
+            for tmp, dest in staged:
+                if dest.exists():
+                    shutil.rmtree(dest)
+                os.replace(tmp, dest)
+                renamed.append(dest)
+        except BaseException:
+            for dest in renamed:
+                shutil.rmtree(dest, ignore_errors=True)
+            raise
+    finally:
+        for tmp, _ in staged:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return metas
+
+
+def read_export(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """An export directory's export.json."""
+    return json.loads((Path(directory) / EXPORT_JSON).read_text(encoding="utf-8"))
