@@ -113,6 +113,16 @@ def run_seeds(wildcards):
     return pipeline.seed_indices(config, wildcards.algo)
 
 
+def tensorboard_dirs(wildcards):
+    """The TensorBoard run directory of every seed a train job runs: undeclared side output (see
+    marketrl/workflow/paths.py), emptied by the job at its start.
+    """
+    return [
+        paths.TENSORBOARD.format(algo=wildcards.algo, fold=wildcards.fold, seed=seed)
+        for seed in run_seeds(wildcards)
+    ]
+
+
 def seed_models(wildcards):
     """The models an evaluation job scores: every seed's model of its model x fold."""
     return [
