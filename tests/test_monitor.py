@@ -119,6 +119,11 @@ def test_every_training_job_of_the_pipeline_has_its_tensorboard_run(shared_run: 
         assert {"validation/sharpe", "perf/steps_per_s"} <= set(scalars(run_dir)), run_dir
 
 
+def test_the_report_job_logs_its_build_time(shared_run: Path) -> None:
+    log = (shared_run / paths.log("report")).read_text(encoding="utf-8")
+    assert re.search(r"report built in \d+\.\d s", log), log[-2000:]
+
+
 # ------------------------------------------------------------------------------------------ optuna-dashboard
 
 
