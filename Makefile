@@ -67,7 +67,8 @@ test-postgres: $(STAMP)
 # --- Monitoring (issue 25) -------------------------------------------------------------------------------------
 # Watch a run live on loopback: TensorBoard over every training job's event files (results/tensorboard/), and
 # optuna-dashboard on the hyperopt study storage (the journal of ALGO, default the first model with one; with
-# PostgreSQL every study). PORT, CONFIG and ALGO are optional; docs/OUTPUTS.md describes what is shown.
+# PostgreSQL every study; that also needs the postgres extra). PORT, CONFIG and ALGO are optional; docs/OUTPUTS.md
+# describes the TensorBoard tags.
 PORT ?=
 CONFIG ?= config.yaml
 ALGO ?=
