@@ -10,7 +10,7 @@ CORES ?= 4
 SNAKEMAKE := $(BIN)/snakemake
 PYTEST_ARGS ?=  # extra pytest arguments for test and test-slow, e.g. PYTEST_ARGS=--durations=40
 
-.PHONY: run test test-slow setup lint dryrun bench clean-results test-slurm test-postgres export
+.PHONY: run test test-slow setup lint dryrun bench clean-results test-slurm test-postgres export tensorboard dashboard
 
 run: $(STAMP)
 	$(SNAKEMAKE) --cores $(CORES) results/eval_report.html
@@ -67,6 +67,23 @@ test-postgres: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[postgres]'
 	$(BIN)/python -m pytest tests/postgres
 # --- end PostgreSQL -------------------------------------------------------------------------------------------
+
+# --- Monitoring (issue 25) -------------------------------------------------------------------------------------
+# Watch a run live on loopback: TensorBoard over every training job's event files (results/tensorboard/), and
+# optuna-dashboard on the hyperopt study storage (the journal of ALGO, default the first model with one; with
+# PostgreSQL every study; that also needs the postgres extra). PORT, CONFIG and ALGO are optional; docs/OUTPUTS.md
+# describes the TensorBoard tags.
+PORT ?=
+CONFIG ?= config.yaml
+ALGO ?=
+tensorboard: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[monitor]'
+	$(BIN)/tensorboard --logdir results/tensorboard --host 127.0.0.1 --port $(or $(PORT),6006)
+
+dashboard: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[monitor]'
+	$(BIN)/python -m marketrl.training.dashboard --config $(CONFIG) --results results --port $(or $(PORT),8080) $(if $(ALGO),--algo $(ALGO))
+# --- end Monitoring -------------------------------------------------------------------------------------------
 
 clean-results:
 	rm -rf results .snakemake

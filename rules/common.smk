@@ -134,6 +134,16 @@ def export_outputs(template):
     return [directory(path) for path in seed_outputs(template)]
 
 
+def tensorboard_dirs(wildcards):
+    """The TensorBoard run directory of every seed a train job runs: undeclared side output (see
+    marketrl/workflow/paths.py), emptied by the job at its start.
+    """
+    return [
+        paths.TENSORBOARD.format(algo=wildcards.algo, fold=wildcards.fold, seed=seed)
+        for seed in run_seeds(wildcards)
+    ]
+
+
 def seed_models(wildcards):
     """The models an evaluation job scores: every seed's model of its model x fold."""
     return [

@@ -23,6 +23,7 @@ rule train:
         config=model_stage_config("train"),
         code=code_hash("train"),
         resume=resume_file,
+        tensorboard=tensorboard_dirs,
         seeds=run_seeds,
     script:
         "../workflow_scripts/train.py"

@@ -17,4 +17,5 @@ with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
         model_paths=list(snakemake.output.models),
         log_paths=list(snakemake.output.logs),
         resume_path=snakemake.params.resume,
+        tensorboard_dirs=list(snakemake.params.tensorboard),
     )

@@ -118,6 +118,7 @@ class TrainResult:
     """What a trainer returns: the trained networks (on the training device), a greedy act function and a log.
 
     ``log`` keys: algo, env_steps, grad_steps, steps_per_second, host_syncs (device→host reads made by the loop),
+    nan_checks (statistics reads, each checked for NaN/inf),
     precision (plan dict), hidden_sizes, architecture, hparams (resolved, defaults included), the last window's
     statistics (loss, q_mean/value_mean, entropy, episode_return_mean, ...), evals [[env_steps, score], ...] and
     history (one record per statistics read).

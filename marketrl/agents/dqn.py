@@ -494,6 +494,7 @@ def train_seeds(
         env_steps=state.env_steps,
         grad_steps=state.grad_steps,
         host_syncs=metrics.host_reads,
+        nan_checks=metrics.host_reads,  # every statistics read is the NaN/inf check
         final_epsilon=state.epsilon,
     )
 

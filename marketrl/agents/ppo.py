@@ -460,6 +460,7 @@ def train_seeds(
         env_steps=state.env_steps,
         updates=n_updates,
         host_syncs=state.rollout_copies + metrics.host_reads,
+        nan_checks=metrics.host_reads,  # every statistics read is the NaN/inf check
     )
 
 

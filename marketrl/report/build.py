@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import platform
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -545,12 +546,15 @@ def build_report(
     atomically to ``out_path``; ``bar_files[i]`` is the per-bar table of ``eval_files[i]``; the feature manifest
     (``manifest_path``) gives the data section's input files, skips, session drops and rolls. Raises
     ReportInputError (a ValueError) naming a missing or malformed input."""
+    started = time.perf_counter()
     inputs = load_inputs(eval_files, bar_files, hyperopt_files, folds_path, train_logs)
     input_files = input_files_summary(manifest_path) if manifest_path is not None else None
     html = render(build_context(inputs, config, input_files))
     with atomic_open(out_path, "w") as handle:
         handle.write(html)
     log.info("report: %s (%.0f kB)", out_path, len(html.encode()) / 1024)
+    # the job log is where a person watches a long run: the build time goes there, never into the report
+    log.info("report built in %.1f s", time.perf_counter() - started)
 
 
 __all__ = ["SECTIONS", "build_context", "build_report", "render"]

@@ -8,6 +8,8 @@ steps; forecasters for training.epochs, capped at training.max_updates optimizer
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import math
@@ -23,6 +25,7 @@ from marketrl.runtime.io import write_json_atomic
 from marketrl.runtime.provenance import collect, sha256_file
 from marketrl.splits.datasets import cost_model_from_config, fold_window, load_features
 from marketrl.splits.folds import FoldPlan
+from marketrl.training.board import TrainingBoard
 from marketrl.training.zoo import EVALS_PER_RUN, Trained, TrainRequest, get_entry
 from marketrl.workflow.config import derive_seed
 
@@ -60,8 +63,9 @@ class ProgressLog:
     for forecasters; an upper bound where early stopping may end the run sooner). `records[i]` are seed i's.
     """
 
-    def __init__(self, total_steps: int, n_seeds: int) -> None:
+    def __init__(self, total_steps: int, n_seeds: int, board: TrainingBoard | None = None) -> None:
         self.total_steps = total_steps
+        self.board = board  # the job's TensorBoard run directories, if it writes them
         self.started = time.perf_counter()
         self.records: list[list[dict[str, float]]] = [[] for _ in range(n_seeds)]
 
@@ -78,6 +82,8 @@ class ProgressLog:
         eta = max(0, self.total_steps - step) / rate if rate and rate > 0 else math.nan
         for offset, score in enumerate(scores):
             self.records[first + offset].append({"step": step, "val_sharpe": score, "elapsed_s": elapsed})
+        if self.board is not None:
+            self.board.validation(first, step, scores, rate)
         log.info(
             "progress: step %d/%d (%.0f%%), %.0f steps/s, ETA %.0fs, validation Sharpe %s",
             step,
@@ -113,6 +119,13 @@ def train_log_record(trained: Trained, total_steps: int) -> dict[str, Any]:
     }
 
 
+def _on_statistics(board: TrainingBoard | None, record: dict[str, Any]) -> None:
+    """A forecaster's statistics record: into the job log at debug level and onto the board."""
+    log.debug("statistics: %s", record)
+    if board is not None:
+        board.record(record)
+
+
 def train_job(
     *,
     algo: str,
@@ -125,12 +138,15 @@ def train_job(
     model_paths: list[str],
     log_paths: list[str],
     resume_path: str,
+    tensorboard_dirs: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Train one model (`algo`: any name of training.models) on one fold with every seed of `seed_indices`, as
     one batch where the model can; write each seed's model.pt and train_log.json atomically.
 
     `resume_path` is the batch's resumable checkpoint: an undeclared side file (marketrl.workflow.paths.RESUME),
     removed once every model.pt is written. A deterministic model (ridge) is given one seed index.
+    `tensorboard_dirs` (one per seed, marketrl.workflow.paths.TENSORBOARD; None: none written) are the run
+    directories of its TensorBoard event files, another undeclared side output (marketrl.training.board).
     """
     if not (len(seed_indices) == len(model_paths) == len(log_paths)) or not seed_indices:
         raise ValueError(f"{algo} fold {fold}: expected one model and log path per seed index {seed_indices}")
@@ -147,7 +163,6 @@ def train_job(
     window = fold_window(load_features(manifest_path), plan, fold, config, device)
     # agents: env steps; forecasters: the cap on optimizer steps / boosting rounds
     budget_steps = training["total_steps"] if entry.kind == "agent" else training["max_updates"]
-    progress = ProgressLog(budget_steps, len(seeds))
     run_keys = ("total_steps",) if entry.kind == "agent" else ("horizon", "epochs", "max_updates", "patience")
     # Only a state saved by this very run (same settings, seeds and inputs) is resumed.
     checkpoint = TrainingCheckpoint(
@@ -166,54 +181,61 @@ def train_job(
             "inputs": [sha256_file(manifest_path), sha256_file(folds_path)],
         },
     )
-    started = time.perf_counter()
-    runs = entry.train(
-        TrainRequest(
-            train_data=window.splits["train"],
-            validation_data=window.splits["validation"],
-            config=config,
-            hparams=hparams,
-            precision=precision,
-            device=device,
-            seeds=tuple(seeds),
-            steps=training["total_steps"],
-            updates=training["max_updates"],
-            on_score=progress,
-            on_log=lambda record: log.debug("statistics: %s", record),
-            checkpoint=checkpoint,
-            budget=HardwareBudget.detect(device) if entry.kind == "forecaster" else None,
+    board = TrainingBoard(tensorboard_dirs, seeds) if tensorboard_dirs is not None else None
+    with board if board is not None else contextlib.nullcontext():
+        progress = ProgressLog(budget_steps, len(seeds), board)
+        started = time.perf_counter()
+        runs = entry.train(
+            TrainRequest(
+                train_data=window.splits["train"],
+                validation_data=window.splits["validation"],
+                config=config,
+                hparams=hparams,
+                precision=precision,
+                device=device,
+                seeds=tuple(seeds),
+                steps=training["total_steps"],
+                updates=training["max_updates"],
+                on_score=progress,
+                on_log=functools.partial(_on_statistics, board),
+                checkpoint=checkpoint,
+                budget=HardwareBudget.detect(device) if entry.kind == "forecaster" else None,
+            )
         )
-    )
-    wall_s = time.perf_counter() - started
-    if len(runs) != len(seeds):
-        raise RuntimeError(f"{algo}: {len(runs)} trained runs for {len(seeds)} seeds")
-    provenance = collect(dict(config), device=str(device))
-    # the cost model the model was trained with: evaluation refuses a config that charges differently
-    costs = cost_model_from_config(config["costs"]).to_config()
-    train_logs = []
-    for position, (index, seed, trained) in enumerate(zip(seed_indices, seeds, runs, strict=True)):
-        trained.save(
-            model_paths[position], window, {"fold": fold, "seed_index": index, "seed": seed, "costs": costs}
-        )
-        train_log = {
-            "algo": algo,
-            "kind": entry.kind,
-            "fold": fold,
-            "seed_index": index,
-            "seed": seed,
-            "deterministic": bool(getattr(entry.spec, "deterministic", False)),
-            "batch": {"seed_indices": list(seed_indices), "position": position, "wall_s": wall_s},
-            "hparams": hparams,
-            "precision": precision.to_dict(),
-            "device": str(device),
-            "wall_s": wall_s,
-            "resumed_from_step": checkpoint.resumed_from,
-            "checkpoints_saved": checkpoint.total_saves,
-            "validation": progress.records[position],
-            **train_log_record(trained, budget_steps),
-            "provenance": provenance,
-        }
-        write_json_atomic(log_paths[position], to_json_safe(train_log))
-        train_logs.append(train_log)
+        wall_s = time.perf_counter() - started
+        if len(runs) != len(seeds):
+            raise RuntimeError(f"{algo}: {len(runs)} trained runs for {len(seeds)} seeds")
+        provenance = collect(dict(config), device=str(device))
+        # the cost model the model was trained with: evaluation refuses a config that charges differently
+        costs = cost_model_from_config(config["costs"]).to_config()
+        train_logs = []
+        for position, (index, seed, trained) in enumerate(zip(seed_indices, seeds, runs, strict=True)):
+            trained.save(
+                model_paths[position],
+                window,
+                {"fold": fold, "seed_index": index, "seed": seed, "costs": costs},
+            )
+            train_log = {
+                "algo": algo,
+                "kind": entry.kind,
+                "fold": fold,
+                "seed_index": index,
+                "seed": seed,
+                "deterministic": bool(getattr(entry.spec, "deterministic", False)),
+                "batch": {"seed_indices": list(seed_indices), "position": position, "wall_s": wall_s},
+                "hparams": hparams,
+                "precision": precision.to_dict(),
+                "device": str(device),
+                "wall_s": wall_s,
+                "resumed_from_step": checkpoint.resumed_from,
+                "checkpoints_saved": checkpoint.total_saves,
+                "validation": progress.records[position],
+                **train_log_record(trained, budget_steps),
+                "provenance": provenance,
+            }
+            write_json_atomic(log_paths[position], to_json_safe(train_log))
+            train_logs.append(train_log)
+        if board is not None:
+            board.finish(train_logs)
     checkpoint.remove()  # the final models are written: a later forced rerun starts from scratch
     return train_logs

@@ -9,6 +9,8 @@ Undeclared side files (not rule outputs, on purpose):
   very state a rerun resumes from; the train job removes it once model.pt is written.
 - STUDY_DIR, an Optuna study's journal and locks, shared by all hyperopt workers of one algorithm (no single job
   owns it) and absent when hyperopt.storage is an RDB URL.
+- TENSORBOARD, a training job's TensorBoard event files (one run directory per seed): logs to watch a run live,
+  holding wall times, so no output may depend on them; the train job empties each directory at its start.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ MODEL = f"results/models/{_RUN}/model.pt"
 TRAIN_LOG = f"results/models/{_RUN}/train_log.json"
 # one per model x fold: the seeds of a model x fold train (and resume) as one batch
 RESUME = "results/models/{algo}/fold_{fold}/resume.pt"
+# TensorBoard: `tensorboard --logdir results/tensorboard` (make tensorboard) shows every model x fold x seed
+TENSORBOARD_DIR = "results/tensorboard"
+TENSORBOARD = f"{TENSORBOARD_DIR}/{_RUN}"
 EVAL_METRICS = f"results/eval/{_RUN}/metrics.json"
 EVAL_BARS = f"results/eval/{_RUN}/bars.parquet"
 BASELINE_METRICS = "results/eval/baselines/fold_{fold}/metrics.json"
