@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 CORES ?= 4
 SNAKEMAKE := $(BIN)/snakemake
 PYTEST_ARGS ?=  # extra pytest arguments for test and test-slow, e.g. PYTEST_ARGS=--durations=40
@@ -17,36 +18,42 @@ run: $(STAMP)
 
 # Every model, fold and seed of the config exported (results/export/; trains what is missing; not part of `run`).
 export: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[export]'
 	$(SNAKEMAKE) --cores $(CORES) export_all
 
-# Re-install only when the pins or the package metadata change; a second call is quick.
+# Re-install only when the pins or the package metadata change; a second call is quick. `make run` installs what
+# the pipeline needs; the test and lint targets add the `dev` extra (test tools, onnx/onnxruntime, arch, ...).
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e .
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
+	touch $(DEV_STAMP)
 
-lint: $(STAMP)
+setup: $(DEV_STAMP)
+
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(SNAKEMAKE) --lint
 	$(BIN)/snakefmt --check Snakefile rules/
 
-dryrun: $(STAMP)
+dryrun: $(DEV_STAMP)
 	$(SNAKEMAKE) -n results/eval_report.html --quiet rules
 
-test: $(STAMP) lint dryrun
+test: $(DEV_STAMP) lint dryrun
 	$(BIN)/python -m pytest --ignore=tests/postgres -m "not slow" $(PYTEST_ARGS)
 
 # The suites that must start many pipelines or Snakemake processes (crash/kill, determinism reruns, the load run,
 # the model zoo, calibration end to end, the full-size DAG, fault runs, the docs' dry-runs): marker `slow`.
-test-slow: $(STAMP)
+test-slow: $(DEV_STAMP)
 	$(BIN)/python -m pytest --ignore=tests/postgres -m slow $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,bench]'
 	$(BIN)/python bench/features.py
 	$(BIN)/python bench/env.py
@@ -55,7 +62,7 @@ bench: $(STAMP)
 # --- SLURM (issue 9) ---------------------------------------------------------------------------------------
 # Root + apt-get: a throwaway single-node SLURM cluster runs the tiny pipeline through profiles/slurm (~5 min);
 # elsewhere the script prints SKIPPED with the reason and exits 0. See docs/SLURM.md.
-test-slurm: $(STAMP)
+test-slurm: $(DEV_STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[slurm,postgres]'
 	PYTHON=$(abspath $(BIN)/python) tests/slurm/run_slurm_test.sh
 # --- end SLURM -------------------------------------------------------------------------------------------
@@ -63,7 +70,7 @@ test-slurm: $(STAMP)
 # --- PostgreSQL (issue 16) ----------------------------------------------------------------------------------
 # Distributed hyperopt on a real PostgreSQL: a throwaway cluster (initdb + pg_ctl on a free loopback port) per
 # session; skipped with the reason where PostgreSQL is not installed. See docs/HYPEROPT.md.
-test-postgres: $(STAMP)
+test-postgres: $(DEV_STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[postgres]'
 	$(BIN)/python -m pytest tests/postgres
 # --- end PostgreSQL -------------------------------------------------------------------------------------------

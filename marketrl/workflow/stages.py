@@ -172,7 +172,6 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.extra_models",
         "training.n_envs",
     ),
-
     # Exported models (marketrl/training/export.py): everything else comes from the checkpoint itself.
     "export": ("training.extra_models",),
 }
@@ -209,7 +208,8 @@ DOWNSTREAM: dict[str, tuple[str, ...]] = {
     "demo_data": ("features",),
     "download_databento": ("features",),
     "user_features_audit": ("features",),
-    "features": ("feature_manifest", "folds", "predict"),  # predict_features is the features rule on new files
+    # predict_features is the features rule on new files
+    "features": ("feature_manifest", "folds", "predict"),
     "feature_manifest": ("hyperopt_worker", "train", "evaluate", "baselines", "report", "predict"),
     "folds": ("hyperopt_worker", "hyperopt_best", "train", "evaluate", "baselines", "report", "predict"),
     "hyperopt_worker": ("hyperopt_best",),
@@ -221,7 +221,6 @@ DOWNSTREAM: dict[str, tuple[str, ...]] = {
     "calibration_worlds": ("calibration",),
     "calibration": (),
     "predict": (),
-
     "export": (),
 }
 STAGES = tuple(DOWNSTREAM)
