@@ -473,9 +473,7 @@ def select_rows(frame: FrameT, fold: Fold, split: FoldSplit, embargo_bars: int |
     return _select(frame, days, embargo if purged else 0, f"fold {fold.index} {split}")
 
 
-def select_tuning_rows(
-    frame: FrameT, plan: FoldPlan, split: TuningSplit, fold: int | None = None
-) -> FrameT:
+def select_tuning_rows(frame: FrameT, plan: FoldPlan, split: TuningSplit, fold: int | None = None) -> FrameT:
     """Rows of hyperopt's window: `train` (tuning days before its validation tail) or `validation`;
     both lose each instrument's last `embargo_bars` rows (validation, then a first test day, follows).
     `fold`: that fold's own window (hyperopt.per_fold); None, the single study's."""

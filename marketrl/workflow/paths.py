@@ -8,7 +8,8 @@ Undeclared side files (not rule outputs, on purpose):
 - RESUME, a training job's resumable checkpoint (one per model x fold: its seeds train as one batch). Snakemake deletes a failed job's outputs, which would destroy the
   very state a rerun resumes from; the train job removes it once model.pt is written.
 - STUDY_DIR, an Optuna study's journal and locks, shared by all hyperopt workers of one algorithm (no single job
-  owns it) and absent when hyperopt.storage is an RDB URL.
+  owns it; with hyperopt.per_fold, by every fold's study of that algorithm too) and absent when hyperopt.storage
+  is an RDB URL.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ FOLDS = "results/folds.json"
 
 HYPEROPT_WORKER = "results/hyperopt/{algo}/worker_{worker}.json"
 HYPEROPT_BEST = "results/hyperopt/{algo}.json"
+# hyperopt.per_fold (nested tuning): one study per model x fold; its studies share the model's storage (STUDY_DIR)
+HYPEROPT_FOLD_WORKER = "results/hyperopt/{algo}/fold_{fold}/worker_{worker}.json"
+HYPEROPT_FOLD_BEST = "results/hyperopt/{algo}/fold_{fold}.json"
 STUDY_SUBDIR = "hyperopt/{algo}"  # under a results directory; the library's tests use their own
 STUDY_DIR = f"{RESULTS}/{STUDY_SUBDIR}"
 

@@ -181,6 +181,7 @@ DAG_KEYS: dict[str, str] = {
     "calibration.worlds_per_job": "calibration jobs",
     "folds.n": "fold jobs",
     "hyperopt.workers": "worker jobs",
+    "hyperopt.per_fold": "study jobs per fold; train's hparams input (train, evaluate rerun)",
     "training.models": "model jobs",
     "training.seeds": "seed jobs",
     "training.gpu_jobs": "gpu resource only",
