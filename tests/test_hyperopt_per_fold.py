@@ -15,6 +15,7 @@ from marketrl.report.verdict import deflation_for
 from marketrl.splits.folds import FoldConfig, make_fold_plan
 from marketrl.workflow import paths, pipeline
 from marketrl.workflow.config import load_config
+from tests.faults.pipeline import merged
 from tests.report_fixtures import write_pipeline_outputs
 from tests.test_workflow import TINY, job_counts, snakemake, workdir_with_config
 
@@ -75,6 +76,55 @@ def test_one_folds_model_target_plans_only_that_folds_study_and_training(tmp_pat
     assert paths.HYPEROPT_FOLD_BEST.format(algo="ppo", fold=1) in listed
     assert "fold_0" not in listed and "results/hyperopt/ppo.json" not in listed
     assert "dqn" not in listed
+
+
+@pytest.fixture(scope="module")
+def finished_per_fold_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run of the tiny config with nested tuning, reduced to the cheap linear model (one run per fold)."""
+    config = merged(
+        per_fold_config(),
+        {"hyperopt": {"trial_updates": 20}, "training": {"models": ["linear"], "max_updates": 40}},
+    )
+    workdir = workdir_with_config(tmp_path_factory.mktemp("per_fold_run"), config)
+    result = snakemake("--cores", "1", cwd=workdir, timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return workdir
+
+
+def planned_outputs(workdir: Path, *args: str) -> list[str]:
+    """The outputs of every job a dry-run of `workdir` plans (with `args`), in Snakemake's listing order."""
+    result = snakemake("-n", *args, cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return re.findall(r"^\s+output: (.*)$", result.stdout + result.stderr, re.MULTILINE)
+
+
+@pytest.mark.slow
+def test_a_changed_fold_study_reruns_only_that_folds_study_and_trainings(finished_per_fold_run: Path) -> None:
+    workdir = finished_per_fold_run
+    assert planned_outputs(workdir) == []
+    fold_1 = [
+        "results/hyperopt/linear/fold_1.json",
+        "results/models/linear/fold_1/",
+        "results/eval/linear/fold_1/",
+    ]
+    worker_path = paths.HYPEROPT_FOLD_WORKER.format(algo="linear", fold=1, worker=0)
+    # fold 1's study rerun by target: its worker, its best parameters, its training and evaluation, the report
+    forced = " ".join(planned_outputs(workdir, "--forcerun", worker_path))
+    assert worker_path in forced and all(path in forced for path in fold_1) and paths.REPORT in forced
+    assert "fold_0" not in forced
+    # naming fold 1's model plans its study's summary and training only
+    target = paths.MODEL.format(algo="linear", fold=1, seed=0)
+    assert len(planned_outputs(workdir, "--forcerun", worker_path, "--", target)) == 3
+    # a changed fold-1 study (its worker summary rewritten): fold 1's summary, training, evaluation, the report
+    worker = workdir / worker_path
+    original = worker.read_bytes()
+    worker.write_bytes(original.replace(b"{", b'{"changed": true, ', 1))
+    try:
+        changed = " ".join(planned_outputs(workdir))
+        assert all(path in changed for path in fold_1) and paths.REPORT in changed
+        assert "fold_0" not in changed and "worker_0.json" not in changed
+    finally:
+        worker.write_bytes(original)
 
 
 # ---------------------------------------------------------------------------------------------- DSR, report
