@@ -30,9 +30,14 @@ STOCHASTIC_MODELS = "|".join(pipeline.stochastic_models(config)) or NO_MODEL
 DETERMINISTIC_MODELS = "|".join(pipeline.deterministic_models(config)) or NO_MODEL
 # hyperopt.per_fold (nested tuning): the hyperopt rules write one study per model x fold ({fold} in their paths).
 PER_FOLD = pipeline.per_fold(config)
-HYPEROPT_WORKER_OUTPUT = paths.HYPEROPT_FOLD_WORKER if PER_FOLD else paths.HYPEROPT_WORKER
+HYPEROPT_WORKER_OUTPUT = (
+    paths.HYPEROPT_FOLD_WORKER if PER_FOLD else paths.HYPEROPT_WORKER
+)
 HYPEROPT_BEST_OUTPUT = paths.HYPEROPT_FOLD_BEST if PER_FOLD else paths.HYPEROPT_BEST
-HYPEROPT_LOG = "hyperopt/{algo}/fold_{fold}" if PER_FOLD else "hyperopt/{algo}"
+HYPEROPT_WORKER_LOG = (
+    "hyperopt/{algo}/fold_{fold}/worker_{worker}" if PER_FOLD else "hyperopt/{algo}/worker_{worker}"
+)
+HYPEROPT_BEST_LOG = "hyperopt/{algo}/fold_{fold}_best" if PER_FOLD else "hyperopt/{algo}_best"
 
 
 wildcard_constraints:

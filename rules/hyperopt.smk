@@ -6,9 +6,9 @@ rule hyperopt_worker:
     output:
         HYPEROPT_WORKER_OUTPUT,
     log:
-        paths.log(HYPEROPT_LOG + "/worker_{worker}"),
+        paths.log(HYPEROPT_WORKER_LOG),
     benchmark:
-        paths.benchmark(HYPEROPT_LOG + "/worker_{worker}")
+        paths.benchmark(HYPEROPT_WORKER_LOG)
     conda:
         ENV_FILE
     threads: 1
@@ -29,9 +29,9 @@ rule hyperopt_best:
     output:
         HYPEROPT_BEST_OUTPUT,
     log:
-        paths.log(HYPEROPT_LOG + "_best"),
+        paths.log(HYPEROPT_BEST_LOG),
     benchmark:
-        paths.benchmark(HYPEROPT_LOG + "_best")
+        paths.benchmark(HYPEROPT_BEST_LOG)
     conda:
         ENV_FILE
     threads: 1
