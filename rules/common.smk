@@ -35,9 +35,13 @@ HYPEROPT_WORKER_OUTPUT = (
 )
 HYPEROPT_BEST_OUTPUT = paths.HYPEROPT_FOLD_BEST if PER_FOLD else paths.HYPEROPT_BEST
 HYPEROPT_WORKER_LOG = (
-    "hyperopt/{algo}/fold_{fold}/worker_{worker}" if PER_FOLD else "hyperopt/{algo}/worker_{worker}"
+    "hyperopt/{algo}/fold_{fold}/worker_{worker}"
+    if PER_FOLD
+    else "hyperopt/{algo}/worker_{worker}"
 )
-HYPEROPT_BEST_LOG = "hyperopt/{algo}/fold_{fold}_best" if PER_FOLD else "hyperopt/{algo}_best"
+HYPEROPT_BEST_LOG = (
+    "hyperopt/{algo}/fold_{fold}_best" if PER_FOLD else "hyperopt/{algo}_best"
+)
 
 
 wildcard_constraints:
