@@ -3,6 +3,7 @@ N summed over the folds' studies (docs/HYPEROPT.md, "Nested tuning")."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import date
 from pathlib import Path
@@ -51,6 +52,15 @@ def test_tiny_configs_fold_tuning_windows_hold_none_of_their_own_or_later_test_d
 
 
 # ---------------------------------------------------------------------------------------------------- DAG
+
+
+def test_per_fold_studies_have_their_own_names_and_seeds() -> None:
+    from marketrl.training.hyperopt import study_name, study_scope
+
+    names = {study_name("ppo", "abc", fold) for fold in (None, 0, 1)}
+    assert names == {"marketrl-ppo-abc", "marketrl-ppo-fold0-abc", "marketrl-ppo-fold1-abc"}
+    assert study_scope("ppo") == ("ppo",)  # the single study keeps its seeds
+    assert study_scope("ppo", 0) != study_scope("ppo", 1)
 
 
 def test_per_fold_dag_has_one_study_per_model_and_fold(tmp_path: Path) -> None:
@@ -116,6 +126,13 @@ def test_a_changed_fold_study_reruns_only_that_folds_study_and_trainings(finishe
     target = paths.MODEL.format(algo="linear", fold=1, seed=0)
     assert len(planned_outputs(workdir, "--forcerun", worker_path, "--", target)) == 3
     # a changed fold-1 study (its worker summary rewritten): fold 1's summary, training, evaluation, the report
+    # the folds' studies share the model's journal, under names that carry the fold
+    workers = [
+        json.loads((workdir / paths.HYPEROPT_FOLD_WORKER.format(algo="linear", fold=k, worker=0)).read_text())
+        for k in (0, 1)
+    ]
+    assert workers[0]["storage"] == workers[1]["storage"]
+    assert [w["study"].split("-")[2] for w in workers] == ["fold0", "fold1"]
     worker = workdir / worker_path
     original = worker.read_bytes()
     worker.write_bytes(original.replace(b"{", b'{"changed": true, ', 1))
@@ -169,3 +186,4 @@ def test_report_shows_each_folds_choice(per_fold_run, tmp_path: Path) -> None:
         window = fold.tuning
         assert f"{window.first_day}..{window.last_day}" in body
     assert "DSR uses N = 18" in html
+    assert "nested tuning: one per fold" in html

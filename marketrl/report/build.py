@@ -284,6 +284,7 @@ def _data_section(
         "bars_per_day": bars_per_day,
         "windows": windows,
         "tuning": plan.tuning,
+        "nested_tuning": bool(inputs.hyperopt_folds),  # hyperopt.per_fold: one tuning window per fold
         "timeline": figures.folds_timeline_figure(plan, max(embargo_days, 0.08)),
         "input_files": input_files,  # None: no feature manifest given
     }
