@@ -30,6 +30,20 @@ ENV_FILE = "../envs/pipeline.yaml"
 NO_MODEL = "(?!)"  # a regex that matches nothing: a rule for a kind of model the config does not run
 STOCHASTIC_MODELS = "|".join(pipeline.stochastic_models(config)) or NO_MODEL
 DETERMINISTIC_MODELS = "|".join(pipeline.deterministic_models(config)) or NO_MODEL
+# hyperopt.per_fold (nested tuning): the hyperopt rules write one study per model x fold ({fold} in their paths).
+PER_FOLD = pipeline.per_fold(config)
+HYPEROPT_WORKER_OUTPUT = (
+    paths.HYPEROPT_FOLD_WORKER if PER_FOLD else paths.HYPEROPT_WORKER
+)
+HYPEROPT_BEST_OUTPUT = paths.HYPEROPT_FOLD_BEST if PER_FOLD else paths.HYPEROPT_BEST
+HYPEROPT_WORKER_LOG = (
+    "hyperopt/{algo}/fold_{fold}/worker_{worker}"
+    if PER_FOLD
+    else "hyperopt/{algo}/worker_{worker}"
+)
+HYPEROPT_BEST_LOG = (
+    "hyperopt/{algo}/fold_{fold}_best" if PER_FOLD else "hyperopt/{algo}_best"
+)
 
 
 wildcard_constraints:
@@ -92,13 +106,13 @@ def user_features_hash():
 
 
 def hyperopt_worker_summaries(wildcards):
-    """Worker summaries of one model's study."""
-    return pipeline.hyperopt_worker_files(config, wildcards.algo)
+    """Worker summaries of one model's study (of one model x fold's under hyperopt.per_fold)."""
+    return pipeline.hyperopt_worker_files(config, wildcards.algo, wildcards.get("fold"))
 
 
 def hyperopt_params(wildcards):
-    """Best hyperparameters of the model being trained."""
-    return paths.HYPEROPT_BEST.format(algo=wildcards.algo)
+    """Best hyperparameters of the model and fold being trained (its own fold's study under hyperopt.per_fold)."""
+    return pipeline.hyperopt_best_file(config, wildcards.algo, wildcards.fold)
 
 
 def study_results_dir(wildcards):

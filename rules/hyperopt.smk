@@ -1,13 +1,14 @@
+# One study per model, or per model x fold under hyperopt.per_fold (common.smk: HYPEROPT_*_OUTPUT).
 rule hyperopt_worker:
     input:
         manifest=paths.FEATURE_MANIFEST,
         folds=paths.FOLDS,
     output:
-        paths.HYPEROPT_WORKER,
+        HYPEROPT_WORKER_OUTPUT,
     log:
-        paths.log("hyperopt/{algo}/worker_{worker}"),
+        paths.log(HYPEROPT_WORKER_LOG),
     benchmark:
-        paths.benchmark("hyperopt/{algo}/worker_{worker}")
+        paths.benchmark(HYPEROPT_WORKER_LOG)
     conda:
         ENV_FILE
     threads: 1
@@ -26,11 +27,11 @@ rule hyperopt_best:
         workers=hyperopt_worker_summaries,
         folds=paths.FOLDS,
     output:
-        paths.HYPEROPT_BEST,
+        HYPEROPT_BEST_OUTPUT,
     log:
-        paths.log("hyperopt/{algo}_best"),
+        paths.log(HYPEROPT_BEST_LOG),
     benchmark:
-        paths.benchmark("hyperopt/{algo}_best")
+        paths.benchmark(HYPEROPT_BEST_LOG)
     conda:
         ENV_FILE
     threads: 1

@@ -204,7 +204,12 @@ def _summary(bars: pl.DataFrame) -> dict[str, Any]:
 
 
 def _hyperopt_summary(
-    algo: str, n_trials: int, n_complete_max: int | None, rng: np.random.Generator, plan: FoldPlan
+    algo: str,
+    n_trials: int,
+    n_complete_max: int | None,
+    rng: np.random.Generator,
+    plan: FoldPlan,
+    fold: int | None = None,
 ) -> dict[str, Any]:
     trials, daily = [], []
     for number in range(n_trials):
@@ -241,9 +246,10 @@ def _hyperopt_summary(
             daily.append(sharpe_daily)
     complete = [t for t in trials if t["state"] == "COMPLETE"]
     best = max(complete, key=lambda t: t["value"]) if complete else None
-    tuning = plan.tuning
+    tuning = plan.tuning_for(fold)
     return {
         "algo": algo,
+        "fold": fold,
         "objective": "annualized Sharpe of daily net returns on the tuning validation tail",
         "direction": "maximize",
         "best_params": best["params"] if best else {},
@@ -257,6 +263,8 @@ def _hyperopt_summary(
         "trial_sharpe_daily": daily,
         "sampler": {"name": "TPESampler", "seed": 123},
         "tuning_window": {
+            "first_day": tuning.first_day.isoformat(),
+            "last_day": tuning.last_day.isoformat(),
             "train_first": tuning.train_days[0].isoformat(),
             "train_last": tuning.train_days[-1].isoformat(),
             "validation_first": tuning.validation_days[0].isoformat(),
@@ -356,8 +364,10 @@ def write_pipeline_outputs(
     bootstrap_samples: int = 200,
     seed: int = 0,
     matched_random: bool = True,
+    per_fold: bool = False,
 ) -> PipelineOutputs:
-    """Write a complete set of the fan-out's outputs under `root` (see the module docstring)."""
+    """Write a complete set of the fan-out's outputs under `root` (see the module docstring); `per_fold`: one
+    hyperopt summary per model x fold (hyperopt.per_fold) instead of one per model."""
     root = Path(root)
     rng = np.random.default_rng(seed)
     skill = dict(skill or {})
@@ -471,9 +481,11 @@ def write_pipeline_outputs(
 
     hyperopt_files = []
     for algo in algos:
-        path = root / "results" / "hyperopt" / f"{algo}.json"
-        write_json_atomic(path, _hyperopt_summary(algo, n_trials, n_complete_max, rng, plan))
-        hyperopt_files.append(str(path))
+        for fold in [fold.index for fold in plan.folds] if per_fold else [None]:
+            name = f"{algo}.json" if fold is None else f"{algo}/fold_{fold}.json"
+            path = root / "results" / "hyperopt" / name
+            write_json_atomic(path, _hyperopt_summary(algo, n_trials, n_complete_max, rng, plan, fold))
+            hyperopt_files.append(str(path))
 
     train_logs = []
     for algo in algos:
@@ -498,6 +510,7 @@ def write_pipeline_outputs(
     config["training"]["seeds"] = n_seeds
     config["folds"] = {**config["folds"], "n": n_folds, "test_days": test_days}
     config["evaluation"]["bootstrap_samples"] = bootstrap_samples
+    config["hyperopt"]["per_fold"] = per_fold
     config["evaluation"]["random_baseline_seeds"] = random_seeds
     config["data"]["databento"]["symbols"] = list(symbols)
     return PipelineOutputs(root, eval_files, hyperopt_files, str(folds_path), train_logs, config, plan)

@@ -20,6 +20,7 @@ from marketrl.evaluation.calibration import (
     checked_settings,
     clopper_pearson,
     render_html,
+    run_job,
     summarize,
     world_specs,
 )
@@ -193,3 +194,45 @@ def test_tiny_calibration_target_runs_end_to_end(tmp_path: Path) -> None:
     assert not list((workdir / "results" / "calibration").rglob("*.tmp*"))  # atomic writes leave no temp file
     config = yaml.safe_load((workdir / "config.yaml").read_text())
     assert config["calibration"]["worlds"] == 2
+
+
+def test_nested_tuning_arm_runs_at_k2_and_counts_every_folds_trials(tmp_path: Path) -> None:
+    """calibration.per_fold_trials: the no-edge worlds again, each model re-tuned per fold on the fold's own
+    tuning window; the same verdict, the DSR's N = folds x trials, a false-positive rate of its own."""
+    tiny = TINY_CALIBRATION["calibration"]
+    config = validate_config(
+        {
+            **TINY_CALIBRATION,
+            # linear alone (ridge, one run per fold) keeps it short; the arm's code is the same for every model
+            "calibration": {
+                **tiny,
+                "edges": [0],
+                "folds": 2,
+                "test_days": [4],
+                "models": ["linear"],
+                "per_fold_trials": 2,
+            },
+        }
+    )
+    settings = checked_settings(config)
+    specs = world_specs(settings)
+    assert [(s.per_fold, s.index) for s in specs] == [(False, 0), (False, 1), (True, 0), (True, 1)]
+    assert specs[0].seed(11) == specs[2].seed(11)  # paired: the nested arm reruns the same worlds
+    worlds = [
+        w for job in range(n_jobs(settings)) for w in run_job(config, job, tmp_path / f"{job}.json")["worlds"]
+    ]
+    nested = [w for w in worlds if w["per_fold"]]
+    assert len(nested) == 2
+    for world in nested:
+        assert world["outcome"] in OUTCOMES
+        for model in world["models"].values():
+            assert model["dsr_n"] == settings.folds * settings.per_fold_trials
+            assert len(model["fold_params"]) == settings.folds and all(model["fold_params"])
+    assert all("dsr_n" not in m for w in worlds if not w["per_fold"] for m in w["models"].values())
+    result = calibration_result(worlds, config, "pytest")
+    summary = result["summary"]
+    assert summary["false_positive"]["n"] == 2 and summary["false_positive_per_fold"]["n"] == 2
+    assert [arm["dsr_n"] for arm in summary["per_fold_arms"]] == [[4]]
+    page = render_html(result)
+    assert "Nested tuning (per-fold re-tuning)" in page
+    assert "every model re-tuned per fold" in page

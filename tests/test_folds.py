@@ -390,6 +390,10 @@ def test_save_load_round_trip_is_atomic_and_self_describing(tmp_path: Path) -> N
     assert data["n_folds"] == 3 and data["n_trading_days"] == 12
     assert data["folds"][2]["test"]["last_day"] == plan.trading_days[-1].isoformat()
     assert data["tuning"]["validation"]["n_days"] == 1
+    # every fold carries its own tuning window (nested tuning), ending right before its first test day
+    for fold, entry in zip(plan.folds, data["folds"], strict=True):
+        assert entry["tuning"]["last_day"] == fold.tuning.last_day.isoformat()
+        assert entry["tuning"]["day_index"][1] == entry["test"]["day_index"][0]
 
 
 def test_load_errors_are_one_line(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm 
 from marketrl.runtime.jobs import job_context
 from marketrl.training.hyperopt import write_study_summary
 
+FOLD = snakemake.wildcards.get("fold")  # set under hyperopt.per_fold: the fold's own study
+
 with job_context(snakemake.log[0], snakemake.threads):
     write_study_summary(
         algo=snakemake.wildcards.algo,
@@ -13,4 +15,5 @@ with job_context(snakemake.log[0], snakemake.threads):
         config=snakemake.params.config,
         out_path=snakemake.output[0],
         results_dir=snakemake.params.results_dir,
+        fold=None if FOLD is None else int(FOLD),
     )

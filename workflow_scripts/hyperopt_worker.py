@@ -5,6 +5,8 @@ import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm 
 from marketrl.runtime.jobs import job_context
 from marketrl.training.hyperopt import run_worker
 
+FOLD = snakemake.wildcards.get("fold")  # set under hyperopt.per_fold: the fold's own study
+
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     run_worker(
         algo=snakemake.wildcards.algo,
@@ -14,5 +16,6 @@ with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
         config=snakemake.params.config,
         out_path=snakemake.output[0],
         results_dir=snakemake.params.results_dir,
+        fold=None if FOLD is None else int(FOLD),
         code=snakemake.params.code,
     )

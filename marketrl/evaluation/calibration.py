@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 import polars as pl
 import torch
 from scipy.stats import beta
@@ -35,16 +36,27 @@ from marketrl.env import MarketData, evaluate_positions
 from marketrl.evaluation.batched import score_positions
 from marketrl.evaluation.evaluate import BAR_COLUMNS, baseline_positions, matched_trader_positions
 from marketrl.evaluation.metrics import to_json_safe
+from marketrl.evaluation.stats import ANNUALIZER
 from marketrl.features import MAX_LOOKBACK, build_feature_file
 from marketrl.models import MODELS, RunSettings
+from marketrl.models.base import ModelSpec
 from marketrl.report.build import template_environment
-from marketrl.report.inputs import DETERMINISTIC_BASELINES, RANDOM_BASELINE, MatchedRandom, ReportInputs, Run
+from marketrl.report.inputs import (
+    DETERMINISTIC_BASELINES,
+    RANDOM_BASELINE,
+    HyperoptSummary,
+    MatchedRandom,
+    ReportInputs,
+    Run,
+    pooled_fold_studies,
+)
 from marketrl.report.strategies import VerdictRules, build_strategies
 from marketrl.report.tables import baseline_order
 from marketrl.report.verdict import AgentVerdict, agent_verdicts
 from marketrl.runtime.io import atomic_write, write_json_atomic
-from marketrl.splits.datasets import env_config_from_config, fold_window, load_feature_tables
-from marketrl.splits.folds import FoldConfig, make_fold_plan
+from marketrl.splits.datasets import env_config_from_config, fold_window, load_feature_tables, tuning_window
+from marketrl.splits.folds import FoldConfig, FoldPlan, make_fold_plan
+from marketrl.training.zoo import positions_sharpe
 from marketrl.workflow.calibration_plan import (
     CalibrationError,
     CalibrationSettings,
@@ -87,7 +99,8 @@ def _world_config(
 
 
 def _fold_config(settings: CalibrationSettings, spec: WorldSpec) -> FoldConfig:
-    """Expanding folds ending at the last day; the tuning window is unused (no hyperopt) but must exist."""
+    """Expanding folds ending at the last day. The tuning windows are used by the nested-tuning arms only: fold
+    k's is the train_days days right before its first test day, its validation tail the fold's own."""
     return FoldConfig(
         n=settings.folds,
         scheme="expanding",
@@ -110,6 +123,55 @@ def _world_features(spec: WorldSpec, n_days: int, seed: int, workdir: Path) -> p
         build_feature_file(path, out, context_srcs=raw[max(0, i - CONTEXT_FILES) : i])
         tables.append(out)
     return load_feature_tables(tables)
+
+
+def _tune_fold(
+    zoo_model: ModelSpec,
+    model: str,
+    table: pl.DataFrame,
+    plan: FoldPlan,
+    fold: int,
+    world: Mapping[str, Any],
+    run_settings: RunSettings,
+    n_trials: int,
+) -> HyperoptSummary:
+    """Nested tuning of one model on one fold of a world: a seeded TPE search of `n_trials` trials over the
+    model's own search space, each trained on the fold's own tuning window and scored by its validation Sharpe
+    (the pipeline's objective); returned in the shape of the pipeline's per-fold hyperopt summary."""
+    window = tuning_window(table, plan, world, "cpu", fold)
+    train, validation = window.splits["train"], window.splits["validation"]
+    env_config = env_config_from_config(world)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=derive_seed(world["seed"], "calibration-tuning", model, fold))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+
+    def objective(trial: optuna.Trial) -> float:
+        seed = derive_seed(world["seed"], "calibration-trial", model, fold, trial.number)
+        trained = zoo_model.train(
+            train, validation, run_settings, zoo_model.search_space(trial), "fp32", "cpu", seed
+        )
+        return positions_sharpe(validation, trained.positions(validation), env_config)
+
+    study.optimize(objective, n_trials=n_trials)
+    trials = [
+        {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params, "intermediate": {}}
+        for t in study.trials
+    ]
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    best = study.best_trial
+    data = {
+        "algo": model,
+        "fold": fold,
+        "best_params": best.params,
+        "best_value": best.value,
+        "best_trial": best.number,
+        "n_trials": len(trials),
+        "n_complete": len(complete),
+        "n_pruned": 0,
+        "n_failed": len(trials) - len(complete),
+    }
+    sharpes = [float(t.value) / ANNUALIZER for t in complete]
+    return HyperoptSummary(model, Path(f"<calibration {model} fold {fold}>"), trials, sharpes, data)
 
 
 def model_hparams(model: str) -> dict[str, Any]:
@@ -166,6 +228,7 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
     agent_runs: list[Run] = []
     baseline_runs: list[Run] = []
     random_runs: list[Run] = []
+    tuned: dict[str, dict[int, HyperoptSummary]] = {}  # the nested-tuning arm's studies, model -> fold
     for fold in range(settings.folds):
         window = fold_window(table, plan, fold, world, "cpu", splits=("train", "validation", "test"))
         train, validation, test = (window.splits[s] for s in ("train", "validation", "test"))
@@ -178,19 +241,25 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
         random_runs += random
         for model in settings.models:
             zoo_model = MODELS[model]
+            hparams = model_hparams(model)
+            if spec.per_fold:  # the fold trains with its own study's choice
+                study = _tune_fold(
+                    zoo_model, model, table, plan, fold, world, run_settings, settings.per_fold_trials
+                )
+                tuned.setdefault(model, {})[fold] = study
+                hparams = dict(study.data["best_params"])
             # a deterministic model has one distinct run, as in the pipeline (registry.DETERMINISTIC)
             for seed_index in range(1 if zoo_model.deterministic else settings.seeds):
                 seed = derive_seed(world["seed"], "train", model, fold, seed_index)
-                trained = zoo_model.train(
-                    train, validation, run_settings, model_hparams(model), "fp32", "cpu", seed
-                )
+                trained = zoo_model.train(train, validation, run_settings, hparams, "fp32", "cpu", seed)
                 positions = trained.positions(test)
                 bars = evaluate_positions(test, positions, env_config).select(BAR_COLUMNS)
                 matched = _matched_traders(test, positions, world, (model, fold, seed_index))
                 source = Path(f"<calibration {model} fold {fold} seed {seed_index}>")
                 agent_runs.append(Run(model, True, fold, seed_index, bars, source, None, matched))
 
-    inputs = ReportInputs(agent_runs, baseline_runs, random_runs, {}, [], plan)
+    hyperopt = {model: pooled_fold_studies(model, by_fold) for model, by_fold in tuned.items()}
+    inputs = ReportInputs(agent_runs, baseline_runs, random_runs, hyperopt, [], plan, hyperopt_folds=tuned)
     agents = build_strategies(agent_runs, pooled_summary=False)
     baselines = baseline_order(build_strategies(baseline_runs, pooled_summary=False))
     random_seeds = build_strategies(random_runs, pooled_summary=False)
@@ -201,6 +270,7 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
             "edge": spec.edge,
             "test_days": spec.test_days,
             "index": spec.index,
+            "per_fold": spec.per_fold,
             "seed": world["seed"],
             "n_days": family.n_days,
             "outcome": _classify(verdicts),
@@ -216,6 +286,18 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
                     "diffs": {c.baseline: c.diff for c in v.comparisons},
                     "min_diff": min((c.diff for c in v.comparisons), default=math.nan),
                     "max_p_beats": max((c.p_beats for c in v.comparisons), default=math.nan),
+                    # nested tuning: the DSR's N (every fold's trials) and each fold's choice
+                    **(
+                        {
+                            "dsr_n": v.deflation.n_trials,
+                            "dsr": v.deflation.dsr,
+                            "fold_params": [
+                                tuned[v.algo][k].data["best_params"] for k in sorted(tuned[v.algo])
+                            ],
+                        }
+                        if v.algo in tuned
+                        else {}
+                    ),
                 }
                 for v in verdicts
             },
@@ -280,21 +362,17 @@ def _crossing(xs: Sequence[float], ys: Sequence[float], level: float) -> float |
     return None
 
 
-def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings) -> dict[str, Any]:
-    """Rates per arm with Clopper–Pearson intervals, the false-positive rate of the no-edge worlds, and per
-    test-day count the edge and the Sharpe difference detectable at 80% power (None above every edge tried)."""
-    expected = {(s.edge, s.test_days, s.index) for s in world_specs(settings)}
-    got = [(float(w["edge"]), int(w["test_days"]), int(w["index"])) for w in worlds]
-    if sorted(got) != sorted(expected):
-        missing = sorted(expected - set(got))
-        raise CalibrationError(
-            f"calibration: the chunks hold {len(got)} worlds, the config asks for {len(expected)}"
-            + (
-                f" (missing e.g. edge {missing[0][0]:g}, {missing[0][1]} test days, world {missing[0][2]})"
-                if missing
-                else ""
-            )
-        )
+def _world_key(world: Mapping[str, Any]) -> tuple[float, int, int, bool]:
+    return (
+        float(world["edge"]),
+        int(world["test_days"]),
+        int(world["index"]),
+        bool(world.get("per_fold", False)),
+    )
+
+
+def _arms(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings) -> list[dict[str, Any]]:
+    """One summary per arm (edge x test days) of `worlds` (worlds of one scheme)."""
     arms = []
     for edge in settings.edges:
         for days in settings.test_days:
@@ -317,12 +395,34 @@ def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings
                     "mean_formula_detectable": float(np.nanmean([_nan(w["detectable"]) for w in members])),
                 }
             )
+    return arms
+
+
+def _false_positive(arms: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The 'beats' rate over the no-edge arms (None without one)."""
     null_arms = [a for a in arms if a["edge"] == 0.0]
-    false_positive = (
-        _rate(sum(a["beats"]["k"] for a in null_arms), sum(a["worlds"] for a in null_arms))
-        if null_arms
-        else None
-    )
+    if not null_arms:
+        return None
+    return _rate(sum(a["beats"]["k"] for a in null_arms), sum(a["worlds"] for a in null_arms))
+
+
+def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings) -> dict[str, Any]:
+    """Rates per arm with Clopper–Pearson intervals, the false-positive rate of the no-edge worlds, and per
+    test-day count the edge and the Sharpe difference detectable at 80% power (None above every edge tried).
+    With calibration.per_fold_trials > 0 the nested-tuning arms get their own arms and false-positive rate."""
+    expected = {(s.edge, s.test_days, s.index, s.per_fold) for s in world_specs(settings)}
+    got = [_world_key(w) for w in worlds]
+    if sorted(got) != sorted(expected):
+        missing = sorted(expected - set(got))
+        raise CalibrationError(
+            f"calibration: the chunks hold {len(got)} worlds, the config asks for {len(expected)}"
+            + (
+                f" (missing e.g. edge {missing[0][0]:g}, {missing[0][1]} test days, world {missing[0][2]})"
+                if missing
+                else ""
+            )
+        )
+    arms = _arms([w for w in worlds if not _world_key(w)[3]], settings)
     detectable = []
     for days in settings.test_days:
         curve = sorted((a for a in arms if a["test_days"] == days), key=lambda a: a["edge"])
@@ -336,15 +436,28 @@ def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings
         detectable.append(
             {"test_days": days, "edge_at_80_power": edge_80, "sharpe_difference_at_80_power": diff_80}
         )
-    return {
+    summary = {
         "arms": arms,
-        "false_positive": false_positive,
+        "false_positive": _false_positive(arms),
         "false_positive_target": TARGET_FALSE_POSITIVE_RATE,
         "power": [a for a in arms if a["edge"] > 0.0],
         "detectable": detectable,
         "power_target": TARGET_POWER,
         "ci_level": CI_LEVEL,
     }
+    if settings.per_fold_trials > 0:
+        nested = [w for w in worlds if _world_key(w)[3]]
+        per_fold_arms = _arms(nested, settings)
+        for arm in per_fold_arms:  # the DSR's N of each model: every fold's trials
+            members = [
+                w
+                for w in nested
+                if float(w["edge"]) == arm["edge"] and int(w["test_days"]) == arm["test_days"]
+            ]
+            arm["dsr_n"] = sorted({int(m["dsr_n"]) for w in members for m in w["models"].values()})
+        summary["per_fold_arms"] = per_fold_arms
+        summary["false_positive_per_fold"] = _false_positive(per_fold_arms)
+    return summary
 
 
 def _better_than_rates(members: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -407,7 +520,7 @@ def calibration_result(
                 "alpha": VerdictRules.from_config(config).alpha,
             },
             "summary": summarize(worlds, settings),
-            "worlds": sorted(worlds, key=lambda w: (w["edge"], w["test_days"], w["index"])),
+            "worlds": sorted(worlds, key=lambda w: (_world_key(w)[3], *_world_key(w)[:3])),
         }
     )
 

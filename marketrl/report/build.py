@@ -292,6 +292,7 @@ def _data_section(
         "bars_per_day": bars_per_day,
         "windows": windows,
         "tuning": plan.tuning,
+        "nested_tuning": bool(inputs.hyperopt_folds),  # hyperopt.per_fold: one tuning window per fold
         "timeline": figures.folds_timeline_figure(plan, max(embargo_days, 0.08)),
         "input_files": input_files,  # None: no feature manifest given
     }
@@ -323,6 +324,7 @@ def _hyperopt_section(inputs: ReportInputs, algos: Sequence[str]) -> list[dict[s
                 "direction": data.get("direction", "maximize"),
                 "best_value": data.get("best_value"),
                 "best_trial": data.get("best_trial"),
+                "best_fold": data.get("best_fold"),
                 "best_params": tuning.best_params_rows(summary),
                 "sampler": data.get("sampler") or {},
                 "storage": provenance.redact_url(str(data.get("storage") or "")),  # never a password
@@ -331,6 +333,10 @@ def _hyperopt_section(inputs: ReportInputs, algos: Sequence[str]) -> list[dict[s
                 "history": figures.hyperopt_history_figure(summary, color) if summary.trials else None,
                 "importance": figures.importance_figure(algo, importances, color) if importances else None,
                 "importance_message": message,
+                # hyperopt.per_fold: each fold's own choice (does hidden_dim_base wander?)
+                "per_fold": tuning.per_fold_rows(inputs.hyperopt_folds[algo])
+                if algo in inputs.hyperopt_folds
+                else None,
             }
         )
     return sections

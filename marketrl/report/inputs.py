@@ -22,6 +22,7 @@ from marketrl.evaluation.metrics import (
     average_strategies,
     portfolio_bars,
 )
+from marketrl.evaluation.stats import is_finite_number
 from marketrl.splits.folds import FoldError, FoldPlan
 
 DETERMINISTIC_BASELINES = ("buy_and_hold", "flat", "momentum")
@@ -113,6 +114,8 @@ class ReportInputs:
     plan: FoldPlan
     files: list[Path] = field(default_factory=list)
     provenance_records: list[Mapping[str, Any]] = field(default_factory=list)
+    # hyperopt.per_fold: each fold's own study, {algo: {fold: summary}}; `hyperopt` then holds their pooled trials
+    hyperopt_folds: dict[str, dict[int, HyperoptSummary]] = field(default_factory=dict)
 
     @property
     def algos(self) -> list[str]:
@@ -410,18 +413,79 @@ def load_inputs(
         files += [path, bars_path]
         records.append(data.get("provenance") or {})
     hyperopt: dict[str, HyperoptSummary] = {}
+    hyperopt_folds: dict[str, dict[int, HyperoptSummary]] = {}
     for name in hyperopt_files:
         summary = _hyperopt(Path(name))
-        hyperopt[summary.algo] = summary
+        fold = summary.data.get("fold")
+        if isinstance(fold, int) and not isinstance(fold, bool):  # a per-fold study (hyperopt.per_fold)
+            hyperopt_folds.setdefault(summary.algo, {})[fold] = summary
+        else:
+            hyperopt[summary.algo] = summary
         files.append(Path(name))
+    for algo, by_fold in hyperopt_folds.items():
+        if algo in hyperopt:
+            raise ReportInputError(
+                f"{hyperopt[algo].source}: {algo} has both one study and per-fold studies; give one kind"
+            )
+        hyperopt[algo] = pooled_fold_studies(algo, by_fold)
     logs = [_train_log(Path(name)) for name in train_logs]
     files += [Path(name) for name in train_logs]
-    records += [summary.data.get("provenance") or {} for summary in hyperopt.values()]
+    records += [
+        summary.data.get("provenance") or {}
+        for summary in hyperopt.values()
+        if summary.algo not in hyperopt_folds
+    ]
+    records += [
+        s.data.get("provenance") or {} for by_fold in hyperopt_folds.values() for s in by_fold.values()
+    ]
     records += [log.data.get("provenance") or {} for log in logs]
     records = [record for record in records if isinstance(record, Mapping)]
-    inputs = ReportInputs(agent_runs, baseline_runs, random_runs, hyperopt, logs, plan, files, records)
+    inputs = ReportInputs(
+        agent_runs, baseline_runs, random_runs, hyperopt, logs, plan, files, records, hyperopt_folds
+    )
     _check_layout(inputs)
     return inputs
+
+
+def pooled_fold_studies(algo: str, by_fold: Mapping[int, HyperoptSummary]) -> HyperoptSummary:
+    """One summary holding every trial of every fold's study (each trial tagged with its `fold`): what the
+    selection tried in all, so the DSR's N is the sum of the folds' trials. Its best is the highest of the
+    folds' choices (`best_fold`); the folds' own choices stay in `ReportInputs.hyperopt_folds`."""
+    folds = sorted(by_fold)
+    summaries = [by_fold[k] for k in folds]
+    trials = [{**trial, "fold": k} for k, s in zip(folds, summaries, strict=True) for trial in s.trials]
+    scored = [
+        (k, s) for k, s in zip(folds, summaries, strict=True) if is_finite_number(s.data.get("best_value"))
+    ]
+    best_fold, best = (
+        max(scored, key=lambda ks: (ks[1].data["best_value"], -ks[0])) if scored else (None, None)
+    )
+
+    def total(key: str) -> int:
+        return sum(int(s.data.get(key) or 0) for s in summaries)
+
+    first = summaries[0].data
+    data = {
+        "algo": algo,
+        "kind": first.get("kind"),
+        "per_fold": True,
+        "folds": folds,
+        "objective": first.get("objective", ""),
+        "direction": first.get("direction", "maximize"),
+        "best_fold": best_fold,
+        "best_value": None if best is None else best.data.get("best_value"),
+        "best_trial": None if best is None else best.data.get("best_trial"),
+        "best_params": {} if best is None else best.data.get("best_params") or {},
+        "n_trials": total("n_trials"),
+        "n_complete": total("n_complete"),
+        "n_pruned": total("n_pruned"),
+        "n_failed": total("n_failed"),
+        "sampler": first.get("sampler") or {},
+        "storage": first.get("storage"),
+        "tuning_window": {},  # one per fold: ReportInputs.hyperopt_folds
+    }
+    sharpes = [x for s in summaries for x in s.trial_sharpe_daily]
+    return HyperoptSummary(algo, summaries[0].source.parent, trials, sharpes, data)  # results/hyperopt/{algo}
 
 
 def configured_models(config: Mapping[str, Any]) -> list[str]:

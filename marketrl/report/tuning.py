@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -116,3 +116,26 @@ def best_params_rows(summary: HyperoptSummary) -> list[tuple[str, Any]]:
     if not isinstance(best, dict):
         return []
     return sorted(best.items(), key=lambda kv: (kv[0] != "hidden_dim_base", kv[0]))
+
+
+def per_fold_rows(by_fold: Mapping[int, HyperoptSummary]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Nested tuning's choices, fold by fold: (parameter names, hidden_dim_base first; one row per fold with its
+    tuning window, trial count, best value and best parameters), to see whether a choice wanders."""
+    names: set[str] = set()
+    rows = []
+    for fold in sorted(by_fold):
+        data = by_fold[fold].data
+        best = data.get("best_params") if isinstance(data.get("best_params"), dict) else {}
+        names.update(best)
+        window = data.get("tuning_window") or {}
+        rows.append(
+            {
+                "fold": fold,
+                "window": f"{window.get('first_day', '?')}..{window.get('last_day', '?')}",
+                "validation": f"{window.get('validation_first', '?')}..{window.get('validation_last', '?')}",
+                "n_trials": data.get("n_trials", len(by_fold[fold].trials)),
+                "best_value": data.get("best_value"),
+                "params": best,
+            }
+        )
+    return sorted(names, key=lambda name: (name != "hidden_dim_base", name)), rows

@@ -85,7 +85,11 @@ def _trial_score(trial: Mapping[str, Any]) -> float | None:
 
 
 def deflation_for(inputs: ReportInputs, algo: str) -> Deflation:
-    """N, V and the DSR of the selected trial from ``results/hyperopt/{algo}.json`` and the tuning window."""
+    """N, V and the DSR of the selected trial from ``results/hyperopt/{algo}.json`` and the tuning window.
+
+    Under hyperopt.per_fold the summary pools every fold's study (`inputs.pooled_fold_studies`): N sums the folds'
+    trials, V is over all their scores and the best is the highest of the folds' choices; every fold's tuning
+    window has the same tuning_validation_days, so the validation length is the same."""
     n_validation = len(inputs.plan.tuning.validation_days)
     summary = inputs.hyperopt.get(algo)
     if summary is None:

@@ -348,8 +348,13 @@ def fold_window(
 
 
 def tuning_window(
-    table: pl.DataFrame, plan: FoldPlan, config: Mapping[str, Any], device: torch.device | str
+    table: pl.DataFrame,
+    plan: FoldPlan,
+    config: Mapping[str, Any],
+    device: torch.device | str,
+    fold: int | None = None,
 ) -> WindowData:
-    """Hyperopt's window: inner train and validation rows, all before the first test day of any fold."""
-    frames = {name: select_tuning_rows(table, plan, name) for name in ("train", "validation")}
+    """Hyperopt's window: inner train and validation rows, all before the first test day of any fold, or with
+    `fold` (hyperopt.per_fold) before that fold's first test day."""
+    frames = {name: select_tuning_rows(table, plan, name, fold) for name in ("train", "validation")}
     return build_window(table, frames, config, device)

@@ -149,14 +149,41 @@ def _require_int(name: str, value: Any, minimum: int) -> None:
 
 
 @dataclass(frozen=True)
+class TuningWindow:
+    """Hyperopt's window: `days` ends before any test day; its last `validation_days` are the inner validation."""
+
+    days: tuple[date, ...]
+    validation_days: tuple[date, ...]
+    embargo_bars: int
+
+    @property
+    def train_days(self) -> tuple[date, ...]:
+        """Tuning days before the validation tail (the inner training part)."""
+        return self.days[: len(self.days) - len(self.validation_days)]
+
+    @property
+    def first_day(self) -> date:
+        return self.days[0]
+
+    @property
+    def last_day(self) -> date:
+        return self.days[-1]
+
+
+@dataclass(frozen=True)
 class Fold:
-    """One walk-forward fold. `train_days` is the whole training window and includes the validation tail."""
+    """One walk-forward fold. `train_days` is the whole training window and includes the validation tail.
+
+    `tuning` is the fold's own tuning window for nested tuning (hyperopt.per_fold): the `folds.tuning_days`
+    trading days right before its first test day, so it holds no test day of this fold or a later one.
+    """
 
     index: int
     train_days: tuple[date, ...]
     validation_days: tuple[date, ...]
     test_days: tuple[date, ...]
     embargo_bars: int
+    tuning: TuningWindow
 
     @property
     def inner_train_days(self) -> tuple[date, ...]:
@@ -189,28 +216,6 @@ class Fold:
 
 
 @dataclass(frozen=True)
-class TuningWindow:
-    """Hyperopt's window: `days` ends before any test day; its last `validation_days` are the inner validation."""
-
-    days: tuple[date, ...]
-    validation_days: tuple[date, ...]
-    embargo_bars: int
-
-    @property
-    def train_days(self) -> tuple[date, ...]:
-        """Tuning days before the validation tail (the inner training part)."""
-        return self.days[: len(self.days) - len(self.validation_days)]
-
-    @property
-    def first_day(self) -> date:
-        return self.days[0]
-
-    @property
-    def last_day(self) -> date:
-        return self.days[-1]
-
-
-@dataclass(frozen=True)
 class FoldPlan:
     """All folds and the tuning window, made from the trading days of all featurized files."""
 
@@ -222,6 +227,10 @@ class FoldPlan:
     @property
     def first_test_day(self) -> date:
         return self.folds[0].first_test_day
+
+    def tuning_for(self, fold: int | None = None) -> TuningWindow:
+        """The window a study tunes on: the single study's (`fold` None) or fold `fold`'s own (nested tuning)."""
+        return self.tuning if fold is None else self.fold(fold).tuning
 
     def fold(self, index: int) -> Fold:
         """The fold with this index, with a clear error for an index outside the plan."""
@@ -242,13 +251,21 @@ class FoldPlan:
                 "day_index": [position[days[0]], position[days[-1]] + 1],
             }
 
+        def tuning(window_: TuningWindow) -> dict[str, Any]:
+            return {
+                **window(window_.days),
+                "train": window(window_.train_days),
+                "validation": window(window_.validation_days),
+            }
+
         return {
             "format": PLAN_FORMAT,
             "description": (
                 "Walk-forward folds. Windows are contiguous runs of `trading_days` (day_index is [start, stop)). "
                 "Each fold's train window includes its validation tail. When rows are selected, the last "
                 "embargo_bars bars per instrument of tuning.train, tuning.validation, fold train, validation "
-                "and train_full are dropped; test rows are not. See docs/FOLDS.md."
+                "and train_full are dropped; test rows are not. Each fold's tuning window (used when "
+                "hyperopt.per_fold is true) ends right before that fold's first test day. See docs/FOLDS.md."
             ),
             "config": asdict(self.config),
             "embargo_bars": self.config.embargo_bars,
@@ -259,11 +276,7 @@ class FoldPlan:
             "last_trading_day": self.trading_days[-1].isoformat(),
             "first_test_day": self.first_test_day.isoformat(),
             "trading_days": [day.isoformat() for day in self.trading_days],
-            "tuning": {
-                **window(self.tuning.days),
-                "train": window(self.tuning.train_days),
-                "validation": window(self.tuning.validation_days),
-            },
+            "tuning": tuning(self.tuning),
             "folds": [
                 {
                     "index": fold.index,
@@ -271,6 +284,7 @@ class FoldPlan:
                     "inner_train": window(fold.inner_train_days),
                     "validation": window(fold.validation_days),
                     "test": window(fold.test_days),
+                    "tuning": tuning(fold.tuning),  # this fold's study window under hyperopt.per_fold
                 }
                 for fold in self.folds
             ],
@@ -295,12 +309,14 @@ class FoldPlan:
                     )
                 return days
 
-            tuning_entry = data["tuning"]
-            tuning = TuningWindow(
-                days=window(tuning_entry, "tuning"),
-                validation_days=window(tuning_entry["validation"], "tuning.validation"),
-                embargo_bars=config.embargo_bars,
-            )
+            def tuning_window(entry: Mapping[str, Any], name: str) -> TuningWindow:
+                return TuningWindow(
+                    days=window(entry, name),
+                    validation_days=window(entry["validation"], f"{name}.validation"),
+                    embargo_bars=config.embargo_bars,
+                )
+
+            tuning = tuning_window(data["tuning"], "tuning")
             folds = tuple(
                 Fold(
                     index=entry["index"],
@@ -308,6 +324,7 @@ class FoldPlan:
                     validation_days=window(entry["validation"], f"folds[{k}].validation"),
                     test_days=window(entry["test"], f"folds[{k}].test"),
                     embargo_bars=config.embargo_bars,
+                    tuning=tuning_window(entry["tuning"], f"folds[{k}].tuning"),
                 )
                 for k, entry in enumerate(data["folds"])
             )
@@ -344,7 +361,8 @@ class FoldPlan:
 
 def make_fold_plan(trading_days: Sequence[date], cfg: FoldConfig) -> FoldPlan:
     """Place `cfg.n` test windows at the end of the data, a training window before each and the tuning
-    window right before the first test day. Duplicates are dropped and days are sorted first."""
+    window right before the first test day; each fold also gets its own tuning window right before its own
+    first test day (nested tuning). Duplicates are dropped and days are sorted first."""
     for day in trading_days:
         # datetime is a subclass of date; a timestamp here means the caller passed the wrong column.
         if not isinstance(day, date) or isinstance(day, datetime):
@@ -369,15 +387,23 @@ def make_fold_plan(trading_days: Sequence[date], cfg: FoldConfig) -> FoldPlan:
                 validation_days=train[-cfg.validation_days :],
                 test_days=days[test_start : test_start + cfg.test_days],
                 embargo_bars=cfg.embargo_bars,
+                tuning=_tuning_window(days, test_start, cfg),
             )
         )
-    tuning_days = days[first_test - cfg.tuning_days : first_test]
-    tuning = TuningWindow(
-        days=tuning_days,
-        validation_days=tuning_days[-cfg.tuning_validation_days :],
+    # The single study's window is fold 0's own: required_days guarantees its tuning_days exist, and every later
+    # fold's window ends later, so no fold's window is ever short.
+    tuning = _tuning_window(days, first_test, cfg)
+    return FoldPlan(config=cfg, trading_days=days, tuning=tuning, folds=tuple(folds))
+
+
+def _tuning_window(days: Sequence[date], end: int, cfg: FoldConfig) -> TuningWindow:
+    """The `cfg.tuning_days` days before position `end` (a first test day), its validation tail last."""
+    window = tuple(days[end - cfg.tuning_days : end])
+    return TuningWindow(
+        days=window,
+        validation_days=window[-cfg.tuning_validation_days :],
         embargo_bars=cfg.embargo_bars,
     )
-    return FoldPlan(config=cfg, trading_days=days, tuning=tuning, folds=tuple(folds))
 
 
 def trading_days_of(feature_files: Sequence[str | Path]) -> list[date]:
@@ -447,13 +473,16 @@ def select_rows(frame: FrameT, fold: Fold, split: FoldSplit, embargo_bars: int |
     return _select(frame, days, embargo if purged else 0, f"fold {fold.index} {split}")
 
 
-def select_tuning_rows(frame: FrameT, plan: FoldPlan, split: TuningSplit) -> FrameT:
+def select_tuning_rows(frame: FrameT, plan: FoldPlan, split: TuningSplit, fold: int | None = None) -> FrameT:
     """Rows of hyperopt's window: `train` (tuning days before its validation tail) or `validation`;
-    both lose each instrument's last `embargo_bars` rows (validation, then the first test day, follows)."""
-    windows = {"train": plan.tuning.train_days, "validation": plan.tuning.validation_days}
+    both lose each instrument's last `embargo_bars` rows (validation, then a first test day, follows).
+    `fold`: that fold's own window (hyperopt.per_fold); None, the single study's."""
+    tuning = plan.tuning_for(fold)
+    windows = {"train": tuning.train_days, "validation": tuning.validation_days}
     if split not in windows:
         raise FoldError(f"tuning split must be one of {', '.join(windows)}, got {split!r}")
-    return _select(frame, windows[split], plan.tuning.embargo_bars, f"tuning {split}")
+    label = "tuning" if fold is None else f"fold {fold} tuning"
+    return _select(frame, windows[split], tuning.embargo_bars, f"{label} {split}")
 
 
 def _date_list(days: Sequence[date]) -> pl.Series:

@@ -1,4 +1,5 @@
-"""One Optuna study per model (each name of training.models) on the tuning window, shared by any number of workers.
+"""One Optuna study per model (each name of training.models) on the tuning window, shared by any number of workers;
+with hyperopt.per_fold (nested tuning) one study per model x fold, each on its fold's own tuning window.
 
 - Every model is tuned the same way (`marketrl.training.zoo` dispatches by name): its own search space, the same objective
   (validation Sharpe, the median over hyperopt.seeds_per_trial seeds), the same summary JSON.
@@ -62,9 +63,17 @@ OBJECTIVE = (
 # ------------------------------------------------------------------------------------------------------ storage
 
 
-def study_name(algo: str, key: str = "") -> str:
-    """The Optuna study name of an algorithm; `key` (see `study_key`) tells apart studies of different inputs."""
-    return f"marketrl-{algo}-{key}" if key else f"marketrl-{algo}"
+def study_name(algo: str, key: str = "", fold: int | None = None) -> str:
+    """The Optuna study name of an algorithm; `key` (see `study_key`) tells apart studies of different inputs,
+    `fold` the per-fold studies (hyperopt.per_fold) that share the algorithm's storage."""
+    base = f"marketrl-{algo}" if fold is None else f"marketrl-{algo}-fold{fold}"
+    return f"{base}-{key}" if key else base
+
+
+def study_scope(algo: str, fold: int | None = None) -> tuple[str | int, ...]:
+    """What a study's seeds derive from besides their purpose: the algorithm, and the fold of a per-fold study
+    (so the folds' studies draw independent parameters; the single study keeps its seeds)."""
+    return (algo,) if fold is None else (algo, "fold", fold)
 
 
 def study_key(config: Mapping[str, Any], input_paths: Sequence[str | Path], code: str) -> str:
@@ -91,15 +100,19 @@ def load_study(
     worker: int = 0,
     results_dir: str | Path = "results",
     name: str | None = None,
+    fold: int | None = None,
 ) -> optuna.Study:
-    """Create or resume the study `name` (default: `study_name(algo)`); the TPE sampler is seeded per worker."""
+    """Create or resume the study `name` (default: `study_name(algo, fold=fold)`); the TPE sampler is seeded per
+    worker."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=derive_seed(config["seed"], "hyperopt", algo, worker))
+    sampler = optuna.samplers.TPESampler(
+        seed=derive_seed(config["seed"], "hyperopt", *study_scope(algo, fold), worker)
+    )
     pruner = optuna.pruners.MedianPruner(
         n_startup_trials=2, n_warmup_steps=config["hyperopt"]["pruner_warmup_evals"]
     )
     return optuna.create_study(
-        study_name=name or study_name(algo),
+        study_name=name or study_name(algo, fold=fold),
         storage=open_storage(config, algo, results_dir),
         sampler=sampler,
         pruner=pruner,
@@ -120,13 +133,14 @@ def run_trial(
     precision: PrecisionPlan,
     space: SearchSpace,
     budget: HardwareBudget | None = None,
+    fold: int | None = None,
 ) -> float:
     """Train one configuration on the tuning train rows with hyperopt.seeds_per_trial seeds (one batch where the
     model can); report the median of the seeds' validation scores for pruning; return the median of the seeds'
     final validation Sharpe ratios.
 
     The per-seed scores are the trial's user attribute ``seed_scores``; `space` is the model's search space
-    (`marketrl.training.zoo`, built once per worker).
+    (`marketrl.training.zoo`, built once per worker); `fold`, that of a per-fold study (its seeds' scope).
     """
     started = time.perf_counter()
     entry = get_entry(algo, config["training"]["extra_models"])
@@ -149,7 +163,12 @@ def run_trial(
     trial.set_user_attr("setup_s", setup_s)
     # seed 0 keeps the seed of a one-seed trial, so hyperopt.seeds_per_trial=1 is the earlier objective
     seeds = tuple(
-        derive_seed(config["seed"], "hyperopt-trial", algo, *((slot,) if number == 0 else (slot, number)))
+        derive_seed(
+            config["seed"],
+            "hyperopt-trial",
+            *study_scope(algo, fold),
+            *((slot,) if number == 0 else (slot, number)),
+        )
         for number in range(n_seeds)
     )
     runs = entry.train(
@@ -187,38 +206,41 @@ def run_worker(
     out_path: str,
     results_dir: str | Path,
     code: str = "",
+    fold: int | None = None,
 ) -> dict[str, Any]:
     """One worker: load the tuning window once, then claim and run trials until the study holds n_trials.
 
     The study lives under `results_dir` (see `study_dir`); it is shared by the workers, so it is no job's output.
-    Its name carries `study_key` of the config, the inputs and `code` (the stage's code hash).
+    Its name carries `study_key` of the config, the inputs and `code` (the stage's code hash). `fold`: a worker of
+    that fold's own study on that fold's tuning window (hyperopt.per_fold); None, of the model's one study.
     """
     started = time.perf_counter()
     entry = get_entry(algo, config["training"]["extra_models"])
     device = resolve_device(config["training"]["device"])
     precision = detect_precision(device, config["training"]["precision"])
     plan = FoldPlan.load(folds_path)
-    window = tuning_window(load_features(manifest_path), plan, config, device)
+    window = tuning_window(load_features(manifest_path), plan, config, device, fold)
     data_setup_s = time.perf_counter() - started
     budget = HardwareBudget.detect(device)
     space = entry.search_space(budget, window, config)
     log.info(
-        "worker %d of %s (%s): tuning data on %s in %.2fs; precision %s",
+        "worker %d of %s%s (%s): tuning data on %s in %.2fs; precision %s",
         worker,
         algo,
+        "" if fold is None else f" fold {fold}",
         entry.kind,
         device,
         data_setup_s,
         precision.mode,
     )
 
-    name = study_name(algo, study_key(config, [manifest_path, folds_path], code))
-    study = load_study(config, algo, worker, results_dir, name)
+    name = study_name(algo, study_key(config, [manifest_path, folds_path], code), fold)
+    study = load_study(config, algo, worker, results_dir, name, fold)
 
     def objective(trial: optuna.Trial) -> float:
-        return run_trial(trial, algo, window, config, device, precision, space, budget)
+        return run_trial(trial, algo, window, config, device, precision, space, budget, fold)
 
-    sampler_seed = derive_seed(config["seed"], "hyperopt", algo)
+    sampler_seed = derive_seed(config["seed"], "hyperopt", *study_scope(algo, fold))
     claims = trial_claims(config, algo, results_dir)
     ran = work_on_study(
         study, algo, config["hyperopt"]["n_trials"], objective, results_dir, seed=sampler_seed, claims=claims
@@ -226,6 +248,7 @@ def run_worker(
     summary = {
         "algo": algo,
         "kind": entry.kind,
+        "fold": fold,
         "worker": worker,
         "study": name,
         "trials_run": ran,
@@ -261,16 +284,19 @@ def write_study_summary(
     config: Mapping[str, Any],
     out_path: str,
     results_dir: str | Path,
+    fold: int | None = None,
 ) -> dict[str, Any]:
-    """results/hyperopt/{algo}.json: best params (incl. hidden_dim_base), every trial, counts, provenance.
+    """results/hyperopt/{algo}.json (with `fold`, hyperopt.per_fold: results/hyperopt/{algo}/fold_{fold}.json):
+    best params (incl. hidden_dim_base), every trial, counts, provenance.
 
     Reads the study under `results_dir` (see `study_dir`) and the tuning window from `folds_path`.
     """
     workers = [json.loads(Path(path).read_text()) for path in worker_summaries]
-    names = sorted({worker.get("study", study_name(algo)) for worker in workers}) or [study_name(algo)]
+    default = study_name(algo, fold=fold)
+    names = sorted({worker.get("study", default) for worker in workers}) or [default]
     if len(names) > 1:
         raise HyperoptError(f"{worker_summaries[0]}: workers of {algo} ran different studies {names}")
-    study = load_study(config, algo, 0, results_dir, names[0])
+    study = load_study(config, algo, 0, results_dir, names[0], fold)
     trials = sorted(counted_trials(study), key=lambda t: t.number)
     states = [t.state for t in trials]
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -284,7 +310,7 @@ def write_study_summary(
             f"study {names[0]}: no trial completed (all pruned or failed); see the worker logs"
         )
     best = max(complete, key=lambda t: (t.value, -t.number))
-    window = FoldPlan.load(folds_path).tuning
+    window = FoldPlan.load(folds_path).tuning_for(fold)
     tuning = {
         "first_day": str(window.first_day),
         "last_day": str(window.last_day),
@@ -294,6 +320,7 @@ def write_study_summary(
     summary = {
         "algo": algo,
         "kind": get_entry(algo, config["training"]["extra_models"]).kind,
+        "fold": fold,  # None: the model's one study; k: fold k's own study (hyperopt.per_fold)
         "objective": OBJECTIVE,
         "direction": "maximize",
         "best_params": best.params,
@@ -310,7 +337,7 @@ def write_study_summary(
         "seeds_per_trial": config["hyperopt"]["seeds_per_trial"],
         "sampler": {
             "name": "TPESampler",
-            "seed": derive_seed(config["seed"], "hyperopt", algo),
+            "seed": derive_seed(config["seed"], "hyperopt", *study_scope(algo, fold)),
             "reseeded": "per trial slot k: slot_sampler_seed(seed, k)",
         },
         "tuning_window": tuning,

@@ -31,6 +31,9 @@ class CalibrationSettings:
     seeds: int
     random_traders: int
     worlds_per_job: int
+    per_fold_trials: int = (
+        0  # > 0: the nested-tuning arms, each world re-tuned per fold with this many trials
+    )
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> CalibrationSettings:
@@ -49,6 +52,7 @@ class CalibrationSettings:
             seeds=int(section["seeds"]),
             random_traders=int(section["random_traders"]),
             worlds_per_job=int(section["worlds_per_job"]),
+            per_fold_trials=int(section.get("per_fold_trials", 0)),
         )
         for days in settings.test_days:
             if days % settings.folds:
@@ -75,21 +79,28 @@ class CalibrationSettings:
 
 @dataclass(frozen=True)
 class WorldSpec:
-    """One world: its arm (planted edge, pooled test days) and its index within the arm."""
+    """One world: its arm (planted edge, pooled test days; fixed hyperparameters or, `per_fold`, re-tuned per
+    fold) and its index within the arm."""
 
     edge: float
     test_days: int
     index: int
+    per_fold: bool = False
 
     def seed(self, root_seed: int) -> int:
-        """The world's own seed: its data, models, random traders and bootstraps all derive from it."""
+        """The world's own seed: its data, models, random traders and bootstraps all derive from it. A nested-
+        tuning world shares it with the fixed-hyperparameter world of the same index: the same data, a paired
+        comparison of the two schemes."""
         return derive_seed(root_seed, "calibration", f"{self.edge:g}", self.test_days, self.index)
 
 
 def world_specs(settings: CalibrationSettings) -> list[WorldSpec]:
-    """Every world of the calibration, arm by arm (edges, then test-day counts), in a fixed order."""
+    """Every world of the calibration, arm by arm (edges, then test-day counts), in a fixed order; with
+    calibration.per_fold_trials > 0 the nested-tuning arms follow, in the same order."""
+    schemes = (False, True) if settings.per_fold_trials > 0 else (False,)
     return [
-        WorldSpec(edge, days, k)
+        WorldSpec(edge, days, k, per_fold)
+        for per_fold in schemes
         for edge in settings.edges
         for days in settings.test_days
         for k in range(settings.worlds)

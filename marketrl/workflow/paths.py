@@ -8,7 +8,8 @@ Undeclared side files (not rule outputs, on purpose):
 - RESUME, a training job's resumable checkpoint (one per model x fold: its seeds train as one batch). Snakemake deletes a failed job's outputs, which would destroy the
   very state a rerun resumes from; the train job removes it once model.pt is written.
 - STUDY_DIR, an Optuna study's journal and locks, shared by all hyperopt workers of one algorithm (no single job
-  owns it) and absent when hyperopt.storage is an RDB URL.
+  owns it; with hyperopt.per_fold, by every fold's study of that algorithm too) and absent when hyperopt.storage
+  is an RDB URL.
 - TENSORBOARD, a training job's TensorBoard event files (one run directory per seed): logs to watch a run live,
   holding wall times, so no output may depend on them; the train job empties each directory at its start.
 """
@@ -26,6 +27,9 @@ FOLDS = "results/folds.json"
 
 HYPEROPT_WORKER = "results/hyperopt/{algo}/worker_{worker}.json"
 HYPEROPT_BEST = "results/hyperopt/{algo}.json"
+# hyperopt.per_fold (nested tuning): one study per model x fold; its studies share the model's storage (STUDY_DIR)
+HYPEROPT_FOLD_WORKER = "results/hyperopt/{algo}/fold_{fold}/worker_{worker}.json"
+HYPEROPT_FOLD_BEST = "results/hyperopt/{algo}/fold_{fold}.json"
 STUDY_SUBDIR = "hyperopt/{algo}"  # under a results directory; the library's tests use their own
 STUDY_DIR = f"{RESULTS}/{STUDY_SUBDIR}"
 

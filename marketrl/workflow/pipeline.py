@@ -227,14 +227,38 @@ def export_dirs(config: dict[str, Any]) -> list[str]:
     return [paths.EXPORT_DIR.format(**run) for run in _runs(config)]
 
 
-def hyperopt_worker_files(config: dict[str, Any], algo: str) -> list[str]:
-    """Summaries of the workers of one model's study."""
-    return [paths.HYPEROPT_WORKER.format(algo=algo, worker=w) for w in range(config["hyperopt"]["workers"])]
+def per_fold(config: dict[str, Any]) -> bool:
+    """Nested tuning (hyperopt.per_fold): one study per model x fold instead of one per model."""
+    return bool(config["hyperopt"].get("per_fold", False))
+
+
+def hyperopt_worker_files(config: dict[str, Any], algo: str, fold: int | str | None = None) -> list[str]:
+    """Summaries of the workers of one model's study (with `fold`: of that fold's study, hyperopt.per_fold)."""
+    workers = range(config["hyperopt"]["workers"])
+    if fold is None:
+        return [paths.HYPEROPT_WORKER.format(algo=algo, worker=w) for w in workers]
+    return [paths.HYPEROPT_FOLD_WORKER.format(algo=algo, fold=fold, worker=w) for w in workers]
+
+
+def hyperopt_best_file(config: dict[str, Any], algo: str, fold: int | str) -> str:
+    """The best hyperparameters fold `fold` of `algo` trains with: its own study's under hyperopt.per_fold,
+    else the model's one study's."""
+    if per_fold(config):
+        return paths.HYPEROPT_FOLD_BEST.format(algo=algo, fold=fold)
+    return paths.HYPEROPT_BEST.format(algo=algo)
 
 
 def hyperopt_files(config: dict[str, Any]) -> list[str]:
-    """Every model's best hyperparameters (training.models; the wildcard {algo} is the model name)."""
-    return [paths.HYPEROPT_BEST.format(algo=algo) for algo in config["training"]["models"]]
+    """Every study's best hyperparameters (training.models; the wildcard {algo} is the model name): one per
+    model, or one per model x fold under hyperopt.per_fold."""
+    models = config["training"]["models"]
+    if per_fold(config):
+        return [
+            paths.HYPEROPT_FOLD_BEST.format(algo=algo, fold=fold)
+            for algo in models
+            for fold in fold_indices(config)
+        ]
+    return [paths.HYPEROPT_BEST.format(algo=algo) for algo in models]
 
 
 # ------------------------------------------------------------------------------------------------------- predict
