@@ -33,6 +33,8 @@ KNOWN_ERRORS: frozenset[str] = frozenset(
         "marketrl.report.inputs.ReportInputError",
         "marketrl.splits.datasets.DatasetError",
         "marketrl.splits.folds.FoldError",
+        "marketrl.training.dashboard.DashboardError",
+        "marketrl.training.export.ExportError",
         "marketrl.training.study_storage.HyperoptError",
         "marketrl.training.train.HparamsError",
         "marketrl.workflow.calibration_plan.CalibrationError",
