@@ -7,7 +7,8 @@ rule report:
         train_logs=pipeline.train_log_files(config),
         manifest=paths.FEATURE_MANIFEST,
     output:
-        paths.REPORT,
+        report=paths.REPORT,
+        verdict=paths.VERDICT,
     log:
         paths.log("report"),
     benchmark:

@@ -247,3 +247,20 @@ def test_check_new_file_names_the_file_and_what_the_model_was_trained_on(tmp_pat
         check_new_file(path, _table(path, "ohlcv-1m", "1m", ["ESM4"], dt.date(2024, 3, 12)), trained, "dqn")
     with pytest.raises(PredictInputError, match=r"no feature rows to predict"):
         check_new_file(path, _table(path, "ohlcv-1m", "1m", [], dt.date(2024, 3, 13)), trained, "dqn")
+
+
+def test_default_models_are_the_reports_winners_else_all(tmp_path: Path) -> None:
+    from marketrl.workflow.pipeline import predict_models
+
+    config = validate_config({"training": {"models": ["dqn", "ppo", "linear"]}})
+    verdict = tmp_path / "verdict.json"
+    assert predict_models(config, str(verdict)) == ["dqn", "ppo", "linear"]  # no report yet: every model
+    verdict.write_text('{"winners": ["linear", "ppo"]}', encoding="utf-8")
+    assert predict_models(config, str(verdict)) == ["ppo", "linear"]  # in training.models order
+    verdict.write_text('{"winners": []}', encoding="utf-8")
+    assert predict_models(config, str(verdict)) == ["dqn", "ppo", "linear"]  # no winner: every model
+    named = validate_config({"training": {"models": ["dqn", "ppo"]}, "predict": {"models": ["dqn"]}})
+    assert predict_models(named, str(verdict)) == ["dqn"]  # predict.models wins over the verdict
+    verdict.write_text("{not json", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"predict\.models.*verdict\.json"):
+        predict_models(config, str(verdict))

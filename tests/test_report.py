@@ -513,3 +513,21 @@ def test_missing_fold_plan_and_config_key_are_named(small_outputs: PipelineOutpu
     del config["evaluation"]["bootstrap_samples"]
     assert "evaluation.bootstrap_samples" in _error(small_outputs, tmp_path, config=config)
     assert issubclass(ReportInputError, ValueError)
+
+
+def test_verdict_json_names_the_winners_the_report_names(
+    report: tuple[PipelineOutputs, str], tmp_path: Path
+) -> None:
+    outputs, _ = report
+    verdict_path = tmp_path / "verdict.json"
+    build_report(**outputs.report_kwargs(tmp_path / "with_verdict.html"), verdict_path=str(verdict_path))
+    record = json.loads(verdict_path.read_text(encoding="utf-8"))
+    html = (tmp_path / "with_verdict.html").read_text(encoding="utf-8")
+    # ppo trades with look-ahead skill, dqn with none: only ppo beats every baseline, in the page and the JSON
+    assert record["winners"] == ["ppo"]
+    assert (
+        record["models"]["ppo"]["beats_every_baseline"]
+        and not record["models"]["dqn"]["beats_every_baseline"]
+    )
+    assert "ppo beats every baseline" in html
+    assert record["pooled_test_days"] > 0 and record["provenance"]["inputs"]

@@ -13,6 +13,7 @@ with job_context(snakemake.log[0], snakemake.threads):
         folds_path=snakemake.input.folds,
         train_logs=list(snakemake.input.train_logs),
         config=snakemake.params.config,
-        out_path=snakemake.output[0],
+        out_path=snakemake.output.report,
+        verdict_path=snakemake.output.verdict,
         manifest_path=snakemake.input.manifest,
     )

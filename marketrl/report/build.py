@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import platform
@@ -38,9 +39,9 @@ from marketrl.report.strategies import (
     build_strategies,
     config_value,
 )
-from marketrl.report.verdict import AgentVerdict, agent_verdicts, deflation_for, sharpe_stats
+from marketrl.report.verdict import AgentVerdict, FamilySummary, agent_verdicts, deflation_for, sharpe_stats
 from marketrl.runtime import provenance
-from marketrl.runtime.io import atomic_open
+from marketrl.runtime.io import atomic_writes
 from marketrl.workflow.config import derive_seed
 from marketrl.workflow.registry import DETERMINISTIC
 
@@ -537,6 +538,37 @@ def render(context: Mapping[str, Any]) -> str:
     return template_environment().get_template("report.html").render(**context)
 
 
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def verdict_record(
+    verdicts: Sequence[AgentVerdict], family: FamilySummary, config: Mapping[str, Any], eval_files: Sequence[str]
+) -> dict[str, Any]:
+    """The report's verdict as plain data (``results/verdict.json``): the models that beat every baseline at the
+    family-wise level (``winners``; the predict stage's default models), each model's claim, adjusted p-value,
+    binding baseline and annualised Sharpe with its interval, what the run could detect, and provenance."""
+    return {
+        "winners": [v.algo for v in verdicts if v.beats],
+        "alpha": family.alpha,
+        "pooled_test_days": family.n_days,
+        "detectable_sharpe_difference": _finite(family.detectable),
+        "one_comparison_detectable": _finite(family.one_comparison_detectable),
+        "models": {
+            v.algo: {
+                "beats_every_baseline": v.beats,
+                "enough_data": v.enough_data,
+                "p_beats_every": _finite(v.p_beats_every),
+                "binding_baseline": v.binding,
+                "sharpe": {"point": _finite(v.sharpe.point), "lo": _finite(v.sharpe.lo), "hi": _finite(v.sharpe.hi)},
+                "deterministic": v.deterministic,
+            }
+            for v in verdicts
+        },
+        "provenance": provenance.collect(dict(config), {path: provenance.sha256_file(path) for path in eval_files}),
+    }
+
+
 def build_report(
     *,
     eval_files: list[str],
@@ -547,20 +579,27 @@ def build_report(
     config: dict[str, Any],
     out_path: str,
     manifest_path: str | None = None,
+    verdict_path: str | None = None,
 ) -> None:
     """Build the self-contained ``eval_report.html`` from the fan-out's outputs (docs/OUTPUTS.md) and write it
     atomically to ``out_path``; ``bar_files[i]`` is the per-bar table of ``eval_files[i]``; the feature manifest
-    (``manifest_path``) gives the data section's input files, skips, session drops and rolls. Raises
+    (``manifest_path``) gives the data section's input files, skips, session drops and rolls. With
+    ``verdict_path``, the verdict as JSON too (`verdict_record`), both files or neither. Raises
     ReportInputError (a ValueError) naming a missing or malformed input."""
     started = time.perf_counter()
     inputs = load_inputs(eval_files, bar_files, hyperopt_files, folds_path, train_logs)
     input_files = input_files_summary(manifest_path) if manifest_path is not None else None
-    html = render(build_context(inputs, config, input_files))
-    with atomic_open(out_path, "w") as handle:
-        handle.write(html)
+    context = build_context(inputs, config, input_files)
+    html = render(context)
+    outputs = [out_path] if verdict_path is None else [out_path, verdict_path]
+    with atomic_writes(outputs) as tmps:
+        tmps[0].write_text(html, encoding="utf-8")
+        if verdict_path is not None:
+            record = verdict_record(context["verdicts"], context["family"], config, eval_files)
+            tmps[1].write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     log.info("report: %s (%.0f kB)", out_path, len(html.encode()) / 1024)
     # the job log is where a person watches a long run: the build time goes there, never into the report
     log.info("report built in %.1f s", time.perf_counter() - started)
 
 
-__all__ = ["SECTIONS", "build_context", "build_report", "render"]
+__all__ = ["SECTIONS", "build_context", "build_report", "render", "verdict_record"]

@@ -47,6 +47,8 @@ BASELINE_METRICS = "results/eval/baselines/fold_{fold}/metrics.json"
 BASELINE_BARS = "results/eval/baselines/fold_{fold}/bars.parquet"
 
 REPORT = "results/eval_report.html"
+# The report's verdict, machine-readable: which models beat every baseline (predict's default models).
+VERDICT = "results/verdict.json"
 
 # Trained models applied to new DBN files (predict.files; not part of `all`, docs/PREDICT.md): each new file's
 # feature table (shared by every model), then one table of per-bar positions per model x file.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import glob
+import json
 from pathlib import Path
 from typing import Any
 
@@ -299,9 +300,23 @@ def predict_context(config: dict[str, Any], stem: str, k: int = CONTEXT_FILES) -
     return earlier[-k:]
 
 
-def predict_models(config: dict[str, Any]) -> list[str]:
-    """The models predict applies: predict.models, or every model of training.models when it is []."""
-    return list(config["predict"]["models"] or config["training"]["models"])
+def predict_models(config: dict[str, Any], verdict_path: str = paths.VERDICT) -> list[str]:
+    """The models predict applies: predict.models; when it is [], the models the finished run's report says beat
+    every baseline (`verdict_path`, written by the report), or every model of training.models when none does or
+    there is no report yet."""
+    if config["predict"]["models"]:
+        return list(config["predict"]["models"])
+    trained = list(config["training"]["models"])
+    try:
+        with open(verdict_path, encoding="utf-8") as handle:
+            winners = json.load(handle)["winners"]
+    except FileNotFoundError:
+        return trained
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"config key 'predict.models' is []: cannot read the winners from {verdict_path}: {exc}"
+        ) from None
+    return [algo for algo in trained if algo in winners] or trained
 
 
 def predict_fold(config: dict[str, Any]) -> int:
