@@ -543,7 +543,10 @@ def _finite(value: float) -> float | None:
 
 
 def verdict_record(
-    verdicts: Sequence[AgentVerdict], family: FamilySummary, config: Mapping[str, Any], eval_files: Sequence[str]
+    verdicts: Sequence[AgentVerdict],
+    family: FamilySummary,
+    config: Mapping[str, Any],
+    eval_files: Sequence[str],
 ) -> dict[str, Any]:
     """The report's verdict as plain data (``results/verdict.json``): the models that beat every baseline at the
     family-wise level (``winners``; the predict stage's default models), each model's claim, adjusted p-value,
@@ -560,12 +563,18 @@ def verdict_record(
                 "enough_data": v.enough_data,
                 "p_beats_every": _finite(v.p_beats_every),
                 "binding_baseline": v.binding,
-                "sharpe": {"point": _finite(v.sharpe.point), "lo": _finite(v.sharpe.lo), "hi": _finite(v.sharpe.hi)},
+                "sharpe": {
+                    "point": _finite(v.sharpe.point),
+                    "lo": _finite(v.sharpe.lo),
+                    "hi": _finite(v.sharpe.hi),
+                },
                 "deterministic": v.deterministic,
             }
             for v in verdicts
         },
-        "provenance": provenance.collect(dict(config), {path: provenance.sha256_file(path) for path in eval_files}),
+        "provenance": provenance.collect(
+            dict(config), {path: provenance.sha256_file(path) for path in eval_files}
+        ),
     }
 
 
