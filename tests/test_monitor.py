@@ -26,6 +26,8 @@ from tests.conftest import REPO_ROOT
 from tests.test_workflow import TINY
 from tests.test_zoo import HPARAMS, inputs  # noqa: F401  (`inputs`: the tiny job inputs fixture)
 
+# the zoo tests' tiny hyperparameters, and PPO's: short rollouts so that a tiny budget reads statistics a few times
+TINY_HPARAMS = {**HPARAMS, "ppo": {"n_steps": 8, "batch_size": 64, "n_epochs": 1, "hidden_dim_base": 8}}
 SERVER_DEADLINE_S = 120  # it listens within seconds; a loaded 2-core machine may take longer
 
 
@@ -34,7 +36,7 @@ def train(inputs: dict, algo: str, seed_indices: list[int], name: str) -> tuple[
     out = inputs["root"] / name
     out.mkdir(exist_ok=True)
     hparams = out / "hparams.json"
-    hparams.write_text(json.dumps({"algo": algo, "best_params": HPARAMS[algo]}), encoding="utf-8")
+    hparams.write_text(json.dumps({"algo": algo, "best_params": TINY_HPARAMS[algo]}), encoding="utf-8")
     run_dirs = [out / "tensorboard" / f"seed_{index}" for index in seed_indices]
     logs = train_job(
         algo=algo,
@@ -94,6 +96,35 @@ def test_a_train_job_writes_one_tensorboard_run_per_seed(inputs: dict, algo: str
         assert series["counters/nan_checks"][0][1] >= 1
     # one run per seed: the seeds' curves differ
     assert scalars(run_dirs[0])["train/loss"] != scalars(run_dirs[1])["train/loss"]
+
+
+@pytest.mark.parametrize(
+    ("algo", "tag"), [("dqn", "train/loss"), ("ppo", "train/policy_loss"), ("mlp", "train/loss")]
+)
+def test_the_statistics_reach_the_board_while_the_run_goes_on(
+    inputs: dict,  # noqa: F811
+    algo: str,
+    tag: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Agents and forecasters alike: every statistics record goes onto the board when it is read, not at the end."""
+    from marketrl.training import board as board_module
+
+    live_at_finish: list[list[set[str]]] = []
+    finish = board_module.TrainingBoard.finish
+
+    def watched(self: board_module.TrainingBoard, train_logs: list) -> None:
+        live_at_finish.append([set(tags) for tags in self.live_tags])
+        finish(self, train_logs)
+
+    monkeypatch.setattr(board_module.TrainingBoard, "finish", watched)
+    logs, run_dirs = train(inputs, algo, [0, 1], f"live_{algo}")
+    assert len(live_at_finish) == 1
+    for tags, train_log, run_dir in zip(live_at_finish[0], logs, run_dirs, strict=True):
+        assert tag in tags, sorted(tags)
+        written = [step for step, _ in scalars(run_dir)[tag]]
+        history = [r["step"] for r in train_log["history"] if r.get(tag.removeprefix("train/")) is not None]
+        assert written == history  # each record once: live, and not again at the end
 
 
 def test_a_rerun_replaces_the_events_instead_of_appending(inputs: dict) -> None:  # noqa: F811

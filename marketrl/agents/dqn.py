@@ -362,6 +362,7 @@ def train_seeds(
     seeds: Sequence[int],
     on_eval: SeedsEvalCallback | None = None,
     checkpoint: TrainingCheckpoint | None = None,
+    on_log: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[TrainResult]:
     """Train one DQN agent per seed on ``train_data`` for ``config.total_steps`` env steps each, all S as one
     batched computation (see the module docstring); result i is seeds[i]'s.
@@ -416,6 +417,7 @@ def train_seeds(
         state,
         total_steps=n_vector_steps * n_envs,
         device=device,
+        on_log=on_log,
     )
 
     for vector_step in range(state.env_steps // n_envs, n_vector_steps):

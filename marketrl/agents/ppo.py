@@ -28,7 +28,7 @@ docs/AGENTS.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -215,6 +215,7 @@ def train_seeds(
     seeds: Sequence[int],
     on_eval: SeedsEvalCallback | None = None,
     checkpoint: TrainingCheckpoint | None = None,
+    on_log: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[TrainResult]:
     """Train one PPO agent per seed on ``train_data`` for ``config.total_steps`` env steps each, as one batched
     computation; result i is that of ``seeds[i]`` (see the module docstring).
@@ -271,6 +272,7 @@ def train_seeds(
         state,
         total_steps=n_updates * rollout_size,
         device=device,
+        on_log=on_log,
     )
     seed_offsets = torch.arange(n_seeds, device=device)[:, None] * rollout_size
 

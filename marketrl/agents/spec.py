@@ -96,7 +96,7 @@ class AgentSpec:
       (CPU, float32, torch's global RNG).
     run_config(total_steps, env, eval_every, check_every): the trainer's run settings.
     train: ``train(train_data, run_config, hparams, precision, device, seed, on_eval=, checkpoint=)``.
-    train_seeds: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=)
+    train_seeds: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=, on_log=)
       -> list[TrainResult]``: the S seeds trained as one batched computation (None: the agent has no batched
       form); result i is seeds[i]'s, shaped as ``train``'s; ``on_eval`` is a `loop.schedule.SeedsEvalCallback`
       and ``checkpoint`` one `loop.resume.TrainingCheckpoint` for the whole batch.
@@ -115,7 +115,7 @@ class AgentSpec:
     run_config: Callable[..., RunConfig]
     train: Callable[..., TrainResult]
     architecture_options: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_options
-    #: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=)`` -> one
+    #: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=, on_log=)`` -> one
     #: TrainResult per seed, the seeds trained as one batch; None: the seeds train one after another
     train_seeds: Callable[..., list[TrainResult]] | None = None
 

@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -190,14 +190,18 @@ class Run:
         self.total_steps = total_steps
         self.device = device
         self.history: list[dict[str, Any]] = []
+        self.on_log: Callable[[dict[str, Any]], None] | None = None  # live listener (TensorBoard); not saved
         self._loop_fields = loop_fields
         self._start_step = 0
         self._started = time.perf_counter()
 
     def log(self, record: dict[str, Any]) -> None:
-        """Append one statistics record (it is part of the saved state, so a resumed run keeps earlier ones)."""
+        """Append one statistics record (it is part of the saved state, so a resumed run keeps earlier ones) and
+        hand it to ``on_log``, if set."""
         self.history.append(record)
         log.debug("%s", record)
+        if self.on_log is not None:
+            self.on_log(record)
 
     def maybe_save(self, step: int) -> None:
         """Save the full state if the checkpoint is due at ``step`` (never after the last step: the caller writes
@@ -251,13 +255,16 @@ def resume_or_start(
     *,
     total_steps: int,
     device: torch.device,
+    on_log: Callable[[dict[str, Any]], None] | None = None,
 ) -> Run:
     """Restore ``components`` (anything with ``state_dict``/``load_state_dict``, or a ``torch.Generator``) and the
     fields of the ``loop`` dataclass in place from ``checkpoint``'s saved state of this run, if any.
 
     ``total_steps`` is where the loop ends (nothing is saved there). Numpy fields of ``loop`` are saved as tensors
-    and restored as numpy arrays; tensor fields are restored on ``device``.
+    and restored as numpy arrays; tensor fields are restored on ``device``. ``on_log`` receives each statistics
+    record as it is logged (records from before a resume are not replayed).
     """
     run = Run(checkpoint, components, loop, total_steps=total_steps, device=device)
     run._resume()
+    run.on_log = on_log
     return run

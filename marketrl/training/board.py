@@ -6,9 +6,10 @@ job already has, so the board adds no host sync to a training loop:
 
 - live, at each validation (`on_score`, via `ProgressLog`): ``validation/sharpe`` and ``progress/steps_per_s`` (the
   job's wall rate, as its log prints it);
-- live, each statistics record a forecaster's loop hands to ``on_log`` for one seed: ``train/<statistic>``;
-- when the run ends: the statistics not written live (an agent's loop keeps its history until the end; a resumed
-  forecaster's curves start at the resume, its train_log.json has the whole history),
+- live, each statistics record a training loop hands to ``on_log`` for one seed (every ``check_every`` steps; an
+  agent's batch record split per seed by the zoo): ``train/<statistic>``;
+- when the run ends: the statistics not written live (a resumed run's curves start at the resume, its
+  train_log.json has the whole history),
   ``perf/steps_per_s`` (the trainer's own rate) and the batch's counters ``counters/host_syncs`` and
   ``counters/nan_checks`` (statistics reads, each one the NaN/inf check).
 
@@ -84,7 +85,7 @@ class TrainingBoard:
             self._write(position + offset, step, {k: v for k, v in values.items() if math.isfinite(v)})
 
     def record(self, record: Mapping[str, Any]) -> None:
-        """One statistics record of one seed (a forecaster's ``on_log``); a record without a known ``seed`` waits
+        """One statistics record of one seed (``on_log``); a record without a known ``seed`` waits
         for `finish` (its history holds it)."""
         seed = record.get("seed")
         if seed not in self.seeds or "step" not in record:

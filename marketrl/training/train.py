@@ -120,7 +120,8 @@ def train_log_record(trained: Trained, total_steps: int) -> dict[str, Any]:
 
 
 def _on_statistics(board: TrainingBoard | None, record: dict[str, Any]) -> None:
-    """A forecaster's statistics record: into the job log at debug level and onto the board."""
+    """A statistics record of one seed (a forecaster's, or one seed's share of an agent's batch record): into
+    the job log at debug level and onto the board."""
     log.debug("statistics: %s", record)
     if board is not None:
         board.record(record)

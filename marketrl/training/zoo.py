@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -249,7 +249,11 @@ class AgentEntry(_NamedBySpec):
         if self.spec.train_seeds is not None:
             on_batch = (lambda step, policies: request.report(step, scores(policies))) if validating else None
             results: list[TrainResult] = self.spec.train_seeds(
-                *common, request.seeds, on_eval=on_batch, checkpoint=request.checkpoint
+                *common,
+                request.seeds,
+                on_eval=on_batch,
+                checkpoint=request.checkpoint,
+                on_log=_per_seed_records(request.seeds, request.on_log),
             )
         else:
             on_one = (lambda step, policy: request.report(step, scores([policy]))[0]) if validating else None
@@ -293,6 +297,21 @@ class AgentEntry(_NamedBySpec):
             info={"precision": meta.get("precision"), "hidden": meta["architecture"]["hidden"]},
             policy=policy,
         )
+
+
+def _per_seed_records(
+    seeds: Sequence[int], on_log: Callable[[dict[str, Any]], None] | None
+) -> Callable[[dict[str, Any]], None] | None:
+    """An agent's batch statistics record (``{"seeds": [one record per seed]}``) handed to ``on_log`` as one
+    record per seed with its ``seed`` and ``step`` (env steps), the shape a forecaster's loop logs."""
+    if on_log is None:
+        return None
+
+    def split(record: dict[str, Any]) -> None:
+        for seed, one in zip(seeds, record["seeds"], strict=True):
+            on_log({**one, "seed": int(seed), "step": one["env_steps"]})
+
+    return split
 
 
 # ------------------------------------------------------------------------------------------------- forecasters
