@@ -33,7 +33,7 @@ def _init_worker(config: dict[str, Any]) -> None:
     _CONFIG.update(config)
 
 
-def _run(spec: tuple[float, int, int]) -> dict[str, Any]:
+def _run(spec: tuple[float, int, int, bool, str]) -> dict[str, Any]:
     from marketrl.evaluation.calibration import CalibrationSettings, WorldSpec, run_world
 
     settings = CalibrationSettings.from_config(_CONFIG)
@@ -46,7 +46,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     raw = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
     section = raw.setdefault("calibration", {})
     section["worlds"] = args.worlds
-    for key in ("edges", "test_days", "models"):
+    for key in ("edges", "edge_kinds", "test_days", "models"):
         if getattr(args, key) is not None:
             section[key] = getattr(args, key)
     return validate_config(raw)
@@ -58,15 +58,15 @@ def _tables(result: Mapping[str, Any]) -> str:
     lines = [
         f"K = {result['settings']['worlds']} worlds per arm; command: `{result['command']}`",
         "",
-        '| edge (oracle Sharpe) | test days | worlds | "beats" rate [95% Clopper–Pearson] | worse | no claim | '
+        '| edge (oracle Sharpe) | kind | test days | worlds | "beats" rate [95% Clopper–Pearson] | worse | no claim | '
         + " | ".join(f"mean Sharpe {m}" for m in models)
         + " | mean formula detectable |",
-        "|---|---|---|---|---|---|" + "---|" * len(models) + "---|",
+        "|---|---|---|---|---|---|---|" + "---|" * len(models) + "---|",
     ]
     for arm in summary["arms"]:
         rate = arm["beats"]
         lines.append(
-            f"| {arm['edge']:g} | {arm['test_days']} | {arm['worlds']} | {100 * rate['rate']:.1f}% "
+            f"| {arm['edge']:g} | {arm['kind']} | {arm['test_days']} | {arm['worlds']} | {100 * rate['rate']:.1f}% "
             f"[{100 * rate['ci'][0]:.1f}, {100 * rate['ci'][1]:.1f}] | {arm['outcomes']['worse']} | "
             f"{arm['outcomes']['none']} | "
             + " | ".join(f"{arm['mean_sharpe'][m]:.2f}" for m in models)
@@ -81,20 +81,24 @@ def _tables(result: Mapping[str, Any]) -> str:
         ]
     lines += [
         "",
-        "| edge | test days | baseline | some model family-wise better [95% CI] | "
+        "| edge | kind | test days | baseline | some model family-wise better [95% CI] | "
         + " | ".join(f"mean Sharpe diff {m}" for m in models)
         + " |",
-        "|---|---|---|---|" + "---|" * len(models),
+        "|---|---|---|---|---|" + "---|" * len(models),
     ]
     for arm in summary["arms"]:
         for name, rate in (arm["better_than"] or {}).items():
             lines.append(
-                f"| {arm['edge']:g} | {arm['test_days']} | {name} | {100 * rate['rate']:.1f}% "
+                f"| {arm['edge']:g} | {arm['kind']} | {arm['test_days']} | {name} | {100 * rate['rate']:.1f}% "
                 f"[{100 * rate['ci'][0]:.1f}, {100 * rate['ci'][1]:.1f}] | "
                 + " | ".join(f"{rate['mean_diff'][m]:.2f}" for m in models)
                 + " |"
             )
-    lines += ["", "| test days | edge at 80% power | Sharpe difference at 80% power |", "|---|---|---|"]
+    lines += [
+        "",
+        "| kind | test days | edge at 80% power | Sharpe difference at 80% power |",
+        "|---|---|---|---|",
+    ]
     for row in summary["detectable"]:
         edge = "not reached" if row["edge_at_80_power"] is None else f"{row['edge_at_80_power']:.2f}"
         diff = (
@@ -102,7 +106,7 @@ def _tables(result: Mapping[str, Any]) -> str:
             if row["sharpe_difference_at_80_power"] is None
             else f"{row['sharpe_difference_at_80_power']:.2f}"
         )
-        lines.append(f"| {row['test_days']} | {edge} | {diff} |")
+        lines.append(f"| {row['kind']} | {row['test_days']} | {edge} | {diff} |")
     return "\n".join(lines)
 
 
@@ -112,6 +116,9 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, default=60, help="K per arm")
     parser.add_argument("--edges", type=float, nargs="+")
     parser.add_argument("--test-days", dest="test_days", type=int, nargs="+")
+    parser.add_argument(
+        "--edge-kinds", dest="edge_kinds", nargs="+", help="planted kinds (momentum, reversion)"
+    )
     parser.add_argument("--models", nargs="+")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--out", default="/tmp/calibration")
@@ -123,6 +130,7 @@ def main() -> None:
     from marketrl.evaluation.calibration import (
         CalibrationSettings,
         calibration_result,
+        world_kind,
         world_specs,
         write_outputs,
     )
@@ -133,9 +141,16 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "worlds.jsonl"
     done = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
-    finished = {(w["edge"], w["test_days"], w["index"]) for w in done}
-    specs = sorted(world_specs(settings), key=lambda s: (s.index, s.edge, s.test_days))
-    todo = [(s.edge, s.test_days, s.index) for s in specs if (s.edge, s.test_days, s.index) not in finished]
+    finished = {(w["edge"], world_kind(w), w["test_days"], w["index"]) for w in done}
+    specs = sorted(
+        (s for s in world_specs(settings) if not s.per_fold),
+        key=lambda s: (s.index, s.edge, s.kind, s.test_days),
+    )
+    todo = [
+        (s.edge, s.test_days, s.index, s.per_fold, s.kind)
+        for s in specs
+        if (s.edge, s.kind, s.test_days, s.index) not in finished
+    ]
     if not args.summarize_only and todo:
         with (
             multiprocessing.get_context("spawn").Pool(args.processes, _init_worker, (config,)) as pool,
@@ -146,14 +161,15 @@ def main() -> None:
                 log.write(json.dumps(world) + "\n")
                 log.flush()
                 print(
-                    f"{len(done)}/{len(specs)} edge {world['edge']:g} days {world['test_days']}: "
+                    f"{len(done)}/{len(specs)} edge {world['edge']:g} ({world_kind(world)}) "
+                    f"days {world['test_days']}: "
                     f"{world['outcome']}",
                     flush=True,
                 )
     # a run stopped early is summarized on the largest K for which every arm has worlds 0..K-1
-    indices = {(s.edge, s.test_days): set() for s in specs}
+    indices = {(s.edge, s.kind, s.test_days): set() for s in specs}
     for world in done:
-        indices[(world["edge"], world["test_days"])].add(world["index"])
+        indices[(world["edge"], world_kind(world), world["test_days"])].add(world["index"])
     k = 0
     while all(k in members for members in indices.values()):
         k += 1

@@ -15,9 +15,9 @@ import math
 import numpy as np
 
 from marketrl.evaluation.stats import (
-    SE_FLOOR,
     contrast_estimates,
     familywise_test,
+    se_floor_for,
     sharpe_contrasts,
     stationary_bootstrap_ci,
     stratified_bootstrap_ci,
@@ -110,7 +110,9 @@ def t_star_tails(days: list[int], sims: int, boot: int, phi: float, floors: list
         for floor in floors:
             pooled = np.concatenate(
                 [
-                    sharpe_contrasts(x, [[1.0]], n_boot=boot, seed=k, se_floor=floor).t_boot[:, 0]
+                    sharpe_contrasts(
+                        x, [[1.0]], n_boot=boot, seed=k, se_floor=se_floor_for(n) if floor < 0 else floor
+                    ).t_boot[:, 0]
                     for k, x in enumerate(worlds)
                 ]
             )
@@ -118,7 +120,8 @@ def t_star_tails(days: list[int], sims: int, boot: int, phi: float, floors: list
             cells = (
                 " | ".join(f"{v:.2f}" for v in truth) + " | " + " | ".join(f"{r:.2f}" for r in star / truth)
             )
-            print(f"| {n} | {floor:g} | {cells} |")
+            label = f"{se_floor_for(n):g} (rule)" if floor < 0 else f"{floor:g}"
+            print(f"| {n} | {label} | {cells} |")
 
 
 def seed_iqm_coverage(seed_counts: list[int], sims: int, boot: int) -> None:
@@ -144,7 +147,11 @@ def main() -> None:
         help="tails tables and the Sharpe CI coverage at 9-250 days only",
     )
     parser.add_argument(
-        "--floors", type=float, nargs="+", default=[0.0, SE_FLOOR], help="SE floors to compare"
+        "--floors",
+        type=float,
+        nargs="+",
+        default=[0.0, -1.0],
+        help="SE floors to compare (-1: the report's rule, se_floor_for the number of days)",
     )
     args = parser.parse_args()
     days = [3, 5, 7, 9, 20, 40]

@@ -46,7 +46,8 @@ def test_clopper_pearson_rejects_impossible_counts() -> None:
 
 
 def _config(**calibration: Any) -> dict[str, Any]:
-    return validate_config({"calibration": calibration})
+    """A config with these calibration keys; one edge kind (momentum) unless `edge_kinds` is given."""
+    return validate_config({"calibration": {"edge_kinds": ["momentum"], **calibration}})
 
 
 def test_settings_refuse_worlds_that_cannot_reach_a_verdict() -> None:
@@ -72,6 +73,65 @@ def test_worlds_are_split_into_jobs_without_loss_or_overlap() -> None:
     assert len({s.seed(1) for s in specs}) == len(specs)  # every world has its own data and models
     with pytest.raises(CalibrationError, match="calibration job 4 does not exist"):
         job_worlds(settings, 4)
+
+
+def test_edge_kinds_share_one_no_edge_arm_and_keep_the_momentum_seeds() -> None:
+    """Two kinds: one no-edge arm (its data do not depend on the kind), one arm per kind above 0; momentum and
+    no-edge worlds keep the seeds they had with one kind (results recorded before stay comparable)."""
+    one = world_specs(CalibrationSettings.from_config(_config(worlds=3, edges=[0, 5.0], test_days=[10])))
+    two = world_specs(
+        CalibrationSettings.from_config(
+            _config(worlds=3, edges=[0, 5.0], test_days=[10], edge_kinds=["momentum", "reversion"])
+        )
+    )
+    assert [(s.edge, s.kind) for s in two if s.index == 0] == [
+        (0.0, "none"),
+        (5.0, "momentum"),
+        (5.0, "reversion"),
+    ]
+    assert [s.seed(7) for s in one] == [s.seed(7) for s in two if s.kind != "reversion"]
+    assert len({s.seed(7) for s in two}) == len(two) == 9
+    assert {s.demo_kind for s in two} == {"momentum", "reversion"}  # a no-edge world is generated unplanted
+    with pytest.raises(Exception, match="edge_kinds"):
+        _config(edge_kinds=["carry"])
+
+
+def test_summary_reads_power_per_kind_and_old_worlds_as_momentum() -> None:
+    settings = CalibrationSettings.from_config(
+        _config(worlds=4, edges=[0, 10.0], test_days=[10], edge_kinds=["momentum", "reversion"])
+    )
+    beats = {"none": 0, "momentum": 1, "reversion": 4}
+    worlds = []
+    for spec in world_specs(settings):
+        world = _world(spec.edge, 10, spec.index, "beats" if spec.index < beats[spec.kind] else "none", 1.0)
+        if spec.kind == "reversion":
+            world["kind"] = "reversion"  # momentum and no-edge worlds left without a kind, as recorded before
+        worlds.append(world)
+    summary = summarize(worlds, settings)
+    assert [(a["edge"], a["kind"], a["beats"]["k"]) for a in summary["arms"]] == [
+        (0.0, "none", 0),
+        (10.0, "momentum", 1),
+        (10.0, "reversion", 4),
+    ]
+    by_kind = {row["kind"]: row["edge_at_80_power"] for row in summary["detectable"]}
+    assert by_kind["momentum"] is None and by_kind["reversion"] == pytest.approx(8.0)  # 0 -> 1.0 over 0..10
+    page = render_html(
+        calibration_result(
+            worlds,
+            validate_config(
+                {
+                    "calibration": {
+                        "worlds": 4,
+                        "edges": [0, 10.0],
+                        "test_days": [10],
+                        "edge_kinds": ["momentum", "reversion"],
+                    }
+                }
+            ),
+            "cmd",
+        )
+    )
+    assert "<td>reversion</td>" in page and "<td>none</td>" in page
 
 
 def _world(edge: float, days: int, index: int, outcome: str, sharpe: float) -> dict[str, Any]:

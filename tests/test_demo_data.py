@@ -355,10 +355,13 @@ def test_same_seed_same_bytes_different_seed_different(tmp_path: Path) -> None:
 EDGE_DAYS = 150  # enough days that the paired comparison below is tight; generated in a few seconds
 
 
-def _oracle_sharpe(n_days: int, seed: int, edge: float) -> float:
-    """Realized annualized net Sharpe of the oracle (sign of the `ret_15` feature: log close_t − log close_{t−15}
-    rows back, per instrument), scored by the project's env and metrics with config.yaml's costs, fill at close."""
-    from marketrl.data.demo import EDGE_LOOKBACK, simulate_demo_bars
+def _oracle_sharpe(
+    n_days: int, seed: int, edge: float, kind: str = "momentum", oracle_kind: str | None = None
+) -> float:
+    """Realized annualized net Sharpe of the oracle (momentum: sign of the `ret_15` feature, log close_t − log
+    close_{t−15} rows back, per instrument; reversion: minus the sign of `ret_5`), scored by the project's env
+    and metrics with config.yaml's costs, fill at close. `oracle_kind`: trade another kind's oracle on the data."""
+    from marketrl.data.demo import EDGE_KINDS, simulate_demo_bars
     from marketrl.env import MarketData, evaluate_positions
     from marketrl.env.market_data import series_order
     from marketrl.evaluation.metrics import performance_summary
@@ -372,7 +375,8 @@ def _oracle_sharpe(n_days: int, seed: int, edge: float) -> float:
         "open": [],
         "close": [],
     }
-    for day, day_bars in simulate_demo_bars("2024-01-02", n_days, seed, edge):
+    lookback, sign = EDGE_KINDS[oracle_kind or kind]
+    for day, day_bars in simulate_demo_bars("2024-01-02", n_days, seed, edge, kind):
         for bars in day_bars:
             columns["ts_event"].append(bars.ts_event)
             columns["trading_day"].append(np.full(bars.minutes.size, np.datetime64(day, "D")))
@@ -388,10 +392,10 @@ def _oracle_sharpe(n_days: int, seed: int, edge: float) -> float:
     log_close = np.log(df["close"].to_numpy())
     instrument = df["instrument_id"].to_numpy()
     known = np.zeros(df.height, dtype=bool)
-    known[EDGE_LOOKBACK:] = instrument[EDGE_LOOKBACK:] == instrument[:-EDGE_LOOKBACK]
-    ret_15 = np.zeros(df.height)
-    ret_15[EDGE_LOOKBACK:] = log_close[EDGE_LOOKBACK:] - log_close[:-EDGE_LOOKBACK]
-    positions = np.where(known, np.sign(ret_15), 0.0)
+    known[lookback:] = instrument[lookback:] == instrument[:-lookback]
+    trailing = np.zeros(df.height)
+    trailing[lookback:] = log_close[lookback:] - log_close[:-lookback]
+    positions = np.where(known, sign * np.sign(trailing), 0.0)
     ts_ns = df["ts_event"].dt.epoch("ns").to_numpy()
     # MarketData keeps each continuous symbol's contracts in time order (series order): align the oracle with it
     order, _ = series_order(instrument, ts_ns, df["symbol"].to_numpy())
@@ -434,6 +438,27 @@ def test_planted_edge_gives_the_oracle_the_requested_sharpe() -> None:
     # contribution is pinned far tighter.
     assert abs((with_edge - without) - (2.0 - expected_no_edge)) < 1.5
     assert 0 < edge_coefficient(2.0) < edge_coefficient(4.0) < 1.0 / 15  # stronger edge, stationary process
+
+
+def test_reversion_edge_gives_its_oracle_the_requested_sharpe_and_differs_from_momentum() -> None:
+    """The second planted kind: 5-minute mean reversion. Its oracle (against the sign of ret_5) earns the
+    requested net Sharpe; the momentum oracle on the same data earns far less than on momentum data (the signal
+    is not one the momentum baseline trades)."""
+    from marketrl.data.demo import _calibration_sample, edge_coefficient, expected_oracle_sharpe
+
+    target = 6.0
+    realized = _oracle_sharpe(EDGE_DAYS, seed=11, edge=target, kind="reversion")
+    tolerance = 3.0 * np.sqrt(252 / EDGE_DAYS * (1 + (target / np.sqrt(252)) ** 2 / 2))
+    assert abs(realized - target) < tolerance
+    phi = edge_coefficient(target, "reversion")
+    assert 0 < phi < 1.0 / 5 and phi != edge_coefficient(target, "momentum")
+    assert expected_oracle_sharpe(*_calibration_sample(), phi, "reversion") == pytest.approx(target, abs=1e-3)
+    # a momentum trader has nothing to follow in reversion data: it loses more than its costs (the no-edge drag)
+    expected_no_edge = expected_oracle_sharpe(*_calibration_sample(), 0.0)
+    momentum_on_reversion = _oracle_sharpe(EDGE_DAYS, 11, target, "reversion", oracle_kind="momentum")
+    assert momentum_on_reversion < expected_no_edge - tolerance
+    with pytest.raises(ValueError, match=r"data\.demo\.edge_kind: expected one of momentum, reversion"):
+        edge_coefficient(2.0, "carry")
 
 
 def test_edge_zero_is_the_unplanted_process_and_bad_edge_fails() -> None:

@@ -21,9 +21,11 @@ from marketrl.report import SECTIONS, ReportInputError, build_report
 from marketrl.report.inputs import HyperoptSummary
 from marketrl.report.verdict import (
     MEASURED_FALSE_CLAIMS_PHI_05,
+    MEASURED_HEADLINE_POWER,
     Comparison,
     deflation_for,
     false_claim_note,
+    headline_power_note,
     verdict_sentence,
 )
 from tests.report_fixtures import PipelineOutputs, write_pipeline_outputs
@@ -260,7 +262,22 @@ def test_autocorrelation_warning_states_the_measured_rate() -> None:
         assert (
             f"| 0.5 | {days} | {worlds} | {100 * rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] |" in performance
         )
-    assert "at 20 test days" in false_claim_note(0.3, 9)
+    assert "at 9 test days" in false_claim_note(0.3, 9) and "at 20 test days" in false_claim_note(0.3, 15)
+
+
+def test_headline_figure_quotes_its_measured_power() -> None:
+    """Beside "could have detected", the power that figure had in simulation (bench/verdict_size.py, independent
+    days) at the nearest measured day count, as docs/PERFORMANCE.md records it; flagged as optimistic where it
+    fell short of 80% by more than noise."""
+    performance = (Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md").read_text()
+    for days, (rate, lo, hi, worlds) in MEASURED_HEADLINE_POWER.items():
+        note = headline_power_note(days, 0.8)
+        assert f"{100 * rate:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] of K = {worlds}" in note
+        assert ("optimistic" in note) == (rate < 0.75)
+        row = f"| 0 | {days} | 300 |"
+        line = next(x for x in performance.splitlines() if x.startswith(row))
+        assert line.rstrip().endswith(f"| {100 * rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] |"), line
+    assert "at 60 test days" in headline_power_note(70, 0.8) and headline_power_note(60, 0.9) == ""
 
 
 def test_verdict_without_enough_data_claims_nothing() -> None:

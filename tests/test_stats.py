@@ -15,7 +15,10 @@ from scipy import stats as scipy_stats
 
 from marketrl.evaluation.stats import (
     ANNUALIZER,
+    SE_FLOOR,
+    SE_FLOOR_SHORT,
     SESSIONS_PER_YEAR,
+    SHORT_SAMPLE_DAYS,
     SharpeContrasts,
     StatsInputError,
     bonferroni_critical,
@@ -34,6 +37,7 @@ from marketrl.evaluation.stats import (
     probabilistic_sharpe_from_moments,
     probabilistic_sharpe_ratio,
     romano_wolf_stepdown,
+    se_floor_for,
     sharpe_contrasts,
     sharpe_ratio,
     stationary_bootstrap_ci,
@@ -407,9 +411,16 @@ def test_se_floor_bounds_the_studentized_draws():
     x = np.random.default_rng(9).normal(0.001, 0.01, size=(9, 1))
     free = sharpe_contrasts(x, [[1.0]], n_boot=3000, seed=1, se_floor=0.0)
     floored = sharpe_contrasts(x, [[1.0]], n_boot=3000, seed=1, se_floor=0.5)
-    spread = float(np.max(np.abs(sharpe_contrasts(x, [[1.0]], n_boot=3000, seed=1).t_boot)))
-    assert np.max(np.abs(floored.t_boot)) <= np.max(np.abs(free.t_boot)) and spread == pytest.approx(
-        float(np.max(np.abs(floored.t_boot)))
+    tighter = sharpe_contrasts(x, [[1.0]], n_boot=3000, seed=1, se_floor=0.85)
+    assert np.max(np.abs(tighter.t_boot)) < np.max(np.abs(floored.t_boot)) < np.max(np.abs(free.t_boot))
+    # the default follows the number of days: 0.85 below SHORT_SAMPLE_DAYS, 0.5 from there on
+    assert se_floor_for(9) == SE_FLOOR_SHORT == 0.85 and se_floor_for(SHORT_SAMPLE_DAYS) == SE_FLOOR == 0.5
+    default = sharpe_contrasts(x, [[1.0]], n_boot=3000, seed=1)
+    np.testing.assert_array_equal(default.t_boot, tighter.t_boot)
+    long = np.random.default_rng(9).normal(0.001, 0.01, size=(SHORT_SAMPLE_DAYS, 1))
+    np.testing.assert_array_equal(
+        sharpe_contrasts(long, [[1.0]], n_boot=300, seed=1).t_boot,
+        sharpe_contrasts(long, [[1.0]], n_boot=300, seed=1, se_floor=0.5).t_boot,
     )
     # |θ* − θ̂| / (0.5·ŝe) bounds every floored draw
     boot_shift = floored.t_boot[:, 0] * 0.0 + np.abs(free.t_boot[:, 0])

@@ -10,7 +10,9 @@ from marketrl.runtime.jobs import job_context
 with job_context(snakemake.log[0], snakemake.threads):
     out_dir = Path(snakemake.output[0]).parent
     demo = snakemake.params.config["data"]["demo"]
-    written = generate_demo_files(out_dir, demo["start"], demo["days"], demo["seed"], edge=demo["edge"])
+    written = generate_demo_files(
+        out_dir, demo["start"], demo["days"], demo["seed"], edge=demo["edge"], edge_kind=demo["edge_kind"]
+    )
     written.append(demo_definition_path(out_dir, demo["start"], demo["days"]))
     expected = {Path(p).resolve() for p in snakemake.output}
     if {p.resolve() for p in written} != expected:

@@ -14,9 +14,12 @@ Asian, European and US cash opens and the US close (seasonality); the first bar 
 holiday halt carries the gap's own return. Prices are rounded to the tick, OHLC are consistent, volume is
 non-negative and bars with no trades are absent, as in real Databento OHLCV data.
 
-`edge` > 0 plants a learnable signal, 15-minute time-series momentum: the next minute's expected log return is
-`phi` times the log return of the last 15 minutes (the `ret_15` feature), with `phi` calibrated so that the oracle
-that holds sign(ret_15) earns an annualized net Sharpe of about `edge` (after the demo's per-instrument costs, fill
+`edge` > 0 plants a learnable signal of one of two kinds (`edge_kind`). "momentum" (the default) is 15-minute
+time-series momentum: the next minute's expected log return is `phi` times the log return of the last 15 minutes
+(the `ret_15` feature), the signal the momentum baseline trades too. "reversion" is 5-minute mean reversion: the next
+minute's expected log return is `-phi` times the last 5 minutes' (the `ret_5` feature), a signal no baseline trades
+(the momentum baseline's 30-minute sign is nearly independent of it). `phi` is calibrated so that the oracle that
+holds the signal's sign earns an annualized net Sharpe of about `edge` (after the demo's per-instrument costs, fill
 at close, one contract per instrument). A pipeline that finds no skill at `edge=2` is broken; one that finds skill
 at `edge=0` is fooling itself.
 """
@@ -129,8 +132,10 @@ HOLIDAY_GAP_MINUTES = 240.0  # over an early holiday halt (12:00-17:00 CT)
 WEEKEND_GAP_MINUTES = 600.0
 QUIET_BAR_DROP = 0.02  # chance that a low-activity bar has no trades (and so no record)
 
-# Planted edge (data.demo.edge > 0): E[r_{t+1} | t] = phi · (r_t + ... + r_{t−14}), phi calibrated to the oracle.
+# Planted edge (data.demo.edge > 0): E[r_{t+1} | t] = sign · phi · (r_t + ... + r_{t−L+1}), phi calibrated to the
+# oracle; momentum: L = 15, sign +1; reversion: L = 5, sign −1.
 EDGE_LOOKBACK = 15
+EDGE_KINDS: dict[str, tuple[int, float]] = {"momentum": (EDGE_LOOKBACK, 1.0), "reversion": (5, -1.0)}
 #: the costs the edge is calibrated for: config.yaml's default `costs` (commission 1.0, half a tick per side) with
 #: each instrument's real contract spec (tests check they agree)
 CALIBRATION_COSTS = InstrumentCosts(
@@ -148,7 +153,7 @@ CALIBRATION_COSTS = InstrumentCosts(
 )
 CALIBRATION_DAYS = 120  # a fixed, seeded sample of the process; calibrating takes about two seconds
 CALIBRATION_SEED = 20240102
-MAX_EDGE = 10.0
+MAX_EDGE = 20.0
 
 
 def _third_friday(year: int, month: int) -> dt.date:
@@ -235,19 +240,27 @@ def _simulate_innovations(
     return innovations, volatility
 
 
-def _plant_momentum(innovations: np.ndarray, phi: float) -> np.ndarray:
-    """Log returns r_t = phi · (r_{t−1} + ... + r_{t−EDGE_LOOKBACK}) + innovation_t, along axis 0."""
+def edge_kind_spec(kind: str) -> tuple[int, float]:
+    """(lookback L, sign) of a planted edge kind; a one-line error names the config key otherwise."""
+    if kind not in EDGE_KINDS:
+        raise ValueError(f"data.demo.edge_kind: expected one of {', '.join(EDGE_KINDS)}, got {kind!r}")
+    return EDGE_KINDS[kind]
+
+
+def _plant_edge(innovations: np.ndarray, phi: float, kind: str = "momentum") -> np.ndarray:
+    """Log returns r_t = sign · phi · (r_{t−1} + ... + r_{t−L}) + innovation_t, along axis 0."""
     if phi == 0.0:
         return innovations  # no edge: exactly the unplanted process
-    ar = np.concatenate([[1.0], np.full(EDGE_LOOKBACK, -phi)])
+    lookback, sign = edge_kind_spec(kind)
+    ar = np.concatenate([[1.0], np.full(lookback, -sign * phi)])
     return signal.lfilter([1.0], ar, innovations, axis=0)
 
 
-def _trailing_sum(returns: np.ndarray) -> np.ndarray:
-    """r_t + ... + r_{t−EDGE_LOOKBACK+1} along axis 0 (the oracle's signal, known at the close of bar t)."""
+def _trailing_sum(returns: np.ndarray, lookback: int = EDGE_LOOKBACK) -> np.ndarray:
+    """r_t + ... + r_{t−lookback+1} along axis 0 (the oracle's signal, known at the close of bar t)."""
     cumulative = np.cumsum(returns, axis=0)
     lagged = np.zeros_like(cumulative)
-    lagged[EDGE_LOOKBACK:] = cumulative[:-EDGE_LOOKBACK]
+    lagged[lookback:] = cumulative[:-lookback]
     return cumulative - lagged
 
 
@@ -277,15 +290,18 @@ def _session_gap_minutes(sessions: list[DemoSession]) -> np.ndarray:
     return np.array(gaps)
 
 
-def expected_oracle_sharpe(innovations: np.ndarray, volatility: np.ndarray, phi: float) -> float:
-    """Annualized net Sharpe of the oracle that holds sign(trailing 15-minute return) of each instrument, one
-    contract, filled at the close, with CALIBRATION_COSTS: the equal-weight book's daily mean over the root of
+def expected_oracle_sharpe(
+    innovations: np.ndarray, volatility: np.ndarray, phi: float, kind: str = "momentum"
+) -> float:
+    """Annualized net Sharpe of the oracle that holds sign · sign(trailing L-minute return) of each instrument (the
+    sign of the planted drift), one contract, filled at the close, with CALIBRATION_COSTS: the equal-weight book's daily mean over the root of
     (variance of the daily conditional means + mean daily conditional variance), both from conditional moments
     given the information at each decision (far less noisy than a realized Sharpe of the same sample).
     ``innovations``/``volatility`` hold whole regular sessions (SESSION_BARS rows each)."""
-    returns = _plant_momentum(innovations, phi)
-    trailing = _trailing_sum(returns)
-    position = np.sign(trailing)
+    lookback, sign = edge_kind_spec(kind)
+    returns = _plant_edge(innovations, phi, kind)
+    trailing = _trailing_sum(returns, lookback)
+    position = sign * np.sign(trailing)
     cost_fraction = np.array(
         [
             CALIBRATION_COSTS.for_symbol(inst.symbol).cost_fraction(inst.start_price)
@@ -293,7 +309,7 @@ def expected_oracle_sharpe(innovations: np.ndarray, volatility: np.ndarray, phi:
         ]
     )
     previous = np.vstack([np.zeros((1, position.shape[1])), position[:-1]])
-    # decision at t (row t) earns over t+1: drift phi · trailing_t, charged |Δposition| · cost at t
+    # decision at t (row t) earns over t+1: |drift| = phi · |trailing_t|, charged |Δposition| · cost at t
     mean_bar = (phi * np.abs(trailing) - np.abs(position - previous) * cost_fraction).mean(axis=1)[:-1]
     next_vol = volatility[1:]
     book_variance = (next_vol**2).sum(axis=1) + 2.0 * CORRELATION * position[:-1].prod(
@@ -317,20 +333,22 @@ def _calibration_sample() -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.cache
-def edge_coefficient(edge: float) -> float:
-    """The momentum coefficient phi whose oracle earns an annualized net Sharpe of `edge` (0: no edge, phi = 0),
-    solved on a fixed, seeded calibration sample of the process (so phi depends on `edge` only)."""
+def edge_coefficient(edge: float, kind: str = "momentum") -> float:
+    """The coefficient phi of the planted `kind` whose oracle earns an annualized net Sharpe of `edge` (0: no
+    edge, phi = 0), solved on a fixed, seeded calibration sample of the process (so phi depends on `edge` and
+    `kind` only)."""
     if isinstance(edge, bool) or not isinstance(edge, int | float) or not 0.0 <= edge <= MAX_EDGE:
         raise ValueError(f"data.demo.edge: expected a number in [0, {MAX_EDGE:g}], got {edge!r}")
+    lookback, _ = edge_kind_spec(kind)
     if edge == 0:
         return 0.0
     innovations, volatility = _calibration_sample()
 
     def miss(phi: float) -> float:
-        return expected_oracle_sharpe(innovations, volatility, phi) - float(edge)
+        return expected_oracle_sharpe(innovations, volatility, phi, kind) - float(edge)
 
-    # the AR sum phi · EDGE_LOOKBACK stays well below 1 (a stationary process) over the whole bracket
-    return float(optimize.brentq(miss, 0.0, 0.5 / EDGE_LOOKBACK, xtol=1e-7))
+    # the AR sum phi · L stays well below 1 (a stationary process) over the whole bracket
+    return float(optimize.brentq(miss, 0.0, 0.5 / lookback, xtol=1e-7))
 
 
 def _round_to_tick(price: np.ndarray, tick: float) -> np.ndarray:
@@ -359,7 +377,7 @@ def _utc_dates(ts_ns: np.ndarray) -> np.ndarray:
 
 
 def simulate_demo_bars(
-    start: dt.date | str, n_days: int, seed: int, edge: float = 0.0
+    start: dt.date | str, n_days: int, seed: int, edge: float = 0.0, edge_kind: str = "momentum"
 ) -> list[tuple[dt.date, list[DayBars]]]:
     """The demo bars of the first `n_days` CME trading days that are `start` or later, per trading day and
     contract (a session that the roll crosses has two per product), without writing files. The data begin at
@@ -367,14 +385,14 @@ def simulate_demo_bars(
     holiday is two segments (cme_hours), simulated one after the other and merged per contract."""
     if n_days < 1:
         raise ValueError(f"data.demo.days must be at least 1, got {n_days}")
-    phi = edge_coefficient(edge)
+    phi = edge_coefficient(edge, edge_kind)
     sessions = cme_sessions(dt.date.fromisoformat(start) if isinstance(start, str) else start, n_days)
     lengths = [session.minutes for session in sessions]
     rng = np.random.default_rng(seed)
     innovations, _ = _simulate_innovations(
         rng, len(sessions), _session_gap_minutes(sessions), session_bars=lengths
     )
-    log_returns = _plant_momentum(innovations, phi)
+    log_returns = _plant_edge(innovations, phi, edge_kind)
     profile = _intraday_profile()
     data_start = data_start_ns(sessions)
     first_day = _utc_dates(np.array([data_start]))[0].astype(dt.date)
@@ -461,14 +479,20 @@ def _merge_segments(first: list[DayBars], second: list[DayBars]) -> list[DayBars
 
 
 def generate_demo_files(
-    out_dir: Path, start: dt.date | str, n_days: int, seed: int, edge: float = 0.0
+    out_dir: Path,
+    start: dt.date | str,
+    n_days: int,
+    seed: int,
+    edge: float = 0.0,
+    edge_kind: str = "momentum",
 ) -> list[Path]:
     """Write the ohlcv-1m DBN.zst files (one per UTC day with data) of `n_days` CME trading days from `start` into
     `out_dir`, and their definition file into `out_dir/definitions/`; return the ohlcv-1m paths in time order.
 
-    `edge`: the oracle's annualized net Sharpe the planted signal is calibrated to (0: no planted signal)."""
+    `edge`: the oracle's annualized net Sharpe the planted signal is calibrated to (0: no planted signal);
+    `edge_kind`: "momentum" or "reversion" (the module docstring)."""
     start = dt.date.fromisoformat(start) if isinstance(start, str) else start
-    simulated = simulate_demo_bars(start, n_days, seed, edge)
+    simulated = simulate_demo_bars(start, n_days, seed, edge, edge_kind)
     out_dir.mkdir(parents=True, exist_ok=True)
     records = sorted(
         (int(ts), bars.instrument.instrument_id, _ohlcv_msg(bars, j))

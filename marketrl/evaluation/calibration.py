@@ -58,6 +58,7 @@ from marketrl.splits.datasets import env_config_from_config, fold_window, load_f
 from marketrl.splits.folds import FoldConfig, FoldPlan, make_fold_plan
 from marketrl.training.zoo import positions_sharpe
 from marketrl.workflow.calibration_plan import (
+    NO_EDGE,
     CalibrationError,
     CalibrationSettings,
     WorldSpec,
@@ -116,7 +117,9 @@ def _fold_config(settings: CalibrationSettings, spec: WorldSpec) -> FoldConfig:
 def _world_features(spec: WorldSpec, n_days: int, seed: int, workdir: Path) -> pl.DataFrame:
     """Demo DBN files for the world, featurized file by file with the earlier files as context (as the
     pipeline's features rule gives them), in one table."""
-    raw = generate_demo_files(workdir / "raw", WORLD_START, n_days, seed, edge=spec.edge)
+    raw = generate_demo_files(
+        workdir / "raw", WORLD_START, n_days, seed, edge=spec.edge, edge_kind=spec.demo_kind
+    )
     tables = []
     for i, path in enumerate(raw):
         out = workdir / "features" / f"{path.name}.parquet"
@@ -268,6 +271,7 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
     return to_json_safe(
         {
             "edge": spec.edge,
+            "kind": spec.kind,
             "test_days": spec.test_days,
             "index": spec.index,
             "per_fold": spec.per_fold,
@@ -362,21 +366,39 @@ def _crossing(xs: Sequence[float], ys: Sequence[float], level: float) -> float |
     return None
 
 
-def _world_key(world: Mapping[str, Any]) -> tuple[float, int, int, bool]:
+def world_kind(world: Mapping[str, Any]) -> str:
+    """A recorded world's edge kind (worlds recorded before kinds existed were momentum or no-edge worlds)."""
+    if float(world["edge"]) == 0:
+        return NO_EDGE
+    return str(world.get("kind", "momentum"))
+
+
+def _world_key(world: Mapping[str, Any]) -> tuple[float, str, int, int, bool]:
     return (
         float(world["edge"]),
+        world_kind(world),
         int(world["test_days"]),
         int(world["index"]),
         bool(world.get("per_fold", False)),
     )
 
 
+def _members(
+    worlds: Sequence[Mapping[str, Any]], edge: float, kind: str, days: int
+) -> list[Mapping[str, Any]]:
+    return [
+        w
+        for w in worlds
+        if float(w["edge"]) == edge and world_kind(w) == kind and int(w["test_days"]) == days
+    ]
+
+
 def _arms(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings) -> list[dict[str, Any]]:
-    """One summary per arm (edge x test days) of `worlds` (worlds of one scheme)."""
+    """One summary per arm (edge and kind x test days) of `worlds` (worlds of one scheme)."""
     arms = []
     for edge in settings.edges:
-        for days in settings.test_days:
-            members = [w for w in worlds if float(w["edge"]) == edge and int(w["test_days"]) == days]
+        for kind, days in ((k, d) for k in settings.arm_kinds(edge) for d in settings.test_days):
+            members = _members(worlds, edge, kind, days)
             counts = {outcome: sum(w["outcome"] == outcome for w in members) for outcome in OUTCOMES}
             sharpes = {
                 model: float(np.nanmean([_nan(w["models"][model]["sharpe"]) for w in members]))
@@ -385,6 +407,7 @@ def _arms(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings) ->
             arms.append(
                 {
                     "edge": edge,
+                    "kind": kind,
                     "better_than": _better_than_rates(members),
                     "test_days": days,
                     "worlds": len(members),
@@ -410,22 +433,26 @@ def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings
     """Rates per arm with Clopper–Pearson intervals, the false-positive rate of the no-edge worlds, and per
     test-day count the edge and the Sharpe difference detectable at 80% power (None above every edge tried).
     With calibration.per_fold_trials > 0 the nested-tuning arms get their own arms and false-positive rate."""
-    expected = {(s.edge, s.test_days, s.index, s.per_fold) for s in world_specs(settings)}
+    expected = {(s.edge, s.kind, s.test_days, s.index, s.per_fold) for s in world_specs(settings)}
     got = [_world_key(w) for w in worlds]
     if sorted(got) != sorted(expected):
         missing = sorted(expected - set(got))
         raise CalibrationError(
             f"calibration: the chunks hold {len(got)} worlds, the config asks for {len(expected)}"
             + (
-                f" (missing e.g. edge {missing[0][0]:g}, {missing[0][1]} test days, world {missing[0][2]})"
+                f" (missing e.g. edge {missing[0][0]:g} ({missing[0][1]}), {missing[0][2]} test days,"
+                f" world {missing[0][3]})"
                 if missing
                 else ""
             )
         )
-    arms = _arms([w for w in worlds if not _world_key(w)[3]], settings)
+    arms = _arms([w for w in worlds if not _world_key(w)[4]], settings)
     detectable = []
-    for days in settings.test_days:
-        curve = sorted((a for a in arms if a["test_days"] == days), key=lambda a: a["edge"])
+    for kind, days in ((k, d) for k in settings.edge_kinds for d in settings.test_days):
+        curve = sorted(
+            (a for a in arms if a["test_days"] == days and a["kind"] in (kind, NO_EDGE)),
+            key=lambda a: a["edge"],
+        )
         edges = [a["edge"] for a in curve]
         power = [a["beats"]["rate"] for a in curve]
         edge_80 = _crossing(edges, power, TARGET_POWER)
@@ -434,7 +461,12 @@ def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings
             diffs = [a["mean_best_min_diff"] for a in curve]
             diff_80 = float(np.interp(edge_80, edges, diffs))
         detectable.append(
-            {"test_days": days, "edge_at_80_power": edge_80, "sharpe_difference_at_80_power": diff_80}
+            {
+                "kind": kind,
+                "test_days": days,
+                "edge_at_80_power": edge_80,
+                "sharpe_difference_at_80_power": diff_80,
+            }
         )
     summary = {
         "arms": arms,
@@ -446,14 +478,10 @@ def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings
         "ci_level": CI_LEVEL,
     }
     if settings.per_fold_trials > 0:
-        nested = [w for w in worlds if _world_key(w)[3]]
+        nested = [w for w in worlds if _world_key(w)[4]]
         per_fold_arms = _arms(nested, settings)
         for arm in per_fold_arms:  # the DSR's N of each model: every fold's trials
-            members = [
-                w
-                for w in nested
-                if float(w["edge"]) == arm["edge"] and int(w["test_days"]) == arm["test_days"]
-            ]
+            members = _members(nested, arm["edge"], arm["kind"], arm["test_days"])
             arm["dsr_n"] = sorted({int(m["dsr_n"]) for w in members for m in w["models"].values()})
         summary["per_fold_arms"] = per_fold_arms
         summary["false_positive_per_fold"] = _false_positive(per_fold_arms)
@@ -520,7 +548,7 @@ def calibration_result(
                 "alpha": VerdictRules.from_config(config).alpha,
             },
             "summary": summarize(worlds, settings),
-            "worlds": sorted(worlds, key=lambda w: (_world_key(w)[3], *_world_key(w)[:3])),
+            "worlds": sorted(worlds, key=lambda w: (_world_key(w)[4], *_world_key(w)[:4])),
         }
     )
 

@@ -479,10 +479,21 @@ def _studentized(diff: np.ndarray, se: np.ndarray) -> np.ndarray:
     return np.where(se > 0, t, np.where(diff > 0, np.inf, np.where(diff < 0, -np.inf, 0.0)))
 
 
-# Studentized resamples are divided by max(se*, SE_FLOOR · ŝe), ŝe the full-sample SE of the same contrast. A
+# Studentized resamples are divided by max(se*, floor · ŝe), ŝe the full-sample SE of the same contrast. A
 # resample that draws few distinct days has a near-zero se* and an extreme t*; at 9 days those resamples made
-# q0.999 of t* 40% heavier than the true statistic's. 0.5 was chosen by `bench/coverage.py` ("Tails of t*").
+# q0.999 of t* 32% heavier than the true statistic's without a floor. Chosen by measurement (docs/PERFORMANCE.md,
+# "Bootstrap-t tails" and "Verdict size"): below SHORT_SAMPLE_DAYS the floor is 0.85 of ŝe (q0.95-q0.999 within 15%
+# at 9 days); from there on 0.5, because on independent days no floor binds any more, while on autocorrelated
+# days 0.85 lightened the tails further and doubled the false claims at 20 days (3.7% -> 6.7%).
 SE_FLOOR = 0.5
+SE_FLOOR_SHORT = 0.85
+SHORT_SAMPLE_DAYS = 20
+
+
+def se_floor_for(n_days: int) -> float:
+    """The SE floor (a fraction of the full-sample SE) of a bootstrap over `n_days` observations."""
+    return SE_FLOOR_SHORT if n_days < SHORT_SAMPLE_DAYS else SE_FLOOR
+
 
 # Per-contrast blocks are rounded to this geometric grid (log2 steps of 1/2) so that contrasts share resamples.
 _BLOCK_GRID_STEP = 0.5
@@ -511,14 +522,15 @@ def sharpe_contrasts(
     n_boot: int = 2000,
     mean_block: float | None = None,
     seed: int = 0,
-    se_floor: float = SE_FLOOR,
+    se_floor: float | None = None,
 ) -> SharpeContrasts:
     """Studentized stationary bootstrap of linear Sharpe contrasts of aligned series ``returns`` [n, S].
 
     ``weights`` [k, S]: row k defines θ_k = Σ_s W_ks·SR_s (e.g. [1, −1] for a difference, [1/S…] for a mean).
     ``mean_block=None`` gives each contrast its own block (:func:`contrast_mean_blocks`); contrasts with
     different blocks are resampled from shared uniforms (coupled), and every series of a contrast with the same
-    day indices, so cross-correlations are kept. ``se_floor``: see :data:`SE_FLOOR`. NaN estimates (undefined
+    day indices, so cross-correlations are kept. ``se_floor``: see :data:`SE_FLOOR` (None: :func:`se_floor_for` the
+    number of days). NaN estimates (undefined
     Sharpes) give se = NaN. Needs n ≥ 3 days.
     """
     x = np.asarray(returns, dtype=np.float64)
@@ -531,6 +543,8 @@ def sharpe_contrasts(
         raise StatsInputError(f"sharpe_contrasts: expected at least 3 observations, got {x.shape[0]}")
     if not np.all(np.isfinite(x)) or not np.all(np.isfinite(w)):
         raise StatsInputError("sharpe_contrasts: expected finite returns and weights")
+    if se_floor is None:
+        se_floor = se_floor_for(x.shape[0])
     if not 0 <= se_floor <= 1:
         raise StatsInputError(f"se_floor: expected a fraction in [0, 1], got {se_floor!r}")
     _check_bootstrap_params(n_boot, 0.05)

@@ -12,6 +12,8 @@ from typing import Any
 
 from marketrl.workflow.config import derive_seed
 
+NO_EDGE = "none"  # the kind of a no-edge world (edge 0: no planted signal, whatever the kind)
+
 
 class CalibrationError(ValueError):
     """A bad `calibration` config value or a malformed calibration chunk; the message names the key or file."""
@@ -34,6 +36,13 @@ class CalibrationSettings:
     per_fold_trials: int = (
         0  # > 0: the nested-tuning arms, each world re-tuned per fold with this many trials
     )
+    edge_kinds: tuple[str, ...] = (
+        "momentum",
+    )  # planted signal kinds (data.demo.edge_kind) of the edge > 0 arms
+
+    def arm_kinds(self, edge: float) -> tuple[str, ...]:
+        """The kinds of the arms at `edge`: every kind above 0, one no-edge arm ("none") at 0."""
+        return (NO_EDGE,) if edge == 0 else self.edge_kinds
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> CalibrationSettings:
@@ -53,7 +62,12 @@ class CalibrationSettings:
             random_traders=int(section["random_traders"]),
             worlds_per_job=int(section["worlds_per_job"]),
             per_fold_trials=int(section.get("per_fold_trials", 0)),
+            edge_kinds=tuple(section.get("edge_kinds", ("momentum",))),
         )
+        if not settings.edge_kinds or len(set(settings.edge_kinds)) != len(settings.edge_kinds):
+            raise CalibrationError(
+                "config key 'calibration.edge_kinds': expected distinct kinds (momentum, reversion)"
+            )
         for days in settings.test_days:
             if days % settings.folds:
                 raise CalibrationError(
@@ -79,29 +93,43 @@ class CalibrationSettings:
 
 @dataclass(frozen=True)
 class WorldSpec:
-    """One world: its arm (planted edge, pooled test days; fixed hyperparameters or, `per_fold`, re-tuned per
-    fold) and its index within the arm."""
+    """One world: its arm (planted edge and its kind, pooled test days; fixed hyperparameters or, `per_fold`,
+    re-tuned per fold) and its index within the arm."""
 
     edge: float
     test_days: int
     index: int
     per_fold: bool = False
+    kind: str = "momentum"  # NO_EDGE at edge 0
+
+    def __post_init__(self) -> None:
+        if self.edge == 0:  # no planted signal: the kind is moot, and every kind shares this world
+            object.__setattr__(self, "kind", NO_EDGE)
 
     def seed(self, root_seed: int) -> int:
         """The world's own seed: its data, models, random traders and bootstraps all derive from it. A nested-
         tuning world shares it with the fixed-hyperparameter world of the same index: the same data, a paired
-        comparison of the two schemes."""
-        return derive_seed(root_seed, "calibration", f"{self.edge:g}", self.test_days, self.index)
+        comparison of the two schemes. Momentum and no-edge worlds keep the seeds they had before kinds
+        existed; a reversion world's seed names its kind."""
+        if self.kind in ("momentum", NO_EDGE):
+            return derive_seed(root_seed, "calibration", f"{self.edge:g}", self.test_days, self.index)
+        return derive_seed(root_seed, "calibration", self.kind, f"{self.edge:g}", self.test_days, self.index)
+
+    @property
+    def demo_kind(self) -> str:
+        """The data.demo.edge_kind the world's data are generated with."""
+        return "momentum" if self.kind == NO_EDGE else self.kind
 
 
 def world_specs(settings: CalibrationSettings) -> list[WorldSpec]:
-    """Every world of the calibration, arm by arm (edges, then test-day counts), in a fixed order; with
-    calibration.per_fold_trials > 0 the nested-tuning arms follow, in the same order."""
+    """Every world of the calibration, arm by arm (edges and their kinds, then test-day counts), in a fixed order;
+    with calibration.per_fold_trials > 0 the nested-tuning arms follow, in the same order."""
     schemes = (False, True) if settings.per_fold_trials > 0 else (False,)
     return [
-        WorldSpec(edge, days, k, per_fold)
+        WorldSpec(edge, days, k, per_fold, kind)
         for per_fold in schemes
         for edge in settings.edges
+        for kind in settings.arm_kinds(edge)
         for days in settings.test_days
         for k in range(settings.worlds)
     ]

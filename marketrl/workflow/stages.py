@@ -61,6 +61,7 @@ NOT_IN_ALL_KEYS = ("calibration", "predict")
 # not what a job computes, and are in no slice but the report's.
 # What every calibration stage reads: its own slice and the verdict's rules.
 _CALIBRATION = (
+    "calibration.edge_kinds",
     "calibration.edges",
     "calibration.folds",
     "calibration.models",
@@ -78,7 +79,13 @@ _CALIBRATION = (
 )
 
 STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
-    "demo_data": ("data.demo.days", "data.demo.edge", "data.demo.seed", "data.demo.start"),
+    "demo_data": (
+        "data.demo.days",
+        "data.demo.edge",
+        "data.demo.edge_kind",
+        "data.demo.seed",
+        "data.demo.start",
+    ),
     "download_databento": (
         "data.databento.dataset",
         "data.databento.max_cost_usd",
@@ -188,6 +195,7 @@ DAG_KEYS: dict[str, str] = {
     "data.databento.end": "input files",
     "data.databento.dataset": "input file names",
     "data.databento.schema": "input file names",
+    "calibration.edge_kinds": "calibration jobs",
     "calibration.edges": "calibration jobs",
     "calibration.per_fold_trials": "calibration jobs",
     "calibration.test_days": "calibration jobs",
