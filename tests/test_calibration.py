@@ -210,6 +210,7 @@ TINY_CALIBRATION = {
     "calibration": {
         "worlds": 2,
         "edges": [0, 10.0],
+        "edge_kinds": ["reversion"],  # the kind no baseline trades, end to end (momentum: the unit tests)
         "test_days": [4],
         "folds": 1,
         "train_days": 3,
@@ -239,10 +240,14 @@ def test_tiny_calibration_target_runs_end_to_end(tmp_path: Path) -> None:
         assert set(world["models"]) == {"linear", "lightgbm"}
         assert all(math.isfinite(m["sharpe"]) for m in world["models"].values())
     summary = result["summary"]
-    assert [(a["edge"], a["test_days"], a["worlds"]) for a in summary["arms"]] == [(0.0, 4, 2), (10.0, 4, 2)]
+    assert [(a["edge"], a["kind"], a["test_days"], a["worlds"]) for a in summary["arms"]] == [
+        (0.0, "none", 4, 2),
+        (10.0, "reversion", 4, 2),
+    ]
+    assert {w["kind"] for w in result["worlds"]} == {"none", "reversion"}
     fp = summary["false_positive"]
     assert fp["n"] == 2 and fp["ci"] == pytest.approx(list(clopper_pearson(fp["k"], 2)))
-    assert [row["test_days"] for row in summary["detectable"]] == [4]
+    assert [(row["kind"], row["test_days"]) for row in summary["detectable"]] == [("reversion", 4)]
     for arm in summary["arms"]:
         assert set(arm["better_than"]) == {"buy_and_hold", "flat", "momentum", "random", "matched_random"}
         assert all(
