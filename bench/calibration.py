@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD .venv/bin/python bench/calibration.py --worlds 60 --processes 2 --out /tmp/calibration
 
-An arm is (planted edge, pooled test days); every world of every arm runs the same pieces as the Snakemake target
+An arm is (planted edge, its kind, pooled test days); every world of every arm runs the same pieces as the Snakemake target
 `results/calibration/calibration.html`, from the config (config.yaml's `calibration` slice unless overridden here).
 Worlds run round-robin over the arms (world 0 of every arm, then world 1, ...), each finished world is appended to
 `<out>/worlds.jsonl`, so a run stopped early still has the same K in every arm (`--summarize-only` then writes the

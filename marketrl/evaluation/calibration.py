@@ -9,9 +9,10 @@ seed, the baselines and turnover-matched random traders of the evaluation stage,
 (`marketrl.report.verdict.agent_verdicts`, the family-wise test over every model × baseline × direction). A
 world's outcome is "beats" (some model beats every baseline), "worse", "none" (no claim) or "not enough data".
 
-An *arm* is one (edge, pooled test days) pair with `calibration.worlds` worlds. Rates carry exact binomial
+An *arm* is one (edge, edge kind, pooled test days) triple with `calibration.worlds` worlds (one no-edge arm per
+test-day count, whatever the kinds). Rates carry exact binomial
 (Clopper–Pearson) intervals; the minimum detectable edge at 80% power is read off each test-day count's power
-curve by linear interpolation between the edges tried.
+curve (per edge kind) by linear interpolation between the edges tried.
 """
 
 from __future__ import annotations
@@ -430,8 +431,9 @@ def _false_positive(arms: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
 
 
 def summarize(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings) -> dict[str, Any]:
-    """Rates per arm with Clopper–Pearson intervals, the false-positive rate of the no-edge worlds, and per
-    test-day count the edge and the Sharpe difference detectable at 80% power (None above every edge tried).
+    """Rates per arm with Clopper–Pearson intervals, the false-positive rate of the no-edge worlds, and per edge
+    kind and test-day count the edge and the Sharpe difference detectable at 80% power (None above every edge
+    tried; the no-edge arm is each kind's curve at 0).
     With calibration.per_fold_trials > 0 the nested-tuning arms get their own arms and false-positive rate."""
     expected = {(s.edge, s.kind, s.test_days, s.index, s.per_fold) for s in world_specs(settings)}
     got = [_world_key(w) for w in worlds]

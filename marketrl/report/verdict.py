@@ -457,8 +457,9 @@ def headline_power_note(n_days: int, power: float) -> str:
     nearest = _nearest_measured(MEASURED_HEADLINE_POWER, n_days)
     rate, lo, hi, worlds = MEASURED_HEADLINE_POWER[nearest]
     return (
-        f"checked in simulated worlds of this layout with independent days at {nearest} test days: an edge of that "
-        f"size was claimed in {100 * rate:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] of K = {worlds} worlds"
+        f"the figure's own check, in simulated worlds of this layout with independent days at {nearest} test days: "
+        f"an edge equal to the figure computed there was claimed in {100 * rate:.0f}% [{100 * lo:.0f}, "
+        f"{100 * hi:.0f}] of K = {worlds} worlds"
         + (" (the figure is optimistic at so few days)" if rate < 0.75 else "")
     )
 
