@@ -18,7 +18,7 @@ non-negative and bars with no trades are absent, as in real Databento OHLCV data
 time-series momentum: the next minute's expected log return is `phi` times the log return of the last 15 minutes
 (the `ret_15` feature), the signal the momentum baseline trades too. "reversion" is 5-minute mean reversion: the next
 minute's expected log return is `-phi` times the last 5 minutes' (the `ret_5` feature), a signal no baseline trades
-(the momentum baseline's 30-minute sign is nearly independent of it). `phi` is calibrated so that the oracle that
+(the momentum baseline's 30-minute sign leans the wrong way on it and loses beyond its costs). `phi` is calibrated so that the oracle that
 holds the signal's sign earns an annualized net Sharpe of about `edge` (after the demo's per-instrument costs, fill
 at close, one contract per instrument). A pipeline that finds no skill at `edge=2` is broken; one that finds skill
 at `edge=0` is fooling itself.
@@ -294,7 +294,8 @@ def expected_oracle_sharpe(
     innovations: np.ndarray, volatility: np.ndarray, phi: float, kind: str = "momentum"
 ) -> float:
     """Annualized net Sharpe of the oracle that holds sign · sign(trailing L-minute return) of each instrument (the
-    sign of the planted drift), one contract, filled at the close, with CALIBRATION_COSTS: the equal-weight book's daily mean over the root of
+    sign of the planted drift), one contract, filled at the close, with CALIBRATION_COSTS: the equal-weight book's
+    daily mean over the root of
     (variance of the daily conditional means + mean daily conditional variance), both from conditional moments
     given the information at each decision (far less noisy than a realized Sharpe of the same sample).
     ``innovations``/``volatility`` hold whole regular sessions (SESSION_BARS rows each)."""

@@ -431,8 +431,12 @@ MEASURED_HEADLINE_POWER: dict[int, tuple[float, float, float, int]] = {
 }
 
 
-def _nearest_measured(table: Mapping[int, Any], n_days: int) -> int:
-    return min(table, key=lambda d: abs(math.log(d / max(n_days, 1))))
+def _measured_at(
+    table: Mapping[int, tuple[float, float, float, int]], n_days: int
+) -> tuple[int, float, float, float, int]:
+    """(nearest measured number of test days, rate, CI lo, CI hi, K) of a measured table."""
+    nearest = min(table, key=lambda d: abs(math.log(d / max(n_days, 1))))
+    return (nearest, *table[nearest])
 
 
 def false_claim_note(autocorrelation: float, n_days: int) -> str:
@@ -440,8 +444,7 @@ def false_claim_note(autocorrelation: float, n_days: int) -> str:
     number of test days; empty when the autocorrelation is at most 0.1 or nothing was measured."""
     if not is_finite_number(autocorrelation) or autocorrelation <= 0.1 or not MEASURED_FALSE_CLAIMS_PHI_05:
         return ""
-    nearest = _nearest_measured(MEASURED_FALSE_CLAIMS_PHI_05, n_days)
-    rate, lo, hi, worlds = MEASURED_FALSE_CLAIMS_PHI_05[nearest]
+    nearest, rate, lo, hi, worlds = _measured_at(MEASURED_FALSE_CLAIMS_PHI_05, n_days)
     return (
         f"in simulated no-edge worlds of this layout with AR(1) φ = 0.5 daily returns, the headline claim was made "
         f"falsely in {100 * rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] of K = {worlds} worlds at {nearest} test days "
@@ -454,8 +457,7 @@ def headline_power_note(n_days: int, power: float) -> str:
     (empty when nothing was measured or the run asks for another power than the one measured, 80%)."""
     if not MEASURED_HEADLINE_POWER or abs(power - 0.8) > 1e-9:
         return ""
-    nearest = _nearest_measured(MEASURED_HEADLINE_POWER, n_days)
-    rate, lo, hi, worlds = MEASURED_HEADLINE_POWER[nearest]
+    nearest, rate, lo, hi, worlds = _measured_at(MEASURED_HEADLINE_POWER, n_days)
     return (
         f"the figure's own check, in simulated worlds of this layout with independent days at {nearest} test days: "
         f"an edge equal to the figure computed there was claimed in {100 * rate:.0f}% [{100 * lo:.0f}, "
