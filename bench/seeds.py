@@ -38,6 +38,7 @@ def main() -> None:
             seeds, ppo_rollout * (1 if args.quick else 2), repeats=1 if args.quick else args.repeats
         )
         seeds_ppo.print_rows(rows)
+        seeds_ppo.print_bound(rows)
     if "dqn" in args.only:
         seeds_dqn.print_rows(seeds_dqn.bench_dqn(seeds, seeds_dqn.N_ENVS * (20 if args.quick else 200)))
     if "forecasters" in args.only:

@@ -3,6 +3,10 @@ after the other, side by side in one process at the same env steps per seed (dem
 rollout of 128 steps, minibatches of 1024, 4 epochs, hidden_dim_base 64, fp32 on the CPU).
 
     python bench/seeds_ppo.py --seeds 1 2 5 --updates 2
+    python bench/seeds_ppo.py --seeds 1 5 --profile    # also: what a seed's CPU goes to
+
+Under the table, the batched CPU is split into the work each seed adds and the work the seeds share (a line
+through S = 1 and the largest S): the ratio to S sequential runs cannot exceed one seed's CPU over its own part.
 """
 
 from __future__ import annotations
@@ -116,6 +120,52 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def amdahl(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Batched CPU as T(S) = a·S + b, fit through S = 1 and the largest S measured: ``a`` is the work every seed
+    adds (its arithmetic), ``b`` what the seeds share (per-op dispatch, Python). The sequential runs cost S·T(1),
+    so the ratio at S is S·T(1) / (a·S + b), and no S beats T(1) / a. None without S = 1 and a larger S."""
+    by_s = {r["S"]: r["batched_cpu_s"] for r in rows}
+    largest = max(by_s)
+    if 1 not in by_s or largest == 1:
+        return None
+    per_seed = (by_s[largest] - by_s[1]) / (largest - 1)
+    shared = by_s[1] - per_seed
+    return {
+        "per_seed_s": per_seed,
+        "shared_s": shared,
+        "per_seed_share": per_seed / by_s[1],
+        "ratio_limit": by_s[1] / per_seed,
+    }
+
+
+def profile_ops(steps: int, n_seeds: int = 1, top: int = 8) -> list[tuple[str, float]]:
+    """(op, share of the run's op CPU) of one `train_seeds` over ``n_seeds`` seeds under torch.profiler, the
+    ``top`` largest by self CPU time: what the per-seed arithmetic is."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(1)
+    data = market_data()
+    config = ppo.PPOConfig(total_steps=steps, env=EnvConfig(n_envs=N_ENVS, max_gap=None))
+    ppo.train_seeds(data, config, HPARAMS, "fp32", "cpu", list(range(n_seeds)))  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ppo.train_seeds(data, config, HPARAMS, "fp32", "cpu", list(range(n_seeds)))
+    events = prof.key_averages()
+    total = sum(event.self_cpu_time_total for event in events)
+    ranked = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)[:top]
+    return [(event.key, event.self_cpu_time_total / total) for event in ranked]
+
+
+def print_bound(rows: list[dict[str, Any]]) -> None:
+    """The Amdahl line under the table (see `amdahl`)."""
+    fit = amdahl(rows)
+    if fit is not None:
+        print(
+            f"per-seed work {fit['per_seed_s']:.2f}s, shared {fit['shared_s']:.2f}s of one seed's "
+            f"{fit['per_seed_s'] + fit['shared_s']:.2f}s (per-seed share {fit['per_seed_share']:.0%}): "
+            f"no S can beat {fit['ratio_limit']:.2f}x on this CPU"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 5])
@@ -123,8 +173,17 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="alternated runs per side; the fastest is kept"
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="also the largest ops of one seed's run (torch.profiler)"
+    )
     args = parser.parse_args()
-    print_rows(bench_ppo(args.seeds, args.updates * HPARAMS["n_steps"] * N_ENVS, repeats=args.repeats))
+    steps = args.updates * HPARAMS["n_steps"] * N_ENVS
+    rows = bench_ppo(args.seeds, steps, repeats=args.repeats)
+    print_rows(rows)
+    print_bound(rows)
+    if args.profile:
+        for name, share in profile_ops(steps):
+            print(f"  {name:<28} {share:6.1%} of one seed's op CPU")
 
 
 if __name__ == "__main__":

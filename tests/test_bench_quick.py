@@ -97,6 +97,7 @@ def test_seeds_bench_quick_times_batched_and_sequential_ppo() -> None:
     rows = [line.split("|") for line in out.splitlines() if line.startswith("ppo ")]
     assert [int(row[1]) for row in rows] == [1, 2]
     assert all(int(row[2]) == 128 * 64 for row in rows)  # the same env steps per seed on both sides
+    assert sum("no S can beat" in line for line in out.splitlines()) == 1  # the per-seed / shared split
 
 
 @pytest.mark.bench

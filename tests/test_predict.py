@@ -29,7 +29,9 @@ from marketrl.evaluation.predict import (
     TrainedOn,
     check_new_file,
     ensemble_positions,
+    mark_pending,
     read_provenance,
+    with_stand_in_bars,
 )
 from marketrl.splits.folds import FoldPlan
 from marketrl.workflow import paths
@@ -134,8 +136,16 @@ def test_held_back_file_gives_evaluations_positions(finished: Path, held_back: P
         assert table["member"].unique().sort().to_list() == sorted([*(f"seed_{s}" for s in seeds), ENSEMBLE])
         for seed in seeds:
             evaluated = pl.read_parquet(finished / paths.EVAL_BARS.format(algo=algo, fold=0, seed=seed))
-            predicted = table.filter(pl.col("member") == f"seed_{seed}").select(evaluated.columns)
+            member = table.filter(pl.col("member") == f"seed_{seed}")
+            predicted = member.filter(~pl.col("pending")).select(evaluated.columns)
             assert predicted.height > 0 and predicted.equals(evaluated), algo
+            # the file's last bar of each symbol: one pending decision, after evaluation's last row
+            pending = member.filter(pl.col("pending"))
+            assert sorted(pending["symbol"].to_list()) == sorted(evaluated["symbol"].unique().to_list())
+            assert pending["net_return"].null_count() == pending["ts_event"].null_count() == pending.height
+            settled = member.filter(~pl.col("pending"))
+            for symbol, last in zip(pending["symbol"], pending["decision_ts_event"], strict=True):
+                assert last > settled.filter(pl.col("symbol") == symbol)["decision_ts_event"].max()
         provenance = read_provenance(out)
         assert provenance["fold"] == 0 and len(provenance["checkpoints"]) == len(seeds)
         assert provenance["features"]["source_file"] == held_back.name
@@ -151,6 +161,51 @@ def test_held_back_file_gives_evaluations_positions(finished: Path, held_back: P
         "predict": len(MODELS),
         "predict_all": 1,
     }
+
+
+@pytest.mark.slow
+def test_pending_decision_is_the_one_made_once_the_next_bar_exists(finished: Path, held_back: Path) -> None:
+    """A file cut at bar T (mid-session): its pending row is each model's decision at T, which must be the
+    position the same models take at T in the file that goes on past T (a decision at T reads nothing after T)."""
+    tables = pl.concat(
+        [pl.read_parquet(p) for p in sorted((finished / "results/features").glob("*.parquet"))]
+    )
+    plan = FoldPlan.load(finished / paths.FOLDS)
+    last_day = tables.filter(pl.col("trading_day").is_in(plan.fold(0).test_days))["trading_day"].max()
+    day = tables.filter(pl.col("trading_day") == last_day)
+    n_symbols = day["symbol"].n_unique()
+    everyone = day.group_by("ts_event").len().filter(pl.col("len") == n_symbols)["ts_event"].sort()
+    # T: every symbol trades at T and one bar later, so in the longer file bar T is a decision bar
+    both = everyone.filter(everyone.dt.offset_by("1m").is_in(everyone.implode()))
+    cut_at = both[both.len() // 2]
+    directory = finished / "pending"
+    directory.mkdir()
+    shutil.copy(held_back, directory / "full.ohlcv-1m.dbn.zst")
+    first_ns = int(decode(held_back)[1][0].ts_event)
+    sources = sorted((finished / paths.DEMO_DIR).glob("*.dbn.zst"))
+    write_span(sources, directory / "cut.ohlcv-1m.dbn.zst", first_ns, int(cut_at.timestamp() * 10**9), {})
+    with_predict(finished, "pending/*.dbn.zst")
+    result = run(finished, "predict_all")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    for algo in MODELS:
+        full, cut = (
+            pl.read_parquet(finished / paths.PREDICT.format(algo=algo, stem=f"{stem}.ohlcv-1m"))
+            for stem in ("full", "cut")
+        )
+        pending = cut.filter(pl.col("pending"))
+        assert pending.height == n_symbols * full["member"].n_unique(), algo
+        assert (pending["decision_ts_event"] == cut_at).all()
+        assert pending["net_return"].null_count() == pending.height
+        keys = ["member", "symbol", "decision_ts_event"]
+        later = full.filter(pl.col("decision_ts_event") == cut_at).select(*keys, full_position="position")
+        assert later.height == pending.height and not later["full_position"].is_null().any()
+        matched = pending.join(later, on=keys, how="inner")
+        assert matched.height == pending.height
+        assert matched["position"].equals(matched["full_position"], check_names=False), algo
+        # before T both files are the same trader, bar for bar
+        settled = cut.filter(~pl.col("pending")).drop("pending")
+        earlier = full.filter(pl.col("decision_ts_event") < cut_at).drop("pending")
+        assert settled.height > 0 and settled.sort(keys).equals(earlier.sort(keys)), algo
 
 
 @pytest.mark.slow
@@ -182,6 +237,60 @@ def test_a_file_of_another_instrument_fails_in_one_line(finished: Path, held_bac
     lines = [line for line in (result.stdout + result.stderr).splitlines() if "PredictInputError" in line]
     assert lines and lines[0].strip().startswith("marketrl error: PredictInputError:"), result.stderr[-3000:]
     assert "crude.ohlcv-1m.dbn.zst: holds CL, NQ" in lines[0] and "trained on ES, NQ" in lines[0]
+
+
+def _bars(symbol: str, instrument: int, minutes: list[int]) -> pl.DataFrame:
+    start = dt.datetime(2024, 3, 12, 14, 0, tzinfo=dt.UTC)
+    return pl.DataFrame(
+        {
+            "ts_event": [start + dt.timedelta(minutes=m) for m in minutes],
+            "trading_day": [dt.date(2024, 3, 12)] * len(minutes),
+            "symbol": [symbol] * len(minutes),
+            "instrument_id": [instrument] * len(minutes),
+            "close": [100.0 + m for m in minutes],
+        }
+    ).with_columns(pl.col("ts_event").dt.cast_time_unit("ns"))
+
+
+def test_stand_in_bars_follow_each_series_still_trading_at_the_end() -> None:
+    rows = pl.concat([_bars("ESM4", 1, [0, 1, 2, 3]), _bars("NQM4", 2, [0, 2, 4]), _bars("CLK4", 3, [0, 1])])
+    extended, stand_ins = with_stand_in_bars(rows, dt.timedelta(minutes=2))
+    # CL's last bar is 3 minutes before the file's end (4): no longer trading, no stand-in
+    assert stand_ins.sort("symbol").rows() == [
+        ("ESM4", dt.datetime(2024, 3, 12, 14, 4, tzinfo=dt.UTC)),
+        ("NQM4", dt.datetime(2024, 3, 12, 14, 5, tzinfo=dt.UTC)),  # one step: the table's smallest
+    ]
+    added = extended.join(rows, on=["instrument_id", "ts_event"], how="anti")
+    assert added.height == 2 and added["close"].to_list() == [103.0, 104.0]  # copies of the last bars
+    assert extended.join(added, on=["instrument_id", "ts_event"], how="anti").equals(rows)
+    assert extended.equals(extended.sort("instrument_id", "ts_event"))  # MarketData's row order
+    # without max_gap: every series trading on the last trading day
+    assert with_stand_in_bars(rows, None)[1].height == 3
+
+
+def test_pending_rows_null_what_the_next_bar_would_tell() -> None:
+    ts = [dt.datetime(2024, 3, 12, 14, m, tzinfo=dt.UTC) for m in range(5)]
+    bars = pl.DataFrame(
+        {
+            "decision_ts_event": ts[:4],
+            "ts_event": ts[1:],
+            "trading_day": [dt.date(2024, 3, 12)] * 4,
+            "symbol": ["ESM4"] * 4,
+            "position": [1, 1, -1, 0],
+            "gross_return": [0.1, 0.2, 0.3, 0.4],
+            "cost": [0.0] * 4,
+            "net_return": [0.1, 0.2, 0.3, 0.4],
+            "forward_return": [0.5, 0.6, 0.7, 0.8],
+        }
+    )
+    stand_ins = pl.DataFrame({"symbol": ["ESM4"], "ts_event": [ts[4]]})
+    marked = mark_pending(bars, stand_ins, horizon=2)
+    assert marked["pending"].to_list() == [False, False, False, True]
+    assert marked["position"].to_list() == [1, 1, -1, 0]  # the decision itself is known
+    assert marked["net_return"].to_list() == [0.1, 0.2, 0.3, None]
+    assert marked["ts_event"].null_count() == marked["trading_day"].null_count() == 1
+    # horizon 2: bar t+2 of the last two decisions is the stand-in
+    assert marked["forward_return"].to_list() == [0.5, 0.6, None, None]
 
 
 def test_ensemble_is_the_majority_else_flat() -> None:

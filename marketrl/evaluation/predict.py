@@ -15,7 +15,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import torch
 
 from gpu_utils import resolve_device
 from marketrl.env import evaluate_positions
-from marketrl.env.costs import symbol_root
+from marketrl.env.costs import is_continuous, symbol_root
 from marketrl.evaluation.evaluate import (
     BAR_COLUMNS,
     forecast_columns,
@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 
 ENSEMBLE = "ensemble"
 #: the per-bar columns of a predict table, per member (seed_{i} or ENSEMBLE); forecasters add FORECAST_COLUMNS
-PREDICT_COLUMNS = ("member", "seed_index", "decision_ts_event", *BAR_COLUMNS)
+PREDICT_COLUMNS = ("member", "seed_index", "decision_ts_event", "pending", *BAR_COLUMNS)
 FORECAST_COLUMNS = ("prediction", "forward_return")
+#: what a pending decision's next bar has not told yet (null in its row; a forecaster's `forward_return`: `mark_pending`)
+_UNKNOWN_YET = ("ts_event", "trading_day", "gross_return", "cost", "net_return")
 #: the Parquet metadata key holding the table's provenance (JSON)
 PROVENANCE_KEY = "marketrl.predict"
 # what must agree between a new file's feature table and the training tables (their Parquet metadata)
@@ -123,6 +125,56 @@ def _describe(data: Mapping[str, str]) -> str:
     return f"{data['dataset']} {data['schema']} (bar size {data['bar_size']})"
 
 
+def with_stand_in_bars(rows: pl.DataFrame, max_gap: timedelta | None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`rows` plus one stand-in bar after the last bar of each series (a continuous symbol, else an instrument)
+    still trading at the file's end (within `max_gap` of its last bar; without one, on its last trading day), and
+    the stand-ins' (symbol, ts_event).
+
+    A stand-in copies its series' last bar one bar step later (the table's smallest step between bars). It makes
+    that last bar a decision bar, so every model decides there as it would once the real next bar exists: a
+    decision at t reads only rows up to t. Nothing of the stand-in is reported (`pending` rows null what it set).
+    """
+    continuous = [symbol for symbol in rows["symbol"].unique().to_list() if is_continuous(symbol)]
+    series = (
+        pl.when(pl.col("symbol").is_in(continuous))
+        .then(pl.col("symbol"))
+        .otherwise(pl.col("instrument_id").cast(pl.String))
+    )
+    ordered = rows.with_columns(_series=series).sort("_series", "ts_event")
+    gaps = ordered.select(gap=pl.col("ts_event").diff().over("_series"))["gap"]
+    steps = gaps.filter(gaps > timedelta(0))
+    step = steps.min() if steps.len() else timedelta(minutes=1)
+    lasts = ordered.group_by("_series", maintain_order=True).last()
+    end = rows["ts_event"].max()
+    still_trading = (
+        pl.col("trading_day") == rows["trading_day"].max()
+        if max_gap is None
+        else pl.col("ts_event") >= end - max_gap
+    )
+    later = (pl.col("ts_event") + step).cast(rows.schema["ts_event"])  # a Python timedelta is microseconds
+    stand_ins = lasts.filter(still_trading).with_columns(later).drop("_series")
+    extended = pl.concat([rows, stand_ins.select(rows.columns)]).sort("instrument_id", "ts_event")
+    return extended, stand_ins.select("symbol", "ts_event")
+
+
+def mark_pending(bars: pl.DataFrame, stand_ins: pl.DataFrame, horizon: int | None = None) -> pl.DataFrame:
+    """One member's `bars` with ``pending`` (Boolean): True on a decision whose next bar is a stand-in
+    (`with_stand_in_bars`), the position to hold into the bar that has not come yet; what that bar would tell is
+    null there. With a forecaster's `horizon` h, ``forward_return`` is null on the last h decisions of a series
+    with a stand-in too: their bar t+h is the stand-in."""
+    keys = stand_ins.with_columns(pending=pl.lit(True))
+    marked = bars.join(keys, on=["symbol", "ts_event"], how="left", maintain_order="left")
+    pending = pl.col("pending").fill_null(False)
+    marked = marked.with_columns(
+        pending, *(pl.when(pending).then(None).otherwise(pl.col(name)).alias(name) for name in _UNKNOWN_YET)
+    )
+    if horizon is None or "forward_return" not in marked.columns:
+        return marked
+    from_the_end = pl.col("decision_ts_event").rank("ordinal", descending=True).over("symbol")
+    reaches = pl.col("symbol").is_in(stand_ins["symbol"].implode()) & (from_the_end <= horizon)
+    return marked.with_columns(forward_return=pl.when(reaches).then(None).otherwise(pl.col("forward_return")))
+
+
 def ensemble_positions(positions: torch.Tensor) -> torch.Tensor:
     """The seeds' majority position per bar from their positions [S, T]: the position more than half of the
     seeds hold, else flat (no majority: the seeds disagree, so the ensemble does not trade)."""
@@ -146,7 +198,9 @@ def predict_job(
 
     One row per decision bar and member (each seed, then the ensemble, `ensemble_positions`): the position held
     after the decision at the bar's close and its gross return, cost and net return over the next bar
-    (`BAR_COLUMNS`, as evaluation writes them; the last bar of each chain has no next bar and no row). A
+    (`BAR_COLUMNS`, as evaluation writes them). The file's last bar of each series still trading at its end
+    gets a ``pending`` row: the decision there, whose next bar has not come (its returns null;
+    `with_stand_in_bars`); the last bar of a chain inside the file (before a halt) has no row. A
     forecaster adds its prediction (the ensemble's: the seeds' mean) and the realized forward return. The
     provenance (checkpoint hashes, feature set version, costs, the job's config slice) is the table's Parquet
     metadata under `PROVENANCE_KEY`.
@@ -165,7 +219,8 @@ def predict_job(
         raise ValueError(
             f"predict_job: checkpoints of fold(s) {sorted(map(str, folds))}, expected {trained.fold}"
         )
-    data, positions, predictions = runs_positions(runs, rows, env_config, cost_model, device)
+    extended, stand_ins = with_stand_in_bars(rows, env_config.max_gap)
+    data, positions, predictions = runs_positions(runs, extended, env_config, cost_model, device)
     cpu = torch.device("cpu")
     data = data.to(cpu)
     positions = [p.to(cpu) for p in positions]
@@ -180,6 +235,7 @@ def predict_job(
         bars = evaluate_positions(data, held, env_config).select("decision_ts_event", *BAR_COLUMNS)
         if horizon is not None:
             bars = pl.concat([bars, forecast_columns(data, predicted[position], horizon)], how="horizontal")
+        bars = mark_pending(bars, stand_ins, horizon)
         frames.append(bars.with_columns(member=pl.lit(member), seed_index=pl.lit(seed_index, dtype=pl.Int32)))
     table = pl.concat(frames).select(*PREDICT_COLUMNS, *(FORECAST_COLUMNS if horizon is not None else ()))
     provenance = {
