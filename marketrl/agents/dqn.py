@@ -29,10 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_utils import DeviceMetrics, NonFiniteError, PrecisionPlan
-from gpu_utils.seeds import SeedOptimStep, stack_modules, unstack_state
+from gpu_utils.seeds import SeedOptimStep
 from marketrl.agents.common import (
     GreedyPolicy,
     RunConfig,
+    SeedStack,
     TrainResult,
     finish_seeds,
     set_up_seeds,
@@ -73,10 +74,6 @@ REPLAY_EXTRA_FIELDS = 3  # action, reward, bootstrap discount (besides obs and n
 FORWARD_PASSES = 3  # online(s) with grad, online(s') for the double-DQN argmax, target(s')
 _COLUMNS = ("loss", "q_mean", "q_low", "q_high", "grad_norm")  # per gradient step, per seed
 _WATCHED = ("loss", "q_mean")  # a non-finite value in these stops the run
-_ACTIVATION_FUNCTIONS: dict[type[nn.Module], Callable[[torch.Tensor], torch.Tensor]] = {
-    nn.ReLU: torch.relu,
-    nn.Tanh: torch.tanh,
-}
 
 
 @dataclass(frozen=True)
@@ -225,52 +222,38 @@ class ReplayBuffer:
 
 
 class StackedQNetwork(nn.Module):
-    """S `QNetwork`s of one architecture as one module: each parameter is the S seeds' tensors stacked on dim 0
-    (`gpu_utils.seeds.stack_modules`), under the same names as in a `QNetwork`.
+    """S `QNetwork`s of one architecture as one module: the body and each dueling head a `SeedStack` (every weight
+    [S, ...], one batched matmul a layer).
 
-    ``forward(obs [S, B, obs_dim]) -> Q [S, B, n_actions]``: every layer is one batched matmul (``baddbmm``), seed
-    i's rows meeting only seed i's weights. Chosen over ``vmap(functional_call)`` by measurement: on the CPU at
-    hidden 64, S = 5, batch 256, a forward took 264 µs against 664 µs and forward+backward 837 µs against 1526 µs.
+    ``forward(obs [S, B, obs_dim]) -> Q [S, B, n_actions]``: seed i's rows meet only seed i's weights. Chosen over
+    ``vmap(functional_call)`` by measurement: on the CPU at hidden 64, S = 5, batch 256, a forward took 264 µs
+    against 664 µs and forward+backward 837 µs against 1526 µs.
     """
 
     def __init__(self, networks: Sequence[QNetwork]) -> None:
         super().__init__()
-        template = networks[0]
         self.n_seeds = len(networks)
-        self.dueling = template.dueling
-        self.net = copy.deepcopy(template.net)
-        if self.dueling:
-            self.value_head = copy.deepcopy(template.value_head)
-            self.advantage_head = copy.deepcopy(template.advantage_head)
-        params, _ = stack_modules(networks)
-        for name, value in params.items():
-            owner, _, leaf = name.rpartition(".")
-            setattr(self.get_submodule(owner), leaf, nn.Parameter(value.detach().clone()))
+        self.dueling = networks[0].dueling
+        self.body = SeedStack([network.net for network in networks])
+        if self.dueling:  # registered after the body: the parameters keep a QNetwork's order
+            self.value_head = SeedStack([nn.Sequential(network.value_head) for network in networks])
+            self.advantage_head = SeedStack([nn.Sequential(network.advantage_head) for network in networks])
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values [S, B, n_actions]; dueling: ``V + A − mean_a A`` per seed."""
-        features = obs
-        for layer in self.net:
-            if isinstance(layer, nn.Linear):
-                features = _stacked_linear(layer, features)
-            else:  # the activation's function: a module call costs more than the op on these small tensors
-                features = _ACTIVATION_FUNCTIONS.get(type(layer), layer)(features)
+        features = self.body(obs)
         if not self.dueling:
             return features
-        advantage = _stacked_linear(self.advantage_head, features)
-        return _stacked_linear(self.value_head, features) + advantage - advantage.mean(dim=2, keepdim=True)
+        advantage = self.advantage_head(features)
+        return self.value_head(features) + advantage - advantage.mean(dim=2, keepdim=True)
 
     @torch.no_grad()
     def copy_to(self, index: int, network: QNetwork) -> None:
         """Load seed ``index``'s weights into a plain `QNetwork` (for its evaluation and its checkpoint)."""
-        network.load_state_dict(
-            unstack_state(dict(self.named_parameters()), dict(self.named_buffers()), index)
-        )
-
-
-def _stacked_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``x [S, B, in] @ weightᵀ [S, in, out] + bias [S, out]`` for a linear layer with stacked weights."""
-    return torch.baddbmm(layer.bias.unsqueeze(1), x, layer.weight.transpose(1, 2))
+        self.body.copy_to(index, network.net)
+        if self.dueling:  # a Sequential around a head names its parameters as the stack does ("0.weight")
+            self.value_head.copy_to(index, nn.Sequential(network.value_head))
+            self.advantage_head.copy_to(index, nn.Sequential(network.advantage_head))
 
 
 class NStepWindow:
