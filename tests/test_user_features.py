@@ -82,6 +82,23 @@ def test_cheating_expressions_fail_in_one_line(tmp_path: Path, expr: str) -> Non
     assert re.search(rf"feature 'cheat' reads the future: its value {BAR}", message), message
 
 
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "(pl.col('ts_event').shift(-1) - pl.col('ts_event')).dt.total_minutes().fill_null(0)",  # next bar's time
+        "pl.int_range(pl.len()).cast(pl.Float64) / pl.len()",  # position in the whole window
+    ],
+    ids=["time-to-next-bar", "window-position"],
+)
+def test_reading_only_whether_later_bars_exist_fails(tmp_path: Path, expr: str) -> None:
+    """No later price or volume enters these, so perturbing later bars cannot show them: cutting the window after t
+    does."""
+    message = _audit_error(_one_feature(tmp_path, expr))
+    assert re.search(
+        rf"feature 'cheat' reads the future: its value {BAR} changed when the bars after it", message
+    )
+
+
 def test_the_first_bar_that_read_the_future_is_named(tmp_path: Path) -> None:
     """Probes run in time order: a shift(-1) fails at the earliest probed bar, which the summary lists first."""
     probes = audit_user_features(load_user_features(_file(tmp_path, HONEST, "honest.py")))["probes"]

@@ -4,8 +4,9 @@ expressions over the bar columns and the catalog's features, checked for look-ah
 - ``load_user_features``: import the file and check its names, expressions, ``LOOKBACK`` and ``REFERENCE``
   (a bad file is one ``UserFeatureError`` line naming ``features.user``);
 - ``audit_user_features``: evaluate every expression on a generated CME-shaped window of the demo's two
-  instruments, then again with every bar after t perturbed (the value at t must not change: no look-ahead) and
-  with every bar more than the declared lookback before t perturbed (it must not change either: an honest
+  instruments, then again with every bar after t perturbed and with the window cut after t (the value at t must
+  not change: no look-ahead) and with every bar more than the declared lookback before t perturbed (it must not
+  change either: an honest
   lookback, which the engine's context and warm-up rely on); a non-finite value past the warm-up fails too;
 - ``user_columns``, ``with_reference``: what the engine (marketrl.features.engine) adds to its query;
 - ``write_user_audit`` (the ``user_features_audit`` job) and ``audited_user_features`` (the features job).
@@ -320,6 +321,16 @@ def audit_user_features(user: UserFeatures) -> dict[str, Any]:
             raise _fail(
                 f"feature {changed[0]!r} reads the future: its value at {_where(t)} of the audit window changed "
                 "when only later bars changed (shift(-n), a centred window or a whole-column statistic?)"
+            )
+        # Perturbing values misses a feature that reads only whether or when later bars exist (the time to the
+        # next bar, a position or count over the whole window): the window cut after t must give t's value too.
+        cut = bars.filter(ts_all <= t["ts_event"])
+        changed = _changed(base, _evaluate(cut, user, with_book), t, user.names)
+        if changed:
+            raise _fail(
+                f"feature {changed[0]!r} reads the future: its value at {_where(t)} of the audit window changed "
+                "when the bars after it were removed (shift(-n) of a timestamp, the time to the next bar, or a "
+                "count or position over the whole window?)"
             )
     # Lookback: perturb every bar more than the declared lookback before t (a feature that reads the running
     # session VWAP may read its whole trading day back, as vwap_dev_day does: only earlier days' bars then).
