@@ -1,7 +1,7 @@
 """The supervised loop every torch model of the zoo trains with: minimise the squared error of the forward return.
 
 It trains S seeds of one model as one computation (`train_torch_seeds`; `train_torch` is the batch of one): the
-seeds' modules are stacked on a leading seed axis (`SeedStack`, `gpu_utils.stack_modules`) and run through
+seeds' modules are stacked on a leading seed axis (`ForecasterSeeds`, `gpu_utils.stack_modules`) and run through
 `torch.func.functional_call` under `torch.vmap` (on the CPU, where that only pays for the MLP, the seeds' forward
 passes run one after another instead: `vectorize_seeds`); one `gpu_utils.SeedOptimStep` (Adam over the stacked leaves, clip
 per seed) sums the S per-seed losses for one backward, so each seed gets exactly its own gradient.
@@ -68,8 +68,8 @@ from marketrl.models.supervised_data import SupervisedRows, training_rows
 
 __all__ = [
     "BATCH_LIMITS",
+    "ForecasterSeeds",
     "ModelBuilder",
-    "SeedStack",
     "bytes_per_sample",
     "torch_model_spec",
     "train_torch",
@@ -175,7 +175,7 @@ def make_predictor(module: TargetScaled, plan: PrecisionPlan) -> Predictor:
     return predict
 
 
-class SeedStack(nn.Module):
+class ForecasterSeeds(nn.Module):
     """S modules of one architecture as one: their parameters and buffers stacked on dim 0
     (`gpu_utils.stack_modules`) and called through `torch.func.functional_call`, either under `torch.vmap` (one
     seed per slice, ``randomness="different"``: each seed its own dropout masks) when ``vectorize``, or seed after
@@ -271,7 +271,7 @@ class LoopState:
     best_weights: dict[str, torch.Tensor] | None = None
 
 
-def validation_losses(stack: SeedStack, plan: PrecisionPlan, rows: SupervisedRows) -> list[float]:
+def validation_losses(stack: ForecasterSeeds, plan: PrecisionPlan, rows: SupervisedRows) -> list[float]:
     """Each seed's mean squared error of the forward-return predictions on the validation rows (one host read)."""
     total = torch.zeros(stack.n_seeds, dtype=torch.float64, device=rows.target.device)
     scale = stack.stacked()[1]["scale"].reshape(-1, 1)
@@ -373,7 +373,7 @@ def train_torch_seeds(
         total_steps = min(total_steps, settings.max_steps)
 
     vectorize = vectorize_seeds(modules[0], device)
-    stack = SeedStack(modules, vectorize)
+    stack = ForecasterSeeds(modules, vectorize)
     stepper = SeedOptimStep.adam(
         stack.parameters(),
         hp.learning_rate,
@@ -531,7 +531,7 @@ def _active(state: LoopState, device: torch.device) -> torch.Tensor | None:
     return torch.tensor([stopped is None for stopped in state.stopped_at], device=device)
 
 
-def _keep_best(state: LoopState, stack: SeedStack, improved: list[bool]) -> None:
+def _keep_best(state: LoopState, stack: ForecasterSeeds, improved: list[bool]) -> None:
     """Copy the improved seeds' current weights into the stacked best-weights snapshot."""
     params, buffers = stack.stacked()
     current = {**params, **buffers}
