@@ -93,10 +93,10 @@ def main() -> None:
     scratch = args.scratch.resolve()
     if not scratch.exists():
         shutil.copytree(args.run, scratch, symlinks=True)
+    config = run_config(args.run)  # validated, defaults filled in
     base = yaml.safe_load((args.run / "config.yaml").read_text(encoding="utf-8"))
     for key in SCALED_KEYS:
-        base.setdefault("training", {}).setdefault(key, run_config(args.run)["training"][key])
-    config = run_config(args.run)
+        base.setdefault("training", {}).setdefault(key, config["training"][key])
     rows = []
     print("model | scale | train CPU-s | evaluate CPU-s | evaluate / train")
     for scale in args.scales:

@@ -25,7 +25,8 @@ import torch
 
 from gpu_utils import resolve_device
 from marketrl.env import evaluate_positions
-from marketrl.env.costs import is_continuous, symbol_root
+from marketrl.env.costs import symbol_root
+from marketrl.env.market_data import series_order
 from marketrl.evaluation.evaluate import (
     BAR_COLUMNS,
     forecast_columns,
@@ -134,13 +135,13 @@ def with_stand_in_bars(rows: pl.DataFrame, max_gap: timedelta | None) -> tuple[p
     that last bar a decision bar, so every model decides there as it would once the real next bar exists: a
     decision at t reads only rows up to t. Nothing of the stand-in is reported (`pending` rows null what it set).
     """
-    continuous = [symbol for symbol in rows["symbol"].unique().to_list() if is_continuous(symbol)]
-    series = (
-        pl.when(pl.col("symbol").is_in(continuous))
-        .then(pl.col("symbol"))
-        .otherwise(pl.col("instrument_id").cast(pl.String))
+    # MarketData's own series, in its row order (series, then time)
+    order, series = series_order(
+        rows["instrument_id"].to_numpy(),
+        rows["ts_event"].dt.epoch("ns").to_numpy(),
+        rows["symbol"].to_numpy(),
     )
-    ordered = rows.with_columns(_series=series).sort("_series", "ts_event")
+    ordered = (rows if order is None else rows[order]).with_columns(_series=pl.Series(series))
     gaps = ordered.select(gap=pl.col("ts_event").diff().over("_series"))["gap"]
     steps = gaps.filter(gaps > timedelta(0))
     step = steps.min() if steps.len() else timedelta(minutes=1)

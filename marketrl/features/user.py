@@ -6,8 +6,8 @@ expressions over the bar columns and the catalog's features, checked for look-ah
 - ``audit_user_features``: evaluate every expression on a generated CME-shaped window of the demo's two
   instruments, then again with every bar after t perturbed and with the window cut after t (the value at t must
   not change: no look-ahead) and with every bar more than the declared lookback before t perturbed (it must not
-  change either: an honest
-  lookback, which the engine's context and warm-up rely on); a non-finite value past the warm-up fails too;
+  change either: an honest lookback, which the engine's context and warm-up rely on); a non-finite value past
+  the warm-up fails too;
 - ``user_columns``, ``with_reference``: what the engine (marketrl.features.engine) adds to its query;
 - ``write_user_audit`` (the ``user_features_audit`` job) and ``audited_user_features`` (the features job).
 
