@@ -1,6 +1,7 @@
 # marketrl: two commands. `make run` sets up .venv (pinned) and runs the pipeline on the demo data;
-# `make test` sets up the same way and runs lint, the DAG dry-run and every test but the `slow` ones (~6 min on 2
-# cores); `make test-slow` runs the `slow` ones: the suites that start many pipelines (.ci/run runs both).
+# `make test` sets up the same way and runs lint, the DAG dry-run and every test but the `slow` ones (~7 min on 2
+# cores from a fresh clone, .venv set-up included); `make test-slow` runs the `slow` ones: the suites that start
+# many pipelines (.ci/run runs both).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -13,8 +14,10 @@ PYTEST_ARGS ?=  # extra pytest arguments for test and test-slow, e.g. PYTEST_ARG
 
 .PHONY: run test test-slow setup lint dryrun bench clean-results test-slurm test-postgres export tensorboard dashboard
 
+# The console (marketrl/workflow/console.py) runs Snakemake and prints one line per finished job with the time left,
+# then the report's path and verdict; Snakemake's full log stays in .snakemake/log/, each job's in results/logs/.
 run: $(STAMP)
-	$(SNAKEMAKE) --cores $(CORES) results/eval_report.html
+	$(BIN)/python -m marketrl.workflow.console --cores $(CORES) results/eval_report.html
 
 # Every model, fold and seed of the config exported (results/export/; trains what is missing; not part of `run`).
 export: $(STAMP)
@@ -23,14 +26,17 @@ export: $(STAMP)
 
 # Re-install only when the pins or the package metadata change; a second call is quick. `make run` installs what
 # the pipeline needs; the test and lint targets add the `dev` extra (test tools, onnx/onnxruntime, arch, ...).
+# EDITABLE_QUIET drops setuptools' one informational notice on editable installs ("Editable installation ...: be
+# careful with folders named like your package"), 11 lines on every set-up; any other warning or error still shows.
+EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e .
+	$(EDITABLE_QUIET) $(BIN)/python -m pip install --quiet -c requirements.lock -e .
 	touch $(STAMP)
 
 $(DEV_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
+	$(EDITABLE_QUIET) $(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
 	touch $(DEV_STAMP)
 
 setup: $(DEV_STAMP)
@@ -53,11 +59,43 @@ test: $(DEV_STAMP) lint dryrun
 test-slow: $(DEV_STAMP)
 	$(BIN)/python -m pytest --ignore=tests/postgres -m slow $(PYTEST_ARGS)
 
+# --- Benchmarks (bench/README.md) -----------------------------------------------------------------------------
+# `make bench`: every speed benchmark of bench/speed/ at its full size, one after another (hours on 2 cores; the
+# figures are in docs/PERFORMANCE.md). Not the statistical studies of bench/studies/ (CPU-hours; run by hand) nor
+# the GPU check of bench/gpu/ (needs a device). The two that measure a finished run take BENCH_RUN (default this
+# checkout once `make run` has finished; eval_vs_train copies it, .venv included) and say SKIPPED without one;
+# hyperopt_scale says SKIPPED where PostgreSQL cannot start. Outputs of those three go to BENCH_OUT.
+# `make bench-quick`: every bench script's --quick mode (seconds each; `make test` runs them too, but for
+# hyperopt_scale's, which `make test-postgres` runs).
+BENCH_RUN ?= $(CURDIR)
+BENCH_OUT ?= /tmp/marketrl-bench
 bench: $(DEV_STAMP)
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,bench]'
-	$(BIN)/python bench/features.py
-	$(BIN)/python bench/env.py
-	$(BIN)/python bench/agents.py
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,bench,postgres]'
+	$(BIN)/python bench/speed/features.py
+	$(BIN)/python bench/speed/env.py
+	$(BIN)/python bench/speed/agents.py
+	$(BIN)/python bench/speed/time_to_quality.py
+	$(BIN)/python bench/speed/models.py
+	$(BIN)/python bench/speed/seeds.py
+	$(BIN)/python bench/speed/evaluate.py
+	$(BIN)/python bench/speed/job_imports.py
+	$(BIN)/python bench/speed/dag.py
+	$(BIN)/python bench/speed/hyperopt_setup.py
+	$(BIN)/python bench/speed/hyperopt_cost.py
+	$(BIN)/python bench/speed/hyperopt_scale.py --if-available
+	@if [ -f "$(BENCH_RUN)/results/eval_report.html" ]; then \
+	  set -x; rm -rf "$(BENCH_OUT)/evaluate_job" "$(BENCH_OUT)/eval_vs_train" && \
+	  $(BIN)/python bench/speed/evaluate_job.py "$(BENCH_RUN)" dqn 0 "$(BENCH_OUT)/evaluate_job" --compare && \
+	  $(BIN)/python bench/speed/eval_vs_train.py "$(BENCH_RUN)" "$(BENCH_OUT)/eval_vs_train" \
+	    --json "$(BENCH_OUT)/eval_vs_train.json"; \
+	else \
+	  echo "bench: evaluate_job.py, eval_vs_train.py SKIPPED: no finished run in $(BENCH_RUN) (make run, or BENCH_RUN=DIR)"; \
+	fi
+
+.PHONY: bench-quick
+bench-quick: $(DEV_STAMP)
+	$(BIN)/python -m pytest tests/test_bench_quick.py tests/test_gpu_check.py tests/postgres/test_bench_hyperopt_scale.py $(PYTEST_ARGS)
+# --- end Benchmarks -------------------------------------------------------------------------------------------
 
 # --- SLURM (issue 9) ---------------------------------------------------------------------------------------
 # Root + apt-get: a throwaway single-node SLURM cluster runs the tiny pipeline through profiles/slurm (~5 min);

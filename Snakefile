@@ -1,6 +1,6 @@
 # marketrl: Databento DBN.zst -> features -> walk-forward folds -> hyperopt -> DQN/PPO per fold and seed -> report.
 # The config is validated in rules/common.smk (one line naming the key on an error), against
-# schemas/config.schema.yaml; every results/ path comes from marketrl/workflow/paths.py.
+# schemas/config.schema.yaml; every results/ path comes from marketrl/settings/paths.py.
 from snakemake.utils import min_version
 
 min_version("9.0")

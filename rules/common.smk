@@ -1,13 +1,14 @@
 # Validation beyond the schema, wildcard constraints, every input and params function (rules hold no lambdas).
 import sys
 
-from marketrl.workflow import paths, pipeline, stages
-from marketrl.workflow.calibration_plan import (
+from marketrl.settings import paths
+from marketrl.workflow import pipeline, stages
+from marketrl.calibration.plan import (
     CalibrationError,
     CalibrationSettings,
     n_jobs,
 )
-from marketrl.workflow.config import ConfigError, check_contract_specs, validate_config
+from marketrl.settings.config import ConfigError, check_contract_specs, validate_config
 from marketrl.data.definitions import resolve_definitions
 
 # Fill defaults, run the schema and cross-key checks, merge the contract specs of data.definitions and check that
@@ -116,7 +117,7 @@ def hyperopt_params(wildcards):
 
 
 def study_results_dir(wildcards):
-    """The results directory whose hyperopt/{algo}/ holds the study journal and locks (marketrl.workflow.paths.STUDY_DIR).
+    """The results directory whose hyperopt/{algo}/ holds the study journal and locks (marketrl.settings.paths.STUDY_DIR).
 
     The journal is shared by every worker of a study, so it is no single job's output; clusters without a shared
     filesystem use an RDB URL in hyperopt.storage instead.
@@ -132,7 +133,7 @@ def seed_outputs(template):
 
 
 def resume_file(wildcards):
-    """The training job's resumable checkpoint: an undeclared side file (see marketrl/workflow/paths.py)."""
+    """The training job's resumable checkpoint: an undeclared side file (see marketrl/settings/paths.py)."""
     return paths.RESUME.format(algo=wildcards.algo, fold=wildcards.fold)
 
 
@@ -150,7 +151,7 @@ def export_outputs(template):
 
 def tensorboard_dirs(wildcards):
     """The TensorBoard run directory of every seed a train job runs: undeclared side output (see
-    marketrl/workflow/paths.py), emptied by the job at its start.
+    marketrl/settings/paths.py), emptied by the job at its start.
     """
     return [
         paths.TENSORBOARD.format(algo=wildcards.algo, fold=wildcards.fold, seed=seed)

@@ -26,6 +26,7 @@ def shared_run() -> Path:
     return run()[0]
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselected what they do: only a selected test starts the run
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:

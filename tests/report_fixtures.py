@@ -22,16 +22,16 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from marketrl.evaluation.metrics import (
+from marketrl.runtime.io import write_json_atomic
+from marketrl.scoring.metrics import (
     REQUIRED_COLUMNS,
     daily_returns,
     performance_summary,
     portfolio_bars,
     to_json_safe,
 )
-from marketrl.runtime.io import write_json_atomic
+from marketrl.settings.config import load_config
 from marketrl.splits.folds import FoldConfig, FoldPlan, make_fold_plan
-from marketrl.workflow.config import load_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 AGENTS = ("dqn", "ppo")

@@ -29,7 +29,7 @@ from marketrl.agents import (
 from marketrl.agents.memory import batch_size_bounds, footprint
 from marketrl.agents.networks import make_architecture
 from marketrl.env import EnvConfig, MarketData
-from marketrl.env.costs import CostModel
+from marketrl.instruments.costs import CostModel
 from marketrl.loop.hparams import AgentConfigError
 from marketrl.splits.normalize import FeatureNormalizer
 
@@ -340,7 +340,7 @@ def test_checkpoint_refuses_non_plain_extra_and_foreign_files(data: MarketData, 
         load_policy(path)
     save_checkpoint(path, result, algo="ppo", normalizer_state={}, feature_names=FEATURES)
     with pytest.raises(CheckpointError, match="a 'ppo' checkpoint, expected 'dqn'"):
-        dqn.SPEC.load(path)  # an agent's spec loads only its own checkpoints
+        load_policy(path, spec=dqn.SPEC)  # with a spec, only that agent's checkpoints load
     raw = torch.load(path, weights_only=True)
     torch.save({**raw, "algo": "linear"}, path)  # a registered name, but not an agent
     with pytest.raises(CheckpointError, match=r"algo: expected an agent \('dqn', 'ppo'\), got 'linear'"):

@@ -1,5 +1,5 @@
 """The verdict's calibration: the exact binomial interval, the aggregation, the settings checks, and a tiny
-end-to-end run of the Snakemake target (the machinery, not the rates: bench/calibration.py measures those)."""
+end-to-end run of the Snakemake target (the machinery, not the rates: bench/studies/calibration.py measures those)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import yaml
 from scipy.stats import binomtest
 
-from marketrl.evaluation.calibration import (
+from marketrl.calibration.plan import job_worlds, n_jobs
+from marketrl.calibration.worlds import (
     OUTCOMES,
     CalibrationError,
     CalibrationSettings,
@@ -24,9 +25,8 @@ from marketrl.evaluation.calibration import (
     summarize,
     world_specs,
 )
-from marketrl.workflow import paths
-from marketrl.workflow.calibration_plan import job_worlds, n_jobs
-from marketrl.workflow.config import validate_config
+from marketrl.settings import paths
+from marketrl.settings.config import validate_config
 from tests.test_workflow import TINY, job_counts, snakemake, workdir_with_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -9,8 +9,8 @@ import re
 import pytest
 import yaml
 
-from marketrl.env.costs import CostConfigError, costs_from_config
-from marketrl.workflow.config import (
+from marketrl.instruments.costs import CostConfigError, costs_from_config
+from marketrl.settings.config import (
     CODE_DEFAULTS,
     MODEL_NAMES,
     ConfigError,

@@ -12,7 +12,7 @@ from marketrl.data.definitions import demo_run_config
 from marketrl.data.demo import generate_demo_files
 from marketrl.env import MarketData
 from marketrl.env.config import EnvDataError
-from marketrl.env.costs import (
+from marketrl.instruments.costs import (
     CostConfigError,
     CostModel,
     InstrumentCosts,
@@ -20,7 +20,7 @@ from marketrl.env.costs import (
     costs_from_record,
     symbol_root,
 )
-from marketrl.workflow.config import validate_config
+from marketrl.settings.config import validate_config
 
 ES = {
     "kind": "futures",

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from marketrl.workflow import paths, pipeline, stages
-from marketrl.workflow.config import load_config, validate_config
+from marketrl.settings import paths
+from marketrl.settings.config import load_config, validate_config
+from marketrl.workflow import pipeline, stages
 from tests.conftest import REPO_ROOT
 from tests.faults.pipeline import copy_of_shared_run, merged
 from tests.test_workflow import job_counts

@@ -15,6 +15,7 @@ import zstandard
 from polars.testing import assert_frame_equal
 
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
+from marketrl.data.file_order import DbnHeaderError, dbn_stem, time_ordered
 from marketrl.data.reader import DataFileError, read_bars
 from marketrl.features import (
     FEATURE_NAMES,
@@ -23,6 +24,7 @@ from marketrl.features import (
     feature_options,
     skipped_reason,
 )
+from marketrl.settings.config import ConfigError, validate_config
 from marketrl.splits.datasets import (
     DatasetError,
     load_feature_tables,
@@ -30,8 +32,6 @@ from marketrl.splits.datasets import (
     write_feature_manifest,
 )
 from marketrl.workflow import pipeline
-from marketrl.workflow.config import ConfigError, validate_config
-from marketrl.workflow.file_order import DbnHeaderError, dbn_stem, time_ordered
 from tests.support.synthetic import ohlcv_messages, random_walk_bars, trade_messages
 from tests.test_exchange_holidays import KNOWN
 
@@ -297,7 +297,7 @@ def test_day_month_year_names_follow_the_data_and_the_disagreement_reaches_the_m
     )
     second = _ohlcv_file(tmp_path / "04-03-2024.dbn.zst", _day(MONDAY, seed=18))
     config = validate_config({"data": {"source": "files", "files": str(tmp_path / "*.dbn.zst")}})
-    with caplog.at_level(logging.WARNING, logger="marketrl.workflow.file_order"):
+    with caplog.at_level(logging.WARNING, logger="marketrl.data.file_order"):
         assert list(pipeline.raw_data_files(config).values()) == [str(first), str(second)]
     assert "name order disagrees with the data's time order" in caplog.text
     tables = [tmp_path / "first.parquet", tmp_path / "second.parquet"]

@@ -25,10 +25,11 @@ from marketrl.data.demo import (
     demo_definition_path,
     generate_demo_files,
 )
+from marketrl.data.file_order import demo_file_name
 from marketrl.data.reader import read_bars
-from marketrl.env.costs import costs_from_config
-from marketrl.workflow.config import ConfigError, validate_config
-from marketrl.workflow.pipeline import demo_file_name, demo_files
+from marketrl.instruments.costs import costs_from_config
+from marketrl.settings.config import ConfigError, validate_config
+from marketrl.workflow.pipeline import demo_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHICAGO = zoneinfo.ZoneInfo("America/Chicago")
@@ -50,7 +51,7 @@ def _ohlcv_files(directory: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def bars(demo_dir: Path) -> pl.DataFrame:
-    """Every bar as read by the pipeline's reader (trading_day from marketrl.data.calendars.sessions), with its file's day."""
+    """Every bar as read by the pipeline's reader (trading_day from marketrl.calendars.sessions), with its file's day."""
     frames = [
         read_bars(path).bars.with_columns(pl.lit(path.name).alias("file")) for path in _ohlcv_files(demo_dir)
     ]
@@ -163,7 +164,7 @@ def test_presidents_day_halts_early_and_clears_under_tuesday(bars: pl.DataFrame)
 
 
 def test_cme_hours_clear_holiday_sessions_under_the_next_trade_date() -> None:
-    from marketrl.data.calendars.cme_hours import cme_sessions, trading_days
+    from marketrl.calendars.cme_hours import cme_sessions, trading_days
 
     def local(ns: int) -> dt.datetime:
         return dt.datetime.fromtimestamp(ns // 10**9, tz=CHICAGO).replace(tzinfo=None)
@@ -364,7 +365,7 @@ def _oracle_sharpe(
     from marketrl.data.demo import EDGE_KINDS, simulate_demo_bars
     from marketrl.env import MarketData, evaluate_positions
     from marketrl.env.market_data import series_order
-    from marketrl.evaluation.metrics import performance_summary
+    from marketrl.scoring.metrics import performance_summary
     from marketrl.splits.datasets import cost_model_from_config
 
     columns: dict[str, list] = {

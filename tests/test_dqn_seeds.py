@@ -14,7 +14,6 @@ from marketrl.env import EnvConfig, MarketData, TradingEnv, evaluate
 from marketrl.loop.resume import TrainingCheckpoint
 from tests.test_agents import DQN_SMALL, FEATURES, env_config, planted_data
 from tests.test_agents_learning import SIGNAL_HPARAMS
-from tests.test_bench_quick import _run
 
 SEEDS = [3, 11, 5]
 
@@ -193,11 +192,3 @@ def test_footprint_of_a_batch_is_s_times_one_seed() -> None:
     assert footprint("dqn", 10, 64, buffer_rows=1000, n_seeds=5) == {
         key: 5 * value for key, value in one.items()
     }
-
-
-@pytest.mark.bench
-def test_seeds_bench_quick_checks_equal_work() -> None:
-    out = _run("seeds.py")
-    rows = [line.split() for line in out.splitlines() if line.startswith("dqn ")]
-    assert [row[1] for row in rows] == ["1", "2"]
-    assert all(row[-1] == "yes" for row in rows)  # seed i of the batch ended as its sequential run

@@ -21,7 +21,7 @@ from marketrl.env import (
     TradingEnv,
     parse_duration,
 )
-from marketrl.env.costs import CostModel
+from marketrl.instruments.costs import CostModel
 from marketrl.splits.normalize import FeatureNormalizer
 
 BPS10 = CostModel(kind="bps", bps=10.0)  # 0.001 of notional per unit of |Δposition|

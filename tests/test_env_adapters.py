@@ -8,8 +8,8 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from bench.adapters import GymVectorEnv, PlainGymEnv, make_sb3_vec_env
 from marketrl.env import EnvConfig, TradingEnv
+from tests.support.adapters import GymVectorEnv, PlainGymEnv, make_sb3_vec_env
 from tests.test_env import market_data, random_frame
 
 N_ENVS = 4

@@ -21,7 +21,7 @@ from marketrl.env import (
     position_change_rate,
     position_results,
 )
-from marketrl.env.costs import costs_from_config
+from marketrl.instruments.costs import costs_from_config
 from marketrl.models.trading_rule import TradingRule
 from marketrl.splits.datasets import write_feature_manifest
 from marketrl.splits.normalize import FeatureNormalizer
@@ -261,7 +261,7 @@ def test_per_bar_frame_labels_the_roll_decision_by_the_new_contracts_bar() -> No
 
 
 def test_numpy_reference_env_rolls_the_same_way() -> None:
-    adapters = pytest.importorskip("bench.adapters")
+    adapters = pytest.importorskip("tests.support.adapters")
     data = _continuous()
     config = EnvConfig(episode_length=6, n_envs=1)
     plain = adapters.PlainGymEnv(data, config, seed=0)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from marketrl.env import EnvConfig, MarketData, policies_positions, tabulated_policies_positions
-from marketrl.evaluation.batched import score_positions
+from marketrl.scoring.batched import score_positions
 from marketrl.splits.datasets import (
     DatasetError,
     load_features,

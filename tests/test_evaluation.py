@@ -14,8 +14,8 @@ import torch
 
 from marketrl.agents import load_policy
 from marketrl.env import EnvConfig, MarketData, evaluate
-from marketrl.env.costs import CostModel
 from marketrl.evaluation.evaluate import TrainedSettingsError, evaluate_job, trained_settings
+from marketrl.instruments.costs import CostModel
 from marketrl.splits.datasets import load_features
 from marketrl.splits.folds import FoldPlan, select_rows
 from marketrl.splits.normalize import FeatureNormalizer

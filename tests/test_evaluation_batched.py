@@ -1,4 +1,4 @@
-"""Batched scoring of K traders (`marketrl.evaluation.batched.score_positions`) gives the numbers of the per-trader
+"""Batched scoring of K traders (`marketrl.scoring.batched.score_positions`) gives the numbers of the per-trader
 path (`evaluate_positions`, then `performance_summary` and the daily portfolio returns), on CME-shaped data: ES and
 NQ continuous symbols, sessions that cross midnight UTC (trading day = the session's end date), a roll, a halt,
 and bars one instrument lacks."""
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from marketrl.env import EnvConfig, MarketData, decision_results, evaluate_positions, matched_random_positions
-from marketrl.evaluation.batched import score_positions
 from marketrl.evaluation.evaluate import baselines_job
-from marketrl.evaluation.metrics import daily_returns, performance_summary, portfolio_bars
+from marketrl.scoring.batched import score_positions
+from marketrl.scoring.metrics import daily_returns, performance_summary, portfolio_bars
 from marketrl.splits.normalize import FeatureNormalizer
 from tests.support.cme import COSTS, MAX_GAP, cme_frame
 from tests.support.runs import synthetic_job_inputs

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from marketrl.data.calendars.holidays import (
+from marketrl.calendars.holidays import (
     easter_sunday,
     holiday_dates,
     is_business_day,

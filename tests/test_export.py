@@ -18,14 +18,14 @@ import torch
 
 from marketrl.evaluation.evaluate import evaluate_job
 from marketrl.models import MODELS
+from marketrl.settings.config import load_config
+from marketrl.settings.registry import DETERMINISTIC
 from marketrl.splits.datasets import fold_window, load_features
 from marketrl.splits.folds import FoldPlan
 from marketrl.training.export import export_job, read_export
 from marketrl.training.train import train_job
 from marketrl.training.zoo import ZOO
 from marketrl.workflow import pipeline
-from marketrl.workflow.config import load_config
-from marketrl.workflow.registry import DETERMINISTIC
 from tests.faults.pipeline import copy_of_shared_run
 from tests.support.runs import synthetic_job_inputs
 from tests.test_workflow import job_counts, snakemake

@@ -23,10 +23,10 @@ from marketrl.data.demo import generate_demo_files
 from marketrl.data.reader import DataFileError
 from marketrl.features import build_feature_file
 from marketrl.runtime.io import write_json_atomic
+from marketrl.settings.config import ConfigError, validate_config
 from marketrl.splits.datasets import DatasetError, load_feature_tables
 from marketrl.splits.folds import FoldError, write_fold_plan
 from marketrl.training.train import HparamsError, load_hparams
-from marketrl.workflow.config import ConfigError, validate_config
 from marketrl.workflow.pipeline import raw_data_files
 from tests.conftest import REPO_ROOT
 from tests.faults.mounts import read_only_dir, tiny_filesystem

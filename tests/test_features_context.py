@@ -16,10 +16,10 @@ import marketrl.features.build as build
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import DataFileError, read_bars
 from marketrl.features import MAX_LOOKBACK, build_feature_file, skipped_reason, warmup_only_note
+from marketrl.settings.config import validate_config
 from marketrl.splits.datasets import load_feature_tables, write_feature_manifest
 from marketrl.splits.folds import trading_days_of
 from marketrl.workflow import pipeline
-from marketrl.workflow.config import validate_config
 from tests.support.synthetic import ohlcv_messages, random_walk_bars
 
 MINUTE_NS = 60_000_000_000

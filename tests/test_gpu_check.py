@@ -1,4 +1,4 @@
-"""bench/gpu_check.py --dry: the GPU check's whole code path on the CPU, without polars/optuna/gymnasium/databento.
+"""bench/gpu/gpu_check.py --dry: the GPU check's whole code path on the CPU, without polars/optuna/gymnasium/databento.
 
 The GPU machine has torch, numpy, pyarrow and nvidia-ml-py only, so the check must run with the heavy
 dependencies unimportable (tests/faults/no_heavy_deps/sitecustomize.py); the unblocked run checks the same
@@ -25,7 +25,7 @@ def run_dry(out: Path, *, blocked: bool) -> tuple[subprocess.CompletedProcess[st
     path = [str(BLOCKER)] if blocked else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT)]), "OUT": ""}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry", "--out", str(out)],
+        [sys.executable, str(ROOT / "bench" / "gpu" / "gpu_check.py"), "--dry", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=600,

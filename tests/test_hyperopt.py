@@ -14,6 +14,7 @@ import pytest
 
 from gpu_utils import NonFiniteError
 from marketrl.agents import dqn, ppo
+from marketrl.settings.config import validate_config
 from marketrl.splits.folds import FoldConfig, make_fold_plan
 from marketrl.training.hyperopt import (
     INTERRUPTED,
@@ -26,7 +27,6 @@ from marketrl.training.hyperopt import (
     write_study_summary,
 )
 from marketrl.training.train import HparamsError, load_hparams
-from marketrl.workflow.config import validate_config
 
 
 def make_config(n_trials: int = 6, workers: int = 1) -> dict:
@@ -256,7 +256,7 @@ def test_storage_url_from_the_environment_wins_and_outputs_never_carry_the_passw
 
 
 def test_heartbeat_grace_must_exceed_the_heartbeat() -> None:
-    from marketrl.workflow.config import ConfigError
+    from marketrl.settings.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"hyperopt\.grace_seconds"):
         validate_config({"hyperopt": {"heartbeat_seconds": 30, "grace_seconds": 30}})

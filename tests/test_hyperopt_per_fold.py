@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from marketrl.report.build import build_report
-from marketrl.report.inputs import load_inputs
-from marketrl.report.verdict import deflation_for
+from marketrl.settings import paths
+from marketrl.settings.config import load_config
 from marketrl.splits.folds import FoldConfig, make_fold_plan
-from marketrl.workflow import paths, pipeline
-from marketrl.workflow.config import load_config
+from marketrl.verdict.inputs import load_inputs
+from marketrl.verdict.verdicts import deflation_for
+from marketrl.workflow import pipeline
 from tests.faults.pipeline import merged
 from tests.report_fixtures import write_pipeline_outputs
 from tests.test_workflow import TINY, job_counts, snakemake, workdir_with_config

@@ -40,7 +40,7 @@ TORCH_ONLY = textwrap.dedent(
 
     import numpy as np
     import torch
-    from marketrl.env.costs import CostModel
+    from marketrl.instruments.costs import CostModel
     from marketrl.env.tensor_env import TradingEnv
     from marketrl.env import EnvConfig, MarketData, policy_positions, position_results
 
@@ -157,8 +157,8 @@ def test_evaluation_jobs_load_only_what_they_use() -> None:
 def test_features_job_never_imports_torch(tmp_path: Path) -> None:
     """The features jobs (one per input file, ~37 in make run) decode and write Parquet: neither the job script's
     imports nor building a feature table may load torch (~3 CPU-s of import per job; issue 24)."""
-    from bench.job_imports import script_imports
     from marketrl.data.dbn_writer import encode_dbn, write_dbn
+    from tests.support.job_scripts import script_imports
     from tests.support.synthetic import ohlcv_messages, random_walk_bars
 
     bars = random_walk_bars(200, {7: 4000.0}, seed=3)
@@ -167,7 +167,7 @@ def test_features_job_never_imports_torch(tmp_path: Path) -> None:
         tmp_path / "es.dbn.zst",
         encode_dbn(ohlcv_messages(bars), schema="ohlcv-1m", start_ns=start, end_ns=end, symbols={"ESH4": 7}),
     )
-    imports = script_imports("features")  # what bench/job_imports.py times
+    imports = script_imports("features")  # what bench/speed/job_imports.py times
     assert any("build_feature_file" in line for line in imports)  # the probe runs what the job imports
     probe = "\n".join(
         [

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marketrl.evaluation.metrics import (
+from marketrl.scoring.metrics import (
     MetricsInputError,
     average_strategies,
     daily_returns,

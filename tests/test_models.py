@@ -19,24 +19,29 @@ from scipy import stats
 
 from gpu_utils import SyncCounter
 from marketrl.env import MarketData, position_results, rule_positions
-from marketrl.env.costs import CostModel
-from marketrl.evaluation.metrics import daily_information_coefficients, information_coefficient_summary
+from marketrl.instruments.costs import CostModel
 from marketrl.loop.hparams import HParamError
 from marketrl.loop.resume import TrainingCheckpoint
-from marketrl.models import MODELS, RunSettings, TrainHooks, load_model, model_from_checkpoint, save_model
+from marketrl.models import (
+    MODELS,
+    ModelSpec,
+    RunSettings,
+    TrainedModel,
+    TrainHooks,
+    load_model,
+    model_from_checkpoint,
+    save_model,
+)
 from marketrl.models.supervised_data import ModelDataError, SupervisedRows, forward_returns, full_window_rows
 from marketrl.models.trading_rule import TradingRule
-from marketrl.workflow.registry import REGISTRY, spec_location
+from marketrl.scoring.metrics import daily_information_coefficients, information_coefficient_summary
+from marketrl.settings.registry import REGISTRY, spec_location
 
 COSTS = CostModel(kind="bps", bps=1.0)
 MARGIN = 0.003  # planted edge per bar; the round trip costs 2 bp
 NEURAL = [name for name, spec in MODELS.items() if spec.neural]
-SMALL = {
-    "linear": {"window": 2},
-    "lightgbm": {"window": 2, "n_estimators": 30, "min_data_in_leaf": 5, "num_leaves": 8},
-    **{name: {"window": 4, "hidden_dim_base": 8, "batch_size": 32, "learning_rate": 1e-2} for name in NEURAL},
-}
-SMALL["transformer"]["hidden_dim_base"] = 8
+#: Each model's small hyperparameters for the parametrized tests, from its own file (`ModelProfile.small`).
+SMALL = {name: dict(spec.profile.small) for name, spec in MODELS.items() if spec.profile is not None}
 SETTINGS = RunSettings(costs={"kind": "bps", "bps": 1.0}, epochs=2, check_every=10)
 
 
@@ -99,22 +104,19 @@ def trained(splits) -> dict[str, object]:
 # ------------------------------------------------------------------------------------------- per-model behaviour
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_model_learns_planted_signal_net_of_costs(name: str, splits, trained) -> None:
-    _, test = splits
-    model = trained[name]
+def check_learns_planted_signal(model: TrainedModel, test: MarketData) -> None:
+    """The model's positions earn the planted edge after costs on the test split (a random trader does not)."""
     results = position_results(test, model.positions(test))
     decision = test.is_decision
     net = float(results.net_return[decision].mean())
     random = position_results(test, rule_positions(test, "random", seed=3))
-    assert net > 0.0015, f"{name} earned {net:.5f} per bar after costs (the edge is {MARGIN})"
+    assert net > 0.0015, f"{model.name} earned {net:.5f} per bar after costs (the edge is {MARGIN})"
     assert float(random.net_return[decision].mean()) < 0.0005
     assert float(results.cost.sum()) > 0  # it trades
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_predictions_never_look_ahead_or_across_segments(name: str, trained) -> None:
-    model = trained[name]
+def check_no_look_ahead(model: TrainedModel) -> None:
+    """A row's prediction reads neither later bars nor the previous segment, and needs a full window."""
     arrays = planted_arrays(80, 5, instruments=2)
     base = model.predict(market(arrays))
     t = 80 + 40  # a row in the second instrument's segment
@@ -128,22 +130,38 @@ def test_predictions_never_look_ahead_or_across_segments(name: str, trained) -> 
     assert not base[80 : 80 + window - 1].any()  # rows without a full window get no prediction (flat)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_checkpoint_round_trip_weights_only(name: str, splits, trained, tmp_path) -> None:
-    _, test = splits
-    model = trained[name]
-    path = tmp_path / f"{name}.pt"
+def check_checkpoint_round_trip(
+    model: TrainedModel, test: MarketData, path: Path, spec: ModelSpec | None = None
+) -> None:
+    """`save_model`, then `torch.load(weights_only=True)` rebuilds the same predictions and positions (``spec``:
+    the model's own where it is not one of `MODELS`, e.g. registered by config)."""
     save_model(path, model, fold=0, seed=0)
     raw = torch.load(path, weights_only=True)
-    assert raw["model"] == name and raw["extra"] == {"fold": 0, "seed": 0}
+    assert raw["model"] == model.name and raw["extra"] == {"fold": 0, "seed": 0}
     assert raw["settings"]["costs"] == {"kind": "bps", "bps": 1.0}
-    loaded = load_model(path)
+    loaded = load_model(path) if spec is None else model_from_checkpoint(raw, spec=spec)
     assert torch.equal(loaded.predict(test), model.predict(test))
-    assert torch.equal(model_from_checkpoint(raw).positions(test), model.positions(test))
+    assert torch.equal(model_from_checkpoint(raw, spec=spec).positions(test), model.positions(test))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model_learns_planted_signal_net_of_costs(name: str, splits, trained) -> None:
+    check_learns_planted_signal(trained[name], splits[1])
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_predictions_never_look_ahead_or_across_segments(name: str, trained) -> None:
+    check_no_look_ahead(trained[name])
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_checkpoint_round_trip_weights_only(name: str, splits, trained, tmp_path) -> None:
+    check_checkpoint_round_trip(trained[name], splits[1], tmp_path / f"{name}.pt")
 
 
 def test_registry_and_search_spaces() -> None:
-    assert set(SMALL) == set(MODELS)  # every model has its small hyperparameters for the parametrized tests
+    # every model's file gives its small hyperparameters for the parametrized tests (`ModelProfile.small`)
+    assert set(SMALL) == set(MODELS) and all(SMALL.values())
 
     class LowTrial:
         """Answers every suggestion with its lowest choice and records the names."""

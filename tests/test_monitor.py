@@ -17,11 +17,11 @@ import optuna
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from marketrl.settings import paths
+from marketrl.settings.config import load_config
 from marketrl.training.dashboard import DashboardError, pick_algo
 from marketrl.training.study_storage import open_storage
 from marketrl.training.train import train_job
-from marketrl.workflow import paths
-from marketrl.workflow.config import load_config
 from tests.conftest import REPO_ROOT
 from tests.test_workflow import TINY
 from tests.test_zoo import HPARAMS, inputs  # noqa: F401  (`inputs`: the tiny job inputs fixture)

@@ -15,9 +15,9 @@ import torch
 import yaml
 
 from marketrl.features import FEATURE_NAMES
+from marketrl.settings.config import load_config
 from marketrl.splits.folds import FoldPlan
 from marketrl.workflow import pipeline
-from marketrl.workflow.config import load_config
 from tests.conftest import REPO_ROOT
 from tests.test_workflow import TINY
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from marketrl.models import MODELS
+from marketrl.settings.config import MODEL_NAMES, load_config
 from marketrl.training.zoo import ZOO
 from marketrl.workflow import pipeline
-from marketrl.workflow.config import MODEL_NAMES, load_config
 from tests.conftest import REPO_ROOT
 from tests.test_workflow import snakemake, workdir_with_config
 

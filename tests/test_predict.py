@@ -33,9 +33,9 @@ from marketrl.evaluation.predict import (
     read_provenance,
     with_stand_in_bars,
 )
+from marketrl.settings import paths
+from marketrl.settings.config import ConfigError, validate_config
 from marketrl.splits.folds import FoldPlan
-from marketrl.workflow import paths
-from marketrl.workflow.config import ConfigError, validate_config
 from tests.faults.pipeline import fast_tiny_config, new_workdir, snakemake_command
 from tests.test_workflow import job_counts
 

@@ -14,8 +14,8 @@ import pytest
 import zstandard
 from polars.testing import assert_frame_equal
 
+from marketrl.calendars.sessions import DEFAULT_CALENDARS
 from marketrl.data import reader
-from marketrl.data.calendars.sessions import DEFAULT_CALENDARS
 from marketrl.data.dbn_writer import MappingInterval, SymbolMapping, encode_dbn, write_dbn
 from marketrl.data.reader import (
     SUPPORTED_SCHEMAS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from marketrl.workflow.config import load_config
+from marketrl.settings.config import load_config
 from tests.conftest import REPO_ROOT
 
 

@@ -1,11 +1,14 @@
-"""One registry (marketrl/workflow/registry.py): every list of model names agrees with it, and a model defined
-outside marketrl (tests/support/throwaway_model.py), registered by ``training.extra_models``, goes through
-hyperopt, training, evaluation and the report of a real tiny pipeline run."""
+"""One registry (marketrl/settings/registry.py): every list of model names agrees with it, what tests, bench and
+docs read per model comes from the model's own file (its spec's `ModelProfile`), and a model defined outside
+marketrl (tests/support/throwaway_model.py), registered by ``training.extra_models``, passes the checks every
+registered model gets from its profile and goes through hyperopt, training, evaluation and the report of a real
+tiny pipeline run, with no other code naming it."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 from pathlib import Path
 
@@ -14,12 +17,11 @@ import torch
 import yaml
 
 from marketrl.agents.spec import AgentSpec
-from marketrl.models import MODELS
+from marketrl.loop.profile import models_table
+from marketrl.models import MODELS, RunSettings
 from marketrl.models.base import ModelSpec
-from marketrl.training.zoo import ZOO, get_entry
-from marketrl.workflow import pipeline, stages
-from marketrl.workflow.config import ConfigError, load_config, load_schema, validate_config
-from marketrl.workflow.registry import (
+from marketrl.settings.config import ConfigError, load_config, load_schema, validate_config
+from marketrl.settings.registry import (
     DETERMINISTIC,
     MODEL_NAMES,
     REGISTRY,
@@ -27,18 +29,35 @@ from marketrl.workflow.registry import (
     load_spec,
     names_under,
     registered_modules,
+    spec_location,
 )
+from marketrl.training.zoo import ZOO, check_deterministic, get_entry
+from marketrl.workflow import pipeline, stages
 from tests.conftest import REPO_ROOT
+from tests.test_models import (
+    check_checkpoint_round_trip,
+    check_learns_planted_signal,
+    check_no_look_ahead,
+    planted,
+)
+from tests.test_search_space_bounds import check_corners, check_pinned_ranges
 from tests.test_workflow import snakemake, workdir_with_config
 
 THROWAWAY = {"throwaway": "tests.support.throwaway_model:SPEC"}
 TEST_CONFIGS = sorted((REPO_ROOT / "tests" / "configs").glob("*.yaml"))
 
+#: Where code could name a model (the docs may cite tests/support/throwaway_model.py as the example).
+CODE_SUFFIXES = (".py", ".smk", ".yaml", ".yml", ".toml", ".sh", ".cfg", ".ini")
+CODE_NAMES = ("Snakefile", "Makefile")
+SKIPPED_DIRS = ("__pycache__", "results", "node_modules")
 
-def _table_names(doc: str, heading: str) -> list[str]:
-    """The first column's `names` of the table under a markdown heading."""
-    section = doc.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^\| `([a-z0-9_]+)` \|", section, flags=re.MULTILINE)
+
+def docs_models_table() -> str:
+    """The generated table of docs/MODELS.md, "The models", between its markers."""
+    text = (REPO_ROOT / "docs" / "MODELS.md").read_text(encoding="utf-8")
+    return (
+        text.split("<!-- models-table:begin")[1].split("\n", 1)[1].split("<!-- models-table:end")[0].strip()
+    )
 
 
 def test_every_list_of_model_names_is_the_registry() -> None:
@@ -64,14 +83,41 @@ def test_every_list_of_model_names_is_the_registry() -> None:
     assert load_config(REPO_ROOT / "tests" / "configs" / "zoo.yaml")["training"]["models"] == list(
         MODEL_NAMES
     )
-    # the docs: the forecasters' table in docs/MODELS.md, in registry order
-    assert _table_names((REPO_ROOT / "docs" / "MODELS.md").read_text(), "## The models") == list(MODELS)
+    # the docs: the forecasters' table in docs/MODELS.md, in registry order, generated from their profiles
+    assert re.findall(r"^\| `([a-z0-9_]+)` \|", docs_models_table(), flags=re.MULTILINE) == list(MODELS)
+
+
+def test_what_tests_bench_and_docs_read_per_model_comes_from_its_own_file() -> None:
+    # every registered model's spec carries its profile: cost-driving bounds and trial cost (agents and
+    # forecasters: tests/test_search_space_bounds.py, bench/speed/hyperopt_cost.py), small test sizes and its docs
+    # row (forecasters: tests/test_models.py, docs/MODELS.md)
+    for name, entry in ZOO.items():
+        profile = entry.spec.profile
+        assert profile is not None and profile.bounds and callable(profile.trial_cost), name
+        if entry.kind == "forecaster":
+            assert profile.small and profile.summary and profile.own_hyperparameters, name
+    expected = models_table(MODELS)
+    assert docs_models_table() == expected, (
+        "docs/MODELS.md: the table between the models-table markers is generated from the models' profiles "
+        f"(marketrl.loop.profile.models_table(MODELS)); it must read:\n{expected}"
+    )
 
 
 def test_the_deterministic_list_is_what_the_specs_say() -> None:
-    # the workflow cannot import the specs (torch), so it reads registry.DETERMINISTIC: it must match them
+    # the workflow cannot import the specs (torch), so it reads registry.DETERMINISTIC, the lines marked
+    # deterministic(...): they must match the specs (the zoo checks it when it loads, check_deterministic)
     said = [name for name, entry in ZOO.items() if getattr(entry.spec, "deterministic", False)]
     assert said == list(DETERMINISTIC) and said, said
+    assert all(isinstance(REGISTRY[name], str) for name in DETERMINISTIC)  # still a plain location string
+    assert load_spec(REGISTRY["linear"]).deterministic and spec_location(REGISTRY["linear"])[1] == "SPEC"
+    with pytest.raises(
+        RegistryError, match=r"^linear: the spec says deterministic=True but its registry line"
+    ):
+        check_deterministic({"linear": ZOO["linear"]}, ())
+    with pytest.raises(
+        RegistryError, match=r"^mlp: the spec says deterministic=False but its registry line is"
+    ):
+        check_deterministic({"mlp": ZOO["mlp"]}, ("mlp",))
     config = {"training": {"models": list(ZOO), "seeds": 5}}
     assert pipeline.seed_indices(config, "linear") == [0] and pipeline.seed_indices(config, "dqn") == list(
         range(5)
@@ -136,6 +182,36 @@ def test_extra_models_are_config_checked_and_reach_only_their_own_jobs() -> None
 
 
 # ------------------------------------------------------------------------------------------ the throwaway model
+
+
+def test_the_throwaway_model_file_defines_everything_and_no_other_code_names_it(tmp_path: Path) -> None:
+    spec = load_spec(THROWAWAY["throwaway"])
+    profile = spec.profile
+    # its bounds and trial cost: the checks every registered model gets (tests/test_search_space_bounds.py)
+    check_pinned_ranges(spec, neural=spec.neural)
+    check_corners(spec)
+    # its small sizes: the per-model checks of tests/test_models.py
+    train, test = planted(600, 0), planted(300, 1)
+    settings = RunSettings(costs={"kind": "bps", "bps": 1.0}, epochs=2, check_every=10)
+    model = spec.train(train, None, settings, dict(profile.small), "fp32", "cpu", 0)
+    check_learns_planted_signal(model, test)
+    check_no_look_ahead(model)
+    check_checkpoint_round_trip(model, test, tmp_path / "throwaway.pt", spec)
+    # its docs row, rendered as docs/MODELS.md's rows are; seeds differ (its line is a plain location)
+    table = models_table({**MODELS, "throwaway": spec})
+    assert table.splitlines()[-1] == f"| `throwaway` | {profile.summary} | {profile.own_hyperparameters} |"
+    assert not spec.deterministic and "throwaway" not in DETERMINISTIC
+    # no code outside its own file and this test names it: no list of models to extend
+    naming = re.compile(r"[\"'`]throwaway[\"'`]|throwaway_model")
+    found = []
+    for directory, subdirs, files in os.walk(REPO_ROOT):
+        subdirs[:] = [d for d in subdirs if not d.startswith(".") and d not in SKIPPED_DIRS]
+        for file in files:
+            path = Path(directory) / file
+            if path.suffix in CODE_SUFFIXES or file in CODE_NAMES:
+                if naming.search(path.read_text(encoding="utf-8", errors="replace")):
+                    found.append(path.relative_to(REPO_ROOT).as_posix())
+    assert sorted(found) == ["tests/support/throwaway_model.py", "tests/test_registry.py"], found
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from marketrl.workflow.config import derive_seed
+from marketrl.settings.config import derive_seed
 from tests.faults.pipeline import (
     baseline_run,
     differing_tensors,

@@ -14,9 +14,9 @@ import optuna
 import pytest
 import yaml
 
+from marketrl.settings.config import validate_config
 from marketrl.training.hyperopt import SLOT, load_study
 from marketrl.workflow import pipeline
-from marketrl.workflow.config import validate_config
 from tests.faults.pipeline import (
     damaged_files,
     fast_tiny_config,

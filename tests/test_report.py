@@ -15,13 +15,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from marketrl.evaluation.metrics import performance_summary
-from marketrl.evaluation.stats import ANNUALIZER, expected_max_sharpe, probabilistic_sharpe_from_moments
+from marketrl.calendars.annual import ANNUALIZER
 from marketrl.report import SECTIONS, ReportInputError, build_report
-from marketrl.report.inputs import HyperoptSummary
-from marketrl.report.verdict import (
+from marketrl.scoring.metrics import performance_summary
+from marketrl.scoring.stats import expected_max_sharpe, probabilistic_sharpe_from_moments
+from marketrl.verdict.inputs import HyperoptSummary
+from marketrl.verdict.verdicts import (
     MEASURED_FALSE_CLAIMS_PHI_05,
     MEASURED_HEADLINE_POWER,
+    MEASURED_LAYOUT,
     Comparison,
     deflation_for,
     false_claim_note,
@@ -252,7 +254,7 @@ def test_verdict_beats_only_on_the_primary_family() -> None:
 
 
 def test_autocorrelation_warning_states_the_measured_rate() -> None:
-    """The caution quotes bench/verdict_size.py's measured rate at the nearest measured test-day count, and the
+    """The caution quotes bench/studies/verdict_size.py's measured rate at the nearest measured test-day count, and the
     numbers it quotes are the ones docs/PERFORMANCE.md records."""
     assert false_claim_note(0.05, 20) == "" and false_claim_note(float("nan"), 20) == ""
     performance = (Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md").read_text()
@@ -266,7 +268,7 @@ def test_autocorrelation_warning_states_the_measured_rate() -> None:
 
 
 def test_headline_figure_quotes_its_measured_power() -> None:
-    """Beside "could have detected", the power that figure had in simulation (bench/verdict_size.py, independent
+    """Beside "could have detected", the power that figure had in simulation (bench/studies/verdict_size.py, independent
     days) at the nearest measured day count, as docs/PERFORMANCE.md records it; flagged as optimistic where it
     fell short of 80% by more than noise."""
     performance = (Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md").read_text()
@@ -278,6 +280,17 @@ def test_headline_figure_quotes_its_measured_power() -> None:
         line = next(x for x in performance.splitlines() if x.startswith(row))
         assert line.rstrip().endswith(f"| {100 * rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] |"), line
     assert "at 60 test days" in headline_power_note(70, 0.8) and headline_power_note(60, 0.9) == ""
+
+
+def test_measured_figures_say_when_the_run_has_another_layout() -> None:
+    """The quoted simulation figures name the layout they were measured for (marketrl/verdict/measured.json) and
+    the notes say so only when the run's models x seeds differ from it."""
+    models, seeds = MEASURED_LAYOUT
+    same = headline_power_note(60, 0.8, (models, seeds))
+    assert same and "simulated for" not in same
+    assert "this run has 3 × 2" in headline_power_note(60, 0.8, (3, 2))
+    assert f"simulated for {models} models × {seeds} seeds" in false_claim_note(0.3, 20, (models, seeds + 1))
+    assert "simulated for" not in false_claim_note(0.3, 20, (models, seeds))
 
 
 def test_verdict_without_enough_data_claims_nothing() -> None:
@@ -548,3 +561,5 @@ def test_verdict_json_names_the_winners_the_report_names(
     )
     assert "ppo beats every baseline" in html
     assert record["pooled_test_days"] > 0 and record["provenance"]["inputs"]
+    # the headline `make run` prints last is the page's own family sentence
+    assert record["sentence"].startswith("At family-wise 5%") and f'">{record["sentence"]}</p>' in html

@@ -42,7 +42,7 @@ def test_every_listed_name_is_an_exception_class(dotted: str) -> None:
 
 def test_every_error_class_is_either_known_or_internal() -> None:
     found = _error_classes()
-    assert "marketrl.data.checks.DataFileError" in found and "marketrl.workflow.config.ConfigError" in found
+    assert "marketrl.data.checks.DataFileError" in found and "marketrl.settings.config.ConfigError" in found
     unclassified, both = [], []
     for dotted in found:
         cls = _resolve(dotted)
@@ -71,7 +71,7 @@ def test_one_line_keeps_the_first_line_with_the_type() -> None:
 JOB = """
 import sys
 from marketrl.runtime.jobs import job_context
-from marketrl.workflow.config import ConfigError
+from marketrl.settings.config import ConfigError
 
 with job_context(sys.argv[1]):
     def inner():

@@ -14,12 +14,12 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from marketrl.data.calendars.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
+from marketrl.calendars.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.reader import BarFile, DataConfigError, read_bars
 from marketrl.features import build_feature_file
+from marketrl.settings.config import ConfigError, validate_config
 from marketrl.splits.datasets import write_feature_manifest
-from marketrl.workflow.config import ConfigError, validate_config
 from tests.support.synthetic import ohlcv_messages
 from tests.test_exchange_holidays import KNOWN
 

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_series_equal
 
-from marketrl.data.calendars.sessions import SessionCalendar, calendar_for, session_frame, utc_offsets
+from marketrl.calendars.sessions import SessionCalendar, calendar_for, session_frame, utc_offsets
 
 NS = 1_000_000_000
 DAY_NS = 86_400 * NS
@@ -22,14 +22,14 @@ def _ns_of_day(value: dt.time) -> int:
 
 
 def _oracle(calendar: SessionCalendar, ts: pl.Expr) -> tuple[pl.Expr, pl.Expr, pl.Expr]:
-    """The per-row path of marketrl.data.calendars.sessions before the lookup: trading day, in halt, closed."""
+    """The per-row path of marketrl.calendars.sessions before the lookup: trading day, in halt, closed."""
     local = ts.dt.convert_time_zone(calendar.timezone).dt.replace_time_zone(None)
     local_ns = local.dt.cast_time_unit("ns").cast(pl.Int64)
     shifted = local_ns - _ns_of_day(calendar.open)
     day = ((shifted // DAY_NS) + (1 if calendar.names_next_day else 0)).cast(pl.Int32).cast(pl.Date)
     holidays = sorted(calendar.holiday_dates)
     if calendar.names_next_day and holidays:
-        from marketrl.data.calendars.holidays import next_business_day
+        from marketrl.calendars.holidays import next_business_day
 
         day = day.replace(holidays, [next_business_day(h, calendar.holiday_dates) for h in holidays])
     closed = (day.dt.weekday() >= 6) | (day.is_in(holidays) if holidays else pl.lit(False))

@@ -13,38 +13,39 @@ from hypothesis import strategies as st
 from scipy import integrate
 from scipy import stats as scipy_stats
 
-from marketrl.evaluation.stats import (
-    ANNUALIZER,
+from marketrl.calendars.annual import ANNUALIZER, SESSIONS_PER_YEAR
+from marketrl.scoring.inference import (
     SE_FLOOR,
     SE_FLOOR_SHORT,
-    SESSIONS_PER_YEAR,
     SHORT_SAMPLE_DAYS,
     SharpeContrasts,
-    StatsInputError,
     bonferroni_critical,
     bootstrap_t_intervals,
     contrast_mean_blocks,
-    default_mean_block,
-    deflated_sharpe_ratio,
-    expected_max_sharpe,
     familywise_test,
-    interquartile_mean,
     intersection_union_detectable,
     intersection_union_stepdown,
-    is_finite_number,
     minimum_detectable_sharpe_difference,
-    optimal_mean_block,
-    probabilistic_sharpe_from_moments,
-    probabilistic_sharpe_ratio,
     romano_wolf_stepdown,
     se_floor_for,
     sharpe_contrasts,
+    studentized_sharpe_ci,
+)
+from marketrl.scoring.stats import (
+    StatsInputError,
+    default_mean_block,
+    deflated_sharpe_ratio,
+    expected_max_sharpe,
+    interquartile_mean,
+    is_finite_number,
+    optimal_mean_block,
+    probabilistic_sharpe_from_moments,
+    probabilistic_sharpe_ratio,
     sharpe_ratio,
     stationary_bootstrap_ci,
     stationary_bootstrap_indices,
     stratified_bootstrap_ci,
     stratified_bootstrap_indices,
-    studentized_sharpe_ci,
 )
 
 SAMPLE = [0.02, -0.01, 0.03, 0.005, -0.015, 0.01, 0.025, -0.005, 0.04, -0.03]
@@ -271,7 +272,7 @@ def test_contrast_of_constant_series_is_degenerate_not_significant():
 @pytest.mark.parametrize("n_days", [9, 20])
 def test_bootstrap_t_interval_covers_near_nominal_at_small_samples(n_days):
     """K = 80 seeded AR(1) worlds (phi 0.2): coverage of the 95% Sharpe interval stays near nominal where the
-    percentile interval does not (docs/METRICS.md has the full table from bench/coverage.py)."""
+    percentile interval does not (docs/METRICS.md has the full table from bench/studies/coverage.py)."""
     phi, true_sharpe = 0.2, 0.1
     rng = np.random.default_rng(n_days)
     hits = []

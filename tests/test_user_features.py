@@ -13,13 +13,8 @@ import pytest
 
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.features import CATALOG, FEATURE_NAMES, MAX_LOOKBACK, build_feature_file, feature_chunks
-from marketrl.features.user import (
-    UserFeatureError,
-    audit_user_features,
-    audited_user_features,
-    load_user_features,
-    write_user_audit,
-)
+from marketrl.features.user import UserFeatureError, load_user_features
+from marketrl.features.user_audit import audit_user_features, audited_user_features, write_user_audit
 from marketrl.splits.datasets import DatasetError, feature_names_of, write_feature_manifest
 from marketrl.workflow import stages
 from tests.support.synthetic import ohlcv_messages, random_walk_bars

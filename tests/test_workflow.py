@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from marketrl.data.calendars.cme_hours import demo_file_days
-from marketrl.workflow import paths, pipeline
-from marketrl.workflow.config import load_config, validate_config
+from marketrl.calendars.cme_hours import demo_file_days
+from marketrl.settings import paths
+from marketrl.settings.config import load_config, validate_config
+from marketrl.workflow import pipeline
 from tests.conftest import REPO_ROOT
 from tests.support.dag_parse import dag_parse
 

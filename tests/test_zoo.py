@@ -21,13 +21,13 @@ from gpu_utils import HardwareBudget, detect_precision
 from marketrl.evaluation.evaluate import evaluate_job
 from marketrl.features import FEATURE_NAMES
 from marketrl.models import MODELS, load_model
+from marketrl.settings.registry import MODEL_NAMES
 from marketrl.splits.datasets import fold_window, load_features, tuning_window
 from marketrl.splits.folds import FoldPlan
 from marketrl.splits.normalize import FeatureNormalizer
 from marketrl.training.hyperopt import run_trial
 from marketrl.training.train import train_job
 from marketrl.training.zoo import ZOO, get_entry
-from marketrl.workflow.registry import MODEL_NAMES
 from tests.support.runs import synthetic_job_inputs
 
 HPARAMS = {

@@ -2,7 +2,7 @@
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.evaluation.calibration import run_job
+from marketrl.calibration.worlds import run_job
 from marketrl.runtime.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):

@@ -6,7 +6,7 @@ from pathlib import Path
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
 from marketrl.features import build_feature_file, feature_options
-from marketrl.features.user import audited_user_features
+from marketrl.features.user_audit import audited_user_features
 from marketrl.runtime.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):

@@ -2,7 +2,7 @@
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
-from marketrl.features.user import write_user_audit
+from marketrl.features.user_audit import write_user_audit
 from marketrl.runtime.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads):

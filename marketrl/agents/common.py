@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -14,10 +13,10 @@ from torch import nn
 
 from gpu_utils import PrecisionPlan, resolve_precision, stack_modules
 from marketrl.agents.networks import build_networks, make_architecture
+from marketrl.agents.results import GreedyPolicy, RunConfig, TrainResult, env_settings
 from marketrl.agents.spec import AgentSpec
 from marketrl.env import EnvConfig, MarketData, TradingEnv
 from marketrl.loop.hparams import (
-    check_run_setting,
     parse_hparams,
 )
 from marketrl.loop.resume import Run, TrainingCheckpoint
@@ -41,41 +40,6 @@ __all__ = [
 
 #: Offset of the trainer's own generator seed (exploration, Gumbel noise, minibatch order) from the run seed.
 GENERATOR_SEED_OFFSET = 7919
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Run settings every trainer takes (not tuned): length, environment and evaluation cadence."""
-
-    total_steps: int = 60_000  # env steps (transitions, N per vector step)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    eval_every: int = 0  # env steps between on_eval calls (0: only at the end)
-
-    def __post_init__(self) -> None:
-        check_run_setting("total_steps", self.total_steps, 1)
-        check_run_setting("eval_every", self.eval_every, 0)
-
-
-def env_settings(config: EnvConfig) -> dict[str, Any]:
-    """The environment settings as plain data (``max_gap`` in seconds), for logs and checkpoints."""
-    values = dataclasses.asdict(config)
-    values["max_gap"] = None if config.max_gap is None else config.max_gap.total_seconds()
-    return values
-
-
-class GreedyPolicy:
-    """Deterministic act function: ``obs [B, obs_dim] -> argmax actions [B]`` (LongTensor, obs's device)."""
-
-    def __init__(self, net: nn.Module, plan: PrecisionPlan) -> None:
-        self.net = net
-        self.plan = plan
-
-    @torch.no_grad()
-    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
-        """Greedy actions (argmax of Q-values or logits)."""
-        with self.plan.autocast():
-            scores = self.net(obs)
-        return scores.float().argmax(dim=1)
 
 
 class GreedyPolicies:
@@ -111,26 +75,6 @@ def _seed_stack(nets: Sequence[nn.Module]) -> SeedStack | None:
         for net, body in zip(nets, bodies, strict=True)
     )
     return SeedStack(bodies).to(next(nets[0].parameters()).device) if plain else None
-
-
-@dataclass
-class TrainResult:
-    """What a trainer returns: the trained networks (on the training device), a greedy act function and a log.
-
-    ``log`` keys: algo, env_steps, grad_steps, steps_per_second, host_syncs (device→host reads made by the loop),
-    nan_checks (statistics reads, each checked for NaN/inf),
-    precision (plan dict), hidden_sizes, architecture, hparams (resolved, defaults included), the last window's
-    statistics (loss, q_mean/value_mean, entropy, episode_return_mean, ...), evals [[env_steps, score], ...] and
-    history (one record per statistics read).
-    """
-
-    algo: str
-    networks: dict[str, nn.Module]
-    policy: GreedyPolicy
-    architecture: dict[str, Any]
-    hparams: dict[str, Any]
-    precision: PrecisionPlan
-    log: dict[str, Any] = field(default_factory=dict)
 
 
 class Setup(NamedTuple):

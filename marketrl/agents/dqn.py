@@ -50,6 +50,7 @@ from marketrl.agents.spec import (
 )
 from marketrl.env import N_ACTIONS, EnvConfig, MarketData
 from marketrl.loop.hparams import check_ranges, check_run_setting, require
+from marketrl.loop.profile import ModelProfile, TrialSizes, dense_weights
 from marketrl.loop.resume import TrainingCheckpoint, resume_or_start, to_device
 from marketrl.loop.schedule import EvalSchedule, SeedsEvalCallback
 
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from marketrl.models.base import Trial
 
 __all__ = [
+    "PROFILE",
     "SPEC",
     "DQNConfig",
     "DQNHyperparams",
@@ -586,6 +588,27 @@ def run_config(*, total_steps: int, env: EnvConfig, eval_every: int, check_every
 train = single_seed(train_seeds)
 
 
+#: A trial's fixed work in `ModelProfile.trial_cost` units: the env steps trial_steps times and validates ten
+#: times whatever the network (hidden_dim_base=64, batch 64, one gradient step per vector step: 8.4 CPU-s, of which
+#: ~0.2 s of training work; bench/speed/hyperopt_cost.py)
+TRIAL_OVERHEAD = 3.5e11
+
+
+def trial_cost(hp: Mapping[str, Any], s: TrialSizes) -> float:
+    """A hyperopt trial's work (`ModelProfile.trial_cost`): gradient samples (gradient steps x batch, three
+    passes of the networks, forward and backward ~3x) plus the acting passes, x the Q-network's weights."""
+    weights = dense_weights([s.obs_dim, *network_widths(hp["hidden_dim_base"])["q"], N_ACTIONS])
+    vector_steps = s.trial_steps // s.n_envs
+    learning = max(0, (s.trial_steps - s.learning_starts) // s.n_envs)
+    samples = learning * hp["gradient_steps"] * hp["batch_size"] * 3 * 3
+    return TRIAL_OVERHEAD + float((samples + vector_steps * s.n_envs) * weights)
+
+
+#: Its cost-driving bounds and trial cost (`marketrl.loop.profile`).
+PROFILE = ModelProfile(
+    bounds={"hidden_dim_base": (64, 512), "batch_size": (64, 512), "gradient_steps": (1, 4)},
+    trial_cost=trial_cost,
+)
 SPEC = AgentSpec(
     name="dqn",
     hparams_class=DQNHyperparams,
@@ -603,4 +626,5 @@ SPEC = AgentSpec(
     train=train,
     architecture_options=architecture_options,
     train_seeds=train_seeds,
+    profile=PROFILE,
 )

@@ -58,6 +58,7 @@ from marketrl.agents.spec import (
 )
 from marketrl.env import N_ACTIONS, EnvConfig, MarketData
 from marketrl.loop.hparams import check_ranges
+from marketrl.loop.profile import ModelProfile, TrialSizes, dense_weights
 from marketrl.loop.resume import TrainingCheckpoint, resume_or_start
 from marketrl.loop.schedule import EvalSchedule, SeedsEvalCallback
 
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from marketrl.models.base import Trial
 
 __all__ = [
+    "PROFILE",
     "SPEC",
     "PPOConfig",
     "PPOHyperparams",
@@ -539,6 +541,35 @@ def run_config(*, total_steps: int, env: EnvConfig, eval_every: int, check_every
 train = single_seed(train_seeds)
 
 
+#: A trial's fixed work in `ModelProfile.trial_cost` units (the env's steps and ten validations; PPO's rollouts cost
+#: less than DQN's acting), and the price of each update (GAE on the host, statistics, the evaluation check: 8
+#: updates of 2,048 steps cost 2.7 s more than 2 of 8,192 at the same epochs; bench/speed/hyperopt_cost.py)
+TRIAL_OVERHEAD = 2.5e10
+UPDATE_OVERHEAD = 9e9
+
+
+def trial_cost(hp: Mapping[str, Any], s: TrialSizes) -> float:
+    """A hyperopt trial's work (`ModelProfile.trial_cost`): per update, its price plus the rollout's env steps x
+    (3 passes per epoch + the acting pass) x the weights of both networks."""
+    widths = network_widths(hp["hidden_dim_base"])
+    weights = dense_weights([s.obs_dim, *widths["policy"], N_ACTIONS]) + dense_weights(
+        [s.obs_dim, *widths["value"], 1]
+    )
+    rollout = hp["n_steps"] * s.n_envs
+    updates = math.ceil(s.trial_steps / rollout)
+    return TRIAL_OVERHEAD + float(updates * (UPDATE_OVERHEAD + rollout * (3 * hp["n_epochs"] + 1) * weights))
+
+
+#: Its cost-driving bounds and trial cost (`marketrl.loop.profile`).
+PROFILE = ModelProfile(
+    bounds={
+        "hidden_dim_base": (64, 256),
+        "n_steps": (32, 128),
+        "n_epochs": (2, 8),
+        "batch_size": (256, 2048),
+    },
+    trial_cost=trial_cost,
+)
 SPEC = AgentSpec(
     name="ppo",
     hparams_class=PPOHyperparams,
@@ -553,4 +584,5 @@ SPEC = AgentSpec(
     run_config=run_config,
     train=train,
     train_seeds=train_seeds,
+    profile=PROFILE,
 )

@@ -4,22 +4,21 @@ forecaster's file ends in a `marketrl.models.base.ModelSpec`.
 The shared agent machinery (`networks`, `memory`, `checkpoint`, `common.set_up`) reads everything that differs
 between agents from the spec — network names and widths, builder, acting network, batch limits, memory per
 sample — so no file but the agent's own tests its name. `agent_spec(name)` finds a registered agent
-(`marketrl.workflow.registry`) for the callers that hold only a name (a checkpoint's ``algo``, a benchmark).
+(`marketrl.settings.registry`) for the callers that hold only a name (a checkpoint's ``algo``, a benchmark).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
-    from marketrl.agents.common import GreedyPolicy, RunConfig, TrainResult
+    from marketrl.agents.results import RunConfig, TrainResult
     from marketrl.env import EnvConfig
+    from marketrl.loop.profile import ModelProfile
     from marketrl.models.base import Trial
 
 __all__ = [
@@ -37,7 +36,7 @@ __all__ = [
 #: hidden_dim_base choices of every agent's search space (the memory bounds are computed for the widest).
 HIDDEN_DIM_BASES = (64, 128, 256, 512)
 #: PPO's: its 512-wide corner (value net 1024-512-256, 8 epochs over every rollout) cost 6.7x its median trial
-#: by bench/hyperopt_cost.py's proxy; without 512 every corner stays within 4x (docs/HYPEROPT.md).
+#: by bench/speed/hyperopt_cost.py's proxy; without 512 every corner stays within 4x (docs/HYPEROPT.md).
 PPO_HIDDEN_DIM_BASES = (64, 128, 256)
 #: Per-bar returns are ~1e-4: rewards are multiplied by this before the losses (the objective is unaffected).
 REWARD_SCALES = (1.0, 10.0, 100.0, 1000.0)
@@ -88,7 +87,8 @@ def _no_options(hparams: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """One RL agent: hyperparameters, search space, networks, acting network, batch limits, train and load.
+    """One RL agent: hyperparameters, search space, networks, acting network, batch limits and train (its
+    checkpoints load through `marketrl.agents.checkpoint.load_policy`).
 
     search_space(trial, batch_bounds): batch sizes within the device's (min, max) for the widest network.
     networks: the outputs of each network the agent builds and a checkpoint saves (action scores or a value);
@@ -118,6 +118,9 @@ class AgentSpec:
     #: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=, on_log=)`` -> one
     #: TrainResult per seed, the seeds trained as one batch; None: the seeds train one after another
     train_seeds: Callable[..., list[TrainResult]] | None = None
+    #: what tests and benchmarks read of the agent (`marketrl.loop.profile`): cost-driving bounds and trial cost;
+    #: every registered agent has one
+    profile: ModelProfile | None = None
 
     def __post_init__(self) -> None:
         if self.acting_network not in self.networks:
@@ -133,20 +136,12 @@ class AgentSpec:
             total_steps=total_steps, env=env, eval_every=eval_every, check_every=check_every
         )
 
-    def load(
-        self, path: str | os.PathLike[str], device: torch.device | str = "cpu", precision: str | None = None
-    ) -> tuple[GreedyPolicy, dict[str, Any]]:
-        """(greedy policy, metadata) of one of this agent's checkpoints (`checkpoint.load_policy`)."""
-        from marketrl.agents.checkpoint import load_policy
-
-        return load_policy(path, device, precision, spec=self)
-
 
 def agent_spec(agent: AgentSpec | str) -> AgentSpec:
     """The spec itself, or the registered agent of that name (`ArchitectureError` naming the known agents)."""
     if isinstance(agent, AgentSpec):
         return agent
-    from marketrl.workflow.registry import REGISTRY, load_spec, names_under
+    from marketrl.settings.registry import REGISTRY, load_spec, names_under
 
     spec = load_spec(REGISTRY[agent]) if agent in REGISTRY else None
     if not isinstance(spec, AgentSpec):

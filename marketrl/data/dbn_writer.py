@@ -2,7 +2,7 @@
 
 Records are ``databento_dbn`` messages (``OHLCVMsg``, ``TradeMsg``, ...) serialized with ``bytes()``, so the
 files are what Databento's own encoder writes. The demo data generator (marketrl/data/demo.py) writes its day
-files with this; the tests' synthetic files (tests/support/synthetic.py) and bench/features.py use it too.
+files with this; the tests' synthetic files (tests/support/synthetic.py) and bench/speed/features.py use it too.
 """
 
 from __future__ import annotations

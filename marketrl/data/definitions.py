@@ -4,7 +4,7 @@ A futures definition record (``InstrumentDefMsg``, instrument_class F) gives the
 (``min_price_increment``), the contract multiplier (``unit_of_measure_qty``, e.g. 50 index points for ES) and the
 currency; the tick value is their product (ES: 0.25 × 50 = 12.50 USD; NQ: 0.25 × 20 = 5.00 USD).
 ``min_price_increment_amount`` is not used: CME publishes it in display-factor units (0.125 for ES), not currency.
-Specs are keyed by symbol root (``marketrl.env.costs.symbol_root``: ESH4 and ESM4 -> ES); every contract of a root
+Specs are keyed by symbol root (``marketrl.instruments.costs.symbol_root``: ESH4 and ESM4 -> ES); every contract of a root
 must agree. Options, spreads, stocks and records without a tick size or multiplier give no spec.
 
 rules/common.smk calls ``resolve_definitions`` at DAG parse, so every job reads the merged specs in its
@@ -26,8 +26,8 @@ from typing import Any
 import databento_dbn as dbn
 import zstandard
 
-from marketrl.workflow.config import ConfigError, validate_config
-from marketrl.workflow.pipeline import DEMO_DEFINITIONS_DIR
+from marketrl.data.file_order import DEMO_DEFINITIONS_DIR
+from marketrl.settings.config import ConfigError, validate_config
 
 __all__ = [
     "ContractSpec",
@@ -106,7 +106,7 @@ def _disagree(a: float, b: float) -> bool:
 
 def read_contract_specs(paths: list[Path]) -> dict[str, ContractSpec]:
     """Root -> spec from the futures definitions in ``paths``; contracts of one root that disagree are an error."""
-    from marketrl.env.costs import symbol_root  # imports torch: only when definitions are configured
+    from marketrl.instruments.costs import symbol_root  # imports torch: only when definitions are configured
 
     specs: dict[str, ContractSpec] = {}
     for path in paths:

@@ -2,7 +2,7 @@
 
 The files (documented in docs/DEMO_DATA.md) follow the exchange and the vendor: CME Globex hours (Sunday 17:00 CT
 open, Friday 16:00 CT close, the daily 16:00-17:00 CT halt with no bars, early-halt holidays, DST-correct, from
-marketrl.data.calendars.cme_hours), one zstd DBN file per UTC calendar day that has data (a session spans two of them, Sunday
+marketrl.calendars.cme_hours), one zstd DBN file per UTC calendar day that has data (a session spans two of them, Sunday
 files hold the weekly open), continuous symbology (``stype_in=continuous``) whose daily mappings switch from the
 expiring quarterly contract to the next one (a new instrument_id, priced at the calendar spread), and a separate
 ``definition`` file with the contracts' InstrumentDefMsg records (tick size, multiplier, currency).
@@ -38,7 +38,8 @@ import databento_dbn as dbn
 import numpy as np
 from scipy import optimize, signal
 
-from marketrl.data.calendars.cme_hours import (
+from marketrl.calendars.annual import ANNUALIZER
+from marketrl.calendars.cme_hours import (
     EXCHANGE_TZ,
     DemoSession,
     cme_sessions,
@@ -54,10 +55,9 @@ from marketrl.data.dbn_writer import (
     encode_dbn,
     write_dbn,
 )
-from marketrl.env.costs import CostModel, InstrumentCosts
-from marketrl.evaluation.stats import ANNUALIZER
-from marketrl.workflow.pipeline import DEMO_DEFINITIONS_DIR as DEFINITIONS_DIR
-from marketrl.workflow.pipeline import demo_definition_name, demo_file_name
+from marketrl.data.file_order import DEMO_DEFINITIONS_DIR as DEFINITIONS_DIR
+from marketrl.data.file_order import demo_definition_name, demo_file_name
+from marketrl.instruments.costs import CostModel, InstrumentCosts
 
 DATASET = "GLBX.MDP3"
 SESSION_BARS = 23 * 60  # a regular CME session: 17:00 CT to 16:00 CT the next day, then the one-hour halt

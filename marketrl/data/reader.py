@@ -2,7 +2,7 @@
 
 Decoding uses databento's own reader (``DBNStore.from_bytes(...).to_ndarray()``): the records land in one numpy
 structured array that polars wraps column by column: 0.1 s vs 4 s for ``to_df()`` on 1M ohlcv-1m records
-(see bench/features.py). Record layouts of the schemas read here (OHLCV, trades, tbbo, mbp-1, mbp-10, mbo) are
+(see bench/speed/features.py). Record layouts of the schemas read here (OHLCV, trades, tbbo, mbp-1, mbp-10, mbo) are
 identical in DBN versions 1, 2 and 3, and ``to_ndarray`` reads each file with its own version's layout (it does
 not upgrade), so all three versions decode the same way.
 
@@ -35,7 +35,7 @@ import databento_dbn
 import numpy as np
 import polars as pl
 
-from marketrl.data.calendars.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
+from marketrl.calendars.sessions import SessionCalendar, SessionConfigError, calendar_for, session_frame
 from marketrl.data.checks import (
     DEFAULT_MAX_PRICE_JUMP,
     DataConfigError,
@@ -44,7 +44,7 @@ from marketrl.data.checks import (
     check_timestamps,
     check_zstd_frames,
 )
-from marketrl.workflow.file_order import DBN_SUFFIXES, dbn_stem, time_ordered
+from marketrl.data.file_order import DBN_SUFFIXES, dbn_stem, time_ordered
 
 if TYPE_CHECKING:
     import databento
@@ -116,7 +116,7 @@ class BarFile:
     records: int
     dropped_undef_ts: int
     dropped_outside_session: int = (
-        0  # in the halt, or on a weekend/holiday trading day (marketrl.data.calendars.sessions)
+        0  # in the halt, or on a weekend/holiday trading day (marketrl.calendars.sessions)
     )
     dropped_in_halt: int = 0  # of those, the bars inside the daily halt
     calendar: SessionCalendar | None = None
@@ -518,7 +518,7 @@ def read_bars(
     """Decode one DBN file (``.dbn.zst`` or uncompressed ``.dbn``) into time bars of ``bar_size``.
 
     Columns: ``ts_event`` (Datetime ns UTC, bar open), ``trading_day`` (the exchange session date, from
-    ``session`` or the dataset's default calendar, marketrl.data.calendars.sessions), ``instrument_id`` (UInt32), ``symbol``,
+    ``session`` or the dataset's default calendar, marketrl.calendars.sessions), ``instrument_id`` (UInt32), ``symbol``,
     ``open``/``high``/``low``/``close``/``volume`` (Float64), plus ``bid_px``/``ask_px``/``bid_sz``/``ask_sz``
     (last top of book in the bar, may be null) for quote schemas. Sorted by (instrument_id, ts_event). Bars
     outside every session (the daily halt, weekend days, holidays without a session) are dropped and counted

@@ -13,7 +13,7 @@ Modules (each importable with only torch and numpy, except `frames`):
                trader at a given rate of position changes) and position_change_rate
 
 Importing this package imports no polars and no gymnasium; `frames` is loaded when a frame is read or written.
-The gymnasium / Stable-Baselines3 adapters and the numpy reference env live in bench/adapters.py.
+The gymnasium / Stable-Baselines3 adapters and the numpy reference env live in tests/support/adapters.py.
 """
 
 from marketrl.env.baselines import matched_random_positions, position_change_rate, rule_positions

@@ -9,18 +9,27 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from marketrl.env.config import DEFAULT_MAX_GAP, EnvDataError, FillMode
-from marketrl.env.costs import CostConfigError, CostModel, InstrumentCosts, is_continuous
+from marketrl.instruments.costs import CostConfigError, CostModel, InstrumentCosts, is_continuous
 
 if TYPE_CHECKING:
     import polars as pl
 
-    from marketrl.splits.normalize import FeatureNormalizer
+
+class FeatureNormalizer(Protocol):
+    """What `MarketData.from_frame` needs of a fitted normalizer (`marketrl.splits.normalize.FeatureNormalizer`,
+    a layer above: it is fitted on a fold's training rows)."""
+
+    feature_names: list[str]
+    clip: float | None
+
+    def transform_numpy(self, df: pl.DataFrame) -> np.ndarray: ...
+
 
 _NS_PER_DAY = 86_400 * 10**9
 

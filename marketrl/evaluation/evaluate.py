@@ -32,11 +32,12 @@ from marketrl.env import (
     position_change_rate,
     rule_positions,
 )
-from marketrl.env.costs import Costs, costs_from_record
-from marketrl.evaluation.batched import score_positions
-from marketrl.evaluation.metrics import average_strategies, performance_summary, to_json_safe
+from marketrl.instruments.costs import Costs, costs_from_record
 from marketrl.runtime.io import atomic_writes, json_text
 from marketrl.runtime.provenance import collect
+from marketrl.scoring.batched import score_positions
+from marketrl.scoring.metrics import average_strategies, performance_summary, to_json_safe
+from marketrl.settings.config import derive_seed
 from marketrl.splits.datasets import (
     cost_model_from_config,
     env_config_from_config,
@@ -46,7 +47,6 @@ from marketrl.splits.datasets import (
 from marketrl.splits.folds import FoldPlan, select_rows
 from marketrl.splits.normalize import FeatureNormalizer
 from marketrl.training.zoo import LoadedModel, get_entry, seeds_positions
-from marketrl.workflow.config import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def evaluate_job(
     """Score every seed of one model x fold on the fold's test days: an agent by its greedy policy, a forecaster
     by its trading rule, with the env settings and costs of its checkpoint; each with its turnover-matched random
     traders. The test rows are built once; all seeds and all their traders are scored in one batched pass
-    (`marketrl.evaluation.batched.score_positions`). Writes one metrics JSON and one per-bar table per seed, all
+    (`marketrl.scoring.batched.score_positions`). Writes one metrics JSON and one per-bar table per seed, all
     or none (`atomic_writes`), and returns the metrics in `seed_indices` order.
 
     The metrics JSON records ``kind`` ("agent" | "forecaster"); a forecaster's also records ``horizon``, and its
@@ -225,7 +225,7 @@ def evaluate_job(
     test_rows = select_rows(load_features_for_days(manifest_path, fold_spec.test_days), fold_spec, "test")
     data, positions, predictions = runs_positions(runs, test_rows, env_config, cost_model, device)
     # Scored on the CPU: its scatter sums and products run in a fixed order, CUDA's atomics do not, and the same
-    # config must give the same bytes. A few seconds for a model x fold of demo size (bench/evaluate.py).
+    # config must give the same bytes. A few seconds for a model x fold of demo size (bench/speed/evaluate.py).
     cpu = torch.device("cpu")
     scored_runs = score_runs(
         data.to(cpu),

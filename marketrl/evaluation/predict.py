@@ -25,7 +25,6 @@ import torch
 
 from gpu_utils import resolve_device
 from marketrl.env import evaluate_positions
-from marketrl.env.costs import symbol_root
 from marketrl.env.market_data import series_order
 from marketrl.evaluation.evaluate import (
     BAR_COLUMNS,
@@ -34,6 +33,7 @@ from marketrl.evaluation.evaluate import (
     runs_positions,
 )
 from marketrl.features import FEATURE_SET_VERSION
+from marketrl.instruments.costs import symbol_root
 from marketrl.runtime.io import atomic_write
 from marketrl.runtime.provenance import collect, sha256_file
 from marketrl.splits.datasets import manifest_files

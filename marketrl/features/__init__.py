@@ -25,7 +25,8 @@ from marketrl.features.catalog import (
     FeatureSpec,
 )
 from marketrl.features.engine import CHUNK_BARS, FeatureChunks, feature_chunks, non_finite_columns
-from marketrl.features.user import UserFeatureError, UserFeatures, audit_user_features, load_user_features
+from marketrl.features.user import UserFeatureError, UserFeatures, load_user_features
+from marketrl.features.user_audit import audit_user_features
 
 #: names of the file stage (``build``: pyarrow and the Parquet writing), loaded on first use (`__getattr__`), so
 #: that jobs which only read feature tables (evaluate, baselines) do not import it

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import polars as pl
 import pyarrow.parquet as pq
 
-from marketrl.data.calendars.sessions import SessionCalendar
+from marketrl.calendars.sessions import SessionCalendar
 from marketrl.data.reader import (
     DEFAULT_MAX_PRICE_JUMP,
     BarFile,

@@ -8,7 +8,7 @@ dependency stages, computed over sorted bars in chunks of ``CHUNK_BARS`` bars.
 - **bounded memory**: the table is computed in chunks of ``CHUNK_BARS`` bars (each with the MAX_LOOKBACK bars
   before it as context), so the working set is one chunk whatever the file's length.
 - **cost**: the query runs the entries in dependency stages and drops each intermediate column after its last
-  reader. Measured in bench/features.py.
+  reader. Measured in bench/speed/features.py.
 - no NaN/inf reaches the table: ``non_finite_columns`` is checked before writing (marketrl.features.build).
 """
 

@@ -1,7 +1,7 @@
 """The supervised model zoo: forecasters of the forward return behind one protocol (docs/MODELS.md).
 
 `MODELS[name]` is a `ModelSpec` (hyperparameter dataclass, search space, train, load): every entry of the model
-registry (`marketrl.workflow.registry.REGISTRY`) whose spec lives in this package. `save_model` / `load_model`
+registry (`marketrl.settings.registry.REGISTRY`) whose spec lives in this package. `save_model` / `load_model`
 write and read a model checkpoint (plain data, `torch.load(weights_only=True)`).
 """
 
@@ -22,7 +22,7 @@ from marketrl.models.base import (
     TrainHooks,
 )
 from marketrl.runtime.io import atomic_write
-from marketrl.workflow.registry import REGISTRY, load_spec, names_under
+from marketrl.settings.registry import REGISTRY, load_spec, names_under
 
 __all__ = [
     "MODELS",

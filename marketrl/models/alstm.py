@@ -6,17 +6,19 @@ The attention weights are a softmax over the window's own rows (t-window+1..t), 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from marketrl.loop.profile import ModelProfile
 from marketrl.models.base import NeuralHParams, Trial, sequence_space
 from marketrl.models.lstm import Recurrent
-from marketrl.models.supervised_trainer import torch_model_spec
+from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
-__all__ = ["ALSTM", "SPEC", "ALSTMHParams", "search_space"]
+__all__ = ["ALSTM", "PROFILE", "SPEC", "ALSTMHParams", "search_space"]
 
 
 @dataclass(frozen=True)
@@ -52,4 +54,21 @@ class ALSTM(nn.Module):
         return self.head(torch.cat([context, outputs[:, -1]], dim=1)).squeeze(-1)
 
 
-SPEC = torch_model_spec("alstm", ALSTMHParams, search_space, ALSTM)
+def multiply_adds(hp: Mapping[str, Any], n_features: int) -> int:
+    """One sample's forward pass: projection, LSTM and attention over each row of the window."""
+    width = hp["hidden_dim_base"]
+    return hp["window"] * (n_features * width + 4 * width * 2 * width + width * width // 2)
+
+
+#: Its cost-driving bounds and trial cost, small test sizes and docs row (`marketrl.loop.profile`).
+PROFILE = ModelProfile(
+    bounds={"window": (2, 8), "hidden_dim_base": (16, 32), "batch_size": (128, 1024)},
+    trial_cost=torch_trial_cost(multiply_adds, sequence=True),
+    small=SMALL_HPARAMS,
+    summary=(
+        "tanh projection to `b` → LSTM → attention pooling (`b → b/2 → 1`, softmax over the window) → "
+        "[context, last output] → linear"
+    ),
+    own_hyperparameters="window 2…8, `b` {16, 32}",
+)
+SPEC = torch_model_spec("alstm", ALSTMHParams, search_space, ALSTM, PROFILE)

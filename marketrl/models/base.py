@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from marketrl.env import EnvConfig, FillMode, MarketData
+from marketrl.loop.profile import ModelProfile
 from marketrl.loop.resume import TrainingCheckpoint
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
+    "FORECASTER_TRIAL_OVERHEAD",
     "CommonHParams",
     "ModelSpec",
     "NeuralHParams",
@@ -114,7 +116,7 @@ def common_space(trial: Trial, max_window: int = 32, min_window: int = 1) -> dic
 NEURAL_WIDTHS = (16, 32, 64, 128)
 #: Widths and windows of the models whose step costs window x width^2 (recurrent, attention, convolution): at
 #: a fixed step budget a trial's cost grows with both, and the corner (window 32, width 128) cost more than 40x
-#: the median trial (bench/hyperopt_cost.py); these keep every corner within 4x of the median (docs/HYPEROPT.md).
+#: the median trial (bench/speed/hyperopt_cost.py); these keep every corner within 4x of the median (docs/HYPEROPT.md).
 SEQUENCE_WIDTHS = (16, 32)
 SEQUENCE_WINDOW = (2, 8)
 
@@ -332,8 +334,20 @@ class ModelSpec:
     #: ``train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds, hooks)`` -> one
     #: TrainedModel per seed, the seeds trained as one batch; None: the seeds train one after another
     train_seeds: TrainSeedsFn | None = None
-    #: seeds cannot differ (a closed form): the pipeline trains and scores one run, not copies
+    #: seeds cannot differ (a closed form): the pipeline trains and scores one run, not copies; its registry line
+    #: says so too (`marketrl.settings.registry.deterministic`), for the workflow, which imports no spec
     deterministic: bool = False
+    #: what tests, benchmarks and docs read of the model (`marketrl.loop.profile`): cost-driving bounds, trial
+    #: cost, small test hyperparameters, its row of docs/MODELS.md; every registered model has one
+    profile: ModelProfile | None = None
+    #: a torch model's ``build(hparams, n_features)`` -> its bare module, windows [B, L, F] -> [B] (what
+    #: `torch_model_spec` trains; bench/speed/models.py times it without the trainer); None for other models
+    build_module: Callable[[Any, int], torch.nn.Module] | None = None
+
+
+#: A forecaster's hyperopt trial's fixed work in `ModelProfile.trial_cost` units (building the rows, scoring the
+#: trading rule's positions: an LSTM at window 1, width 16 cost 0.4 CPU-s), fitted to bench/speed/hyperopt_cost.py
+FORECASTER_TRIAL_OVERHEAD = 3e9
 
 
 def distinct_seeds(seeds: Sequence[int]) -> list[int]:

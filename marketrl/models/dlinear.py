@@ -7,6 +7,7 @@ The moving average runs over the window's own rows only (t-window+1..t), so it n
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,10 +15,11 @@ import torch
 from torch import nn
 
 from marketrl.loop.hparams import check_ranges
+from marketrl.loop.profile import ModelProfile
 from marketrl.models.base import NeuralHParams, Trial, neural_space
-from marketrl.models.supervised_trainer import torch_model_spec
+from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
-__all__ = ["SPEC", "DLinear", "DLinearHParams", "search_space"]
+__all__ = ["PROFILE", "SPEC", "DLinear", "DLinearHParams", "search_space"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class DLinearHParams(NeuralHParams):
 
 def search_space(trial: Trial) -> dict[str, Any]:
     """`neural_space` with windows of 2-8 rows and widths up to 64 (window 32 at width 128 cost 10x the median
-    trial, bench/hyperopt_cost.py), plus the kernel (capped by the window)."""
+    trial, bench/speed/hyperopt_cost.py), plus the kernel (capped by the window)."""
     return {
         **neural_space(trial, max_window=8, widths=(16, 32, 64), min_window=2),
         "kernel_size": trial.suggest_categorical("kernel_size", [3, 5, 9, 15]),
@@ -64,4 +66,26 @@ class DLinear(nn.Module):
         return self.head(self.drop(mixed.flatten(1))).squeeze(-1)
 
 
-SPEC = torch_model_spec("dlinear", DLinearHParams, search_space, DLinear)
+def multiply_adds(hp: Mapping[str, Any], n_features: int) -> int:
+    """One sample's forward pass: two linear maps over time per feature, then the head."""
+    width = hp["hidden_dim_base"]
+    return n_features * hp["window"] * width * 2 + n_features * width
+
+
+#: Its cost-driving bounds and trial cost, small test sizes and docs row (`marketrl.loop.profile`).
+PROFILE = ModelProfile(
+    bounds={
+        "window": (2, 8),
+        "hidden_dim_base": (16, 64),
+        "batch_size": (128, 1024),
+        "kernel_size": (3, 15),
+    },
+    trial_cost=torch_trial_cost(multiply_adds, sequence=False),
+    small=SMALL_HPARAMS,
+    summary=(
+        "per feature: trend = centred moving average over the window (edges replicated), remainder = "
+        "rest; `Linear(L → b)` on each, summed; `Linear(F·b → 1)` head"
+    ),
+    own_hyperparameters="`kernel_size` {3, 5, 9, 15} (made odd, ≤ L); window 2…8, `b` {16, 32, 64}",
+)
+SPEC = torch_model_spec("dlinear", DLinearHParams, search_space, DLinear, PROFILE)

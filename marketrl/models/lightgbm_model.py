@@ -24,7 +24,9 @@ import torch
 
 from marketrl.env import MarketData
 from marketrl.loop.hparams import check_ranges, parse_hparams, require
+from marketrl.loop.profile import ModelProfile, TrialSizes
 from marketrl.models.base import (
+    FORECASTER_TRIAL_OVERHEAD,
     CommonHParams,
     ModelSpec,
     Predictor,
@@ -37,7 +39,7 @@ from marketrl.models.base import (
 )
 from marketrl.models.supervised_data import SupervisedRows, training_rows
 
-__all__ = ["SPEC", "LightGBMHParams", "search_space"]
+__all__ = ["PROFILE", "SPEC", "LightGBMHParams", "search_space"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class LightGBMHParams(CommonHParams):
 def search_space(trial: Trial) -> dict[str, Any]:
     """Window, trading rule and the usual tree knobs. Windows up to 8 rows and up to 32 leaves: a round's
     histograms cost rows x columns per split, and window 8 with 128 leaves cost 5.5x the median trial
-    (bench/hyperopt_cost.py); 32 leaves on the demo's ~21k tuning rows is no tight limit."""
+    (bench/speed/hyperopt_cost.py); 32 leaves on the demo's ~21k tuning rows is no tight limit."""
     return {
         **common_space(trial, 8),
         "n_estimators": trial.suggest_int("n_estimators", 50, 1000, log=True),
@@ -255,6 +257,43 @@ def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> T
     return _trained(hp, int(checkpoint["n_features"]), booster, None, dict(checkpoint["settings"]), {})
 
 
+def trial_cost(hp: Mapping[str, Any], s: TrialSizes) -> float:
+    """A hyperopt trial's work (`ModelProfile.trial_cost`): each round builds histograms of rows x columns for
+    each split; 4 -> 128 leaves cost 4.3x at window 8 (leaves^0.42: histogram subtraction and early stopping
+    keep it far below linear)."""
+    rounds = min(hp["n_estimators"], s.trial_updates)
+    columns = hp["window"] * s.features * hp["feature_fraction"]
+    work = rounds * s.train_rows * hp["bagging_fraction"] * columns * hp["num_leaves"] ** 0.42
+    return FORECASTER_TRIAL_OVERHEAD + float(work)
+
+
+#: Its cost-driving bounds and trial cost, small test sizes and docs row (`marketrl.loop.profile`).
+PROFILE = ModelProfile(
+    bounds={
+        "window": (1, 8),
+        "n_estimators": (50, 1000),  # capped at hyperopt.trial_updates rounds in a trial
+        "num_leaves": (4, 32),
+        "feature_fraction": (0.3, 1.0),
+        "bagging_fraction": (0.5, 1.0),
+    },
+    trial_cost=trial_cost,
+    small={"window": 2, "n_estimators": 30, "min_data_in_leaf": 5, "num_leaves": 8},
+    summary=(
+        "LightGBM gradient-boosted trees (CPU, `deterministic`, `force_row_wise`, threads = torch's) on the "
+        "flattened window"
+    ),
+    own_hyperparameters=(
+        "`n_estimators` 50…1000, `learning_rate` 0.01…0.2, `num_leaves` 4…32, `min_data_in_leaf` 10…500, "
+        "`feature_fraction` 0.3…1, `bagging_fraction` 0.5…1, `lambda_l2` 1e-6…10; window 1…8"
+    ),
+)
 SPEC = ModelSpec(
-    "lightgbm", LightGBMHParams, search_space, train, load, neural=False, train_seeds=train_seeds
+    "lightgbm",
+    LightGBMHParams,
+    search_space,
+    train,
+    load,
+    neural=False,
+    train_seeds=train_seeds,
+    profile=PROFILE,
 )

@@ -18,7 +18,9 @@ import torch
 
 from marketrl.env import MarketData
 from marketrl.loop.hparams import check_ranges, parse_hparams
+from marketrl.loop.profile import ModelProfile, TrialSizes
 from marketrl.models.base import (
+    FORECASTER_TRIAL_OVERHEAD,
     CommonHParams,
     ModelSpec,
     Predictor,
@@ -31,7 +33,7 @@ from marketrl.models.base import (
 )
 from marketrl.models.supervised_data import SupervisedRows, training_rows
 
-__all__ = ["SPEC", "RidgeHParams", "fit_ridge", "search_space"]
+__all__ = ["PROFILE", "SPEC", "RidgeHParams", "fit_ridge", "search_space"]
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,22 @@ def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> T
     return _trained(hp, int(checkpoint["n_features"]), weights, intercept, dict(checkpoint["settings"]), {})
 
 
+def trial_cost(hp: Mapping[str, Any], s: TrialSizes) -> float:
+    """A hyperopt trial's work (`ModelProfile.trial_cost`): the normal equations, rows x columns^2."""
+    return FORECASTER_TRIAL_OVERHEAD + float(s.train_rows * (hp["window"] * s.features) ** 2)
+
+
+#: Its cost-driving bounds and trial cost, small test sizes and docs row (`marketrl.loop.profile`).
+PROFILE = ModelProfile(
+    bounds={"window": (2, 16)},
+    trial_cost=trial_cost,
+    small={"window": 2},
+    summary=(
+        "ridge regression on the flattened window, closed form in float64 (centred, intercept unpenalized; "
+        "`alpha` per training row)"
+    ),
+    own_hyperparameters="`alpha` 1e-4…1e2 log; window 2…16",
+)
 SPEC = ModelSpec(
     "linear",
     RidgeHParams,
@@ -188,4 +206,5 @@ SPEC = ModelSpec(
     neural=False,
     train_seeds=train_seeds,
     deterministic=True,
+    profile=PROFILE,
 )

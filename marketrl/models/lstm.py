@@ -14,6 +14,7 @@ load into the other.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,10 +22,11 @@ import torch
 from torch import nn
 
 from marketrl.loop.hparams import check_ranges
+from marketrl.loop.profile import ModelProfile
 from marketrl.models.base import NeuralHParams, Trial, sequence_space
-from marketrl.models.supervised_trainer import torch_model_spec
+from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
-__all__ = ["SPEC", "Recurrent", "RecurrentHParams", "RecurrentRegressor", "search_space"]
+__all__ = ["PROFILE", "SPEC", "Recurrent", "RecurrentHParams", "RecurrentRegressor", "search_space"]
 
 
 @dataclass(frozen=True)
@@ -148,4 +150,19 @@ def build(hp: RecurrentHParams, n_features: int) -> RecurrentRegressor:
     return RecurrentRegressor(hp, n_features, "lstm")
 
 
-SPEC = torch_model_spec("lstm", RecurrentHParams, search_space, build)
+def multiply_adds(hp: Mapping[str, Any], n_features: int, gates: int = 4) -> int:
+    """One sample's forward pass: ``gates`` gates (LSTM 4, GRU 3) of width b over each row of the window, per
+    layer."""
+    width = hp["hidden_dim_base"]
+    return hp["window"] * gates * width * (n_features + width) * hp["num_layers"]
+
+
+#: Its cost-driving bounds and trial cost, small test sizes and docs row (`marketrl.loop.profile`).
+PROFILE = ModelProfile(
+    bounds={"window": (2, 8), "hidden_dim_base": (16, 32), "batch_size": (128, 1024), "num_layers": (1, 2)},
+    trial_cost=torch_trial_cost(multiply_adds, sequence=True),
+    small=SMALL_HPARAMS,
+    summary="LSTM (hidden `b`), output after row t → dropout → linear",
+    own_hyperparameters="`num_layers` 1…2; window 2…8, `b` {16, 32}",
+)
+SPEC = torch_model_spec("lstm", RecurrentHParams, search_space, build, PROFILE)

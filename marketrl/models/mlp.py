@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from marketrl.loop.profile import ModelProfile
 from marketrl.models.base import NeuralHParams, Trial, neural_space
-from marketrl.models.supervised_trainer import torch_model_spec
+from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
-__all__ = ["MLP", "SPEC", "MLPHParams", "search_space"]
+__all__ = ["MLP", "PROFILE", "SPEC", "MLPHParams", "search_space"]
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,7 @@ class MLPHParams(NeuralHParams):
 
 
 def search_space(trial: Trial) -> dict[str, Any]:
-    """`neural_space` with windows of 2-8 rows (16 rows cost 5x the median trial, bench/hyperopt_cost.py)."""
+    """`neural_space` with windows of 2-8 rows (16 rows cost 5x the median trial, bench/speed/hyperopt_cost.py)."""
     return neural_space(trial, max_window=8, min_window=2)
 
 
@@ -51,4 +53,18 @@ class MLP(nn.Module):
         return self.net(windows).squeeze(-1)
 
 
-SPEC = torch_model_spec("mlp", MLPHParams, search_space, MLP)
+def multiply_adds(hp: Mapping[str, Any], n_features: int) -> int:
+    """One sample's forward pass: window·F -> b -> b/2."""
+    width = hp["hidden_dim_base"]
+    return hp["window"] * n_features * width + width * width // 2
+
+
+#: Its cost-driving bounds and trial cost, small test sizes and docs row (`marketrl.loop.profile`).
+PROFILE = ModelProfile(
+    bounds={"window": (2, 8), "hidden_dim_base": (16, 128), "batch_size": (128, 1024)},
+    trial_cost=torch_trial_cost(multiply_adds, sequence=False),
+    small=SMALL_HPARAMS,
+    summary="flatten → `b` → `b/2` → 1, ReLU, dropout",
+    own_hyperparameters="window 2…8, `b` {16, 32, 64, 128}",
+)
+SPEC = torch_model_spec("mlp", MLPHParams, search_space, MLP, PROFILE)

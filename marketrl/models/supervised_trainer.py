@@ -28,17 +28,15 @@ holding the stacked state) and `HardwareBudget.batch_size_bounds` (VRAM-aware ba
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpu_utils import (
     DeviceMetrics,
@@ -49,12 +47,14 @@ from gpu_utils import (
     resolve_precision,
     sample_bytes,
 )
-from gpu_utils.seeds import SeedOptimStep, stack_modules, unstack_state
+from gpu_utils.seeds import SeedOptimStep
 from marketrl.env import MarketData
 from marketrl.loop.hparams import parse_hparams
+from marketrl.loop.profile import ModelProfile, TrialCost, TrialSizes
 from marketrl.loop.resume import resume_or_start
 from marketrl.loop.schedule import EvalSchedule
 from marketrl.models.base import (
+    FORECASTER_TRIAL_OVERHEAD,
     ModelSpec,
     NeuralHParams,
     Predictor,
@@ -64,14 +64,18 @@ from marketrl.models.base import (
     Trial,
     distinct_seeds,
 )
+from marketrl.models.forecaster_seeds import ForecasterSeeds, vectorize_seeds
 from marketrl.models.supervised_data import SupervisedRows, training_rows
 
 __all__ = [
     "BATCH_LIMITS",
+    "SMALL_HPARAMS",
+    "STEP_OVERHEAD",
     "ForecasterSeeds",
     "ModelBuilder",
     "bytes_per_sample",
     "torch_model_spec",
+    "torch_trial_cost",
     "train_torch",
     "train_torch_seeds",
     "validation_losses",
@@ -85,6 +89,14 @@ ORDER_SEED_OFFSET = 7919
 
 #: build(hparams, n_features) -> module mapping windows [B, window, F] to predictions [B]
 ModelBuilder = Callable[[Any, int], nn.Module]
+#: The torch models' small hyperparameters for the unit tests (their `ModelProfile.small`).
+SMALL_HPARAMS: Mapping[str, Any] = MappingProxyType(
+    {"window": 4, "hidden_dim_base": 8, "batch_size": 32, "learning_rate": 1e-2}
+)
+#: A torch forecaster's price per row (and per window row of a sequence model) beyond its multiply-adds, in
+#: `ModelProfile.trial_cost` units: small matrices have a fixed price too (an LSTM's width 16 -> 32 cost 1.4x,
+#: its multiply-adds 2.5x; bench/speed/hyperopt_cost.py).
+STEP_OVERHEAD = 12_000
 
 
 def bytes_per_sample(module: nn.Module, window: int, n_features: int, plan: PrecisionPlan) -> int:
@@ -173,87 +185,6 @@ def make_predictor(module: TargetScaled, plan: PrecisionPlan) -> Predictor:
             module.train(was_training)
 
     return predict
-
-
-class ForecasterSeeds(nn.Module):
-    """S modules of one architecture as one: their parameters and buffers stacked on dim 0
-    (`gpu_utils.stack_modules`) and called through `torch.func.functional_call`, either under `torch.vmap` (one
-    seed per slice, ``randomness="different"``: each seed its own dropout masks) when ``vectorize``, or seed after
-    seed on slices of the stacked leaves (the module's own fused kernels; see `vectorize_seeds`). Either way the
-    gradient lands on the stacked leaves, so one optimizer steps all seeds. A module, so that the resume file saves
-    the stacked state like any network and checks it for NaN before writing.
-    """
-
-    def __init__(self, modules: Sequence[nn.Module], vectorize: bool = True) -> None:
-        super().__init__()
-        params, buffers = stack_modules(modules)
-        self.n_seeds = len(modules)
-        self.vectorize = vectorize and self.n_seeds > 1
-        # the architecture without storage; in a tuple so it is no submodule (nothing of it in the state_dict)
-        self._template = (copy.deepcopy(modules[0]).to("meta"),)
-        self._names = list(params)
-        self._buffer_names = list(buffers)
-        for name, value in params.items():
-            self.register_parameter(_key(name), nn.Parameter(value.detach()))
-        for name, value in buffers.items():
-            self.register_buffer(_key(name), value)
-
-    def stacked(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """(parameters, buffers) by the modules' own names, each [S, ...]."""
-        params = {name: getattr(self, _key(name)) for name in self._names}
-        return params, {name: getattr(self, _key(name)) for name in self._buffer_names}
-
-    def forward(self, windows: torch.Tensor, *, shared: bool = False) -> torch.Tensor:
-        """[S, B, window, F] (or [B, window, F] seen by every seed when ``shared``) -> module outputs [S, B]."""
-        template = self._template[0].train(self.training)
-
-        def one(
-            params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor
-        ) -> torch.Tensor:
-            return functional_call(template, (params, buffers), (x,))
-
-        params, buffers = self.stacked()
-        if not self.vectorize:
-            return torch.stack(
-                [
-                    one(
-                        {name: value[i] for name, value in params.items()},
-                        {name: value[i] for name, value in buffers.items()},
-                        windows if shared else windows[i],
-                    )
-                    for i in range(self.n_seeds)
-                ]
-            )
-        # attention: the math kernel batches under vmap; the CPU flash kernel has no batching rule (torch would
-        # loop over the seeds with a warning)
-        with sdpa_kernel([SDPBackend.MATH]):
-            return torch.vmap(one, in_dims=(0, 0, None if shared else 0), randomness="different")(
-                params, buffers, windows
-            )
-
-    def seed_state(self, index: int) -> dict[str, torch.Tensor]:
-        """Seed ``index``'s own state_dict (`gpu_utils.unstack_state`)."""
-        return unstack_state(*self.stacked(), index)
-
-
-def vectorize_seeds(module: nn.Module, device: torch.device) -> bool:
-    """Whether S seeds of ``module`` run under vmap (True) or seed after seed (False) on ``device``.
-
-    vmap turns S small kernels into one, which is what fills a GPU: every module is vectorized there. On one CPU
-    thread the arithmetic is the same either way and vmap saves only per-op overhead, while batched weights lose
-    the fast kernels (5 seeds at demo sizes, bench/seeds_forecasters.py, speed-up over 5 single-seed runs: MLP
-    1.66x, LSTM as a loop over rows 0.46x, transformer with math attention 0.83x, TCN's grouped convolutions
-    0.77x, DLinear 0.76x). So on the CPU only a module that opts in (a class attribute ``seeds_vmap_on_cpu =
-    True`` on it or a submodule: the MLP) is vectorized; the others run their seeds one after another, each with
-    its own kernels, in the same loop (one optimizer step, one data gather, one statistics read for all).
-    """
-    if device.type != "cpu":
-        return True
-    return any(getattr(m, "seeds_vmap_on_cpu", False) for m in module.modules())
-
-
-def _key(name: str) -> str:
-    return name.replace(".", ":")  # a module attribute name cannot hold a dot
 
 
 @dataclass
@@ -663,10 +594,35 @@ def load_torch(
     )
 
 
+def torch_trial_cost(multiply_adds: Callable[[Mapping[str, Any], int], int], *, sequence: bool) -> TrialCost:
+    """The `ModelProfile.trial_cost` of a model this loop trains: a fixed overhead plus samples processed x work per
+    sample. ``multiply_adds(hparams, n_features)``: one sample's forward pass; ``sequence``: the model steps over
+    the window's rows (each pays `STEP_OVERHEAD`). Samples: min(updates x batch, epochs x rows), three passes
+    each (forward and backward), plus the validations' two forward passes (the loss, then the trading rule's
+    positions) over the validation rows, ten per full run. A space that does not tune ``batch_size`` trains at
+    `NeuralHParams`'s default."""
+
+    def trial_cost(hp: Mapping[str, Any], s: TrialSizes) -> float:
+        per_sample = STEP_OVERHEAD * (hp["window"] if sequence else 1) + multiply_adds(hp, s.features)
+        batch = hp.get("batch_size", NeuralHParams.batch_size)
+        steps = min(s.trial_updates, s.epochs * math.ceil(s.train_rows / batch))
+        samples = min(steps * batch, s.epochs * s.train_rows)
+        validations = min(10, steps // max(1, s.trial_updates // 10))  # fewer when it ends early
+        work = (3 * samples + 2 * validations * s.validation_rows) * per_sample
+        return FORECASTER_TRIAL_OVERHEAD + float(work)
+
+    return trial_cost
+
+
 def torch_model_spec(
-    name: str, hparams_class: type, search_space: Callable[[Trial], dict[str, Any]], build: ModelBuilder
+    name: str,
+    hparams_class: type,
+    search_space: Callable[[Trial], dict[str, Any]],
+    build: ModelBuilder,
+    profile: ModelProfile | None = None,
 ) -> ModelSpec:
-    """The registry entry of a torch model: the shared trainer and loader bound to its config and module."""
+    """The registry entry of a torch model: the shared trainer and loader bound to its config and module, and its
+    `ModelProfile` (bounds, trial cost, small test sizes, docs row)."""
     if not issubclass(hparams_class, NeuralHParams):
         raise TypeError(f"{name}: hyperparameters must extend NeuralHParams")
 
@@ -679,4 +635,14 @@ def torch_model_spec(
     def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> TrainedModel:
         return load_torch(name, hparams_class, build, checkpoint, device)
 
-    return ModelSpec(name, hparams_class, search_space, train, load, neural=True, train_seeds=train_seeds)
+    return ModelSpec(
+        name,
+        hparams_class,
+        search_space,
+        train,
+        load,
+        neural=True,
+        train_seeds=train_seeds,
+        profile=profile,
+        build_module=build,
+    )

@@ -6,6 +6,7 @@ Causal: each convolution is padded on the left only, so the output at a row sees
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,10 +14,11 @@ import torch
 from torch import nn
 
 from marketrl.loop.hparams import check_ranges
+from marketrl.loop.profile import ModelProfile
 from marketrl.models.base import NeuralHParams, Trial, sequence_space
-from marketrl.models.supervised_trainer import torch_model_spec
+from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
-__all__ = ["SPEC", "TCN", "TCNHParams", "search_space"]
+__all__ = ["PROFILE", "SPEC", "TCN", "TCNHParams", "search_space"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class TCNHParams(NeuralHParams):
 def search_space(trial: Trial) -> dict[str, Any]:
     """`sequence_space` (bounded window and width) plus the depth; kernel 2, whose two levels (dilations 1, 2)
     see 7 rows, nearly the longest window (8). Kernels 3-5 and a third level multiplied the cost of a step
-    (bench/hyperopt_cost.py) and reached rows beyond the window."""
+    (bench/speed/hyperopt_cost.py) and reached rows beyond the window."""
     # one choice, still suggested: the study's best_params (what training reads) then carry it
     return {
         **sequence_space(trial),
@@ -86,4 +88,28 @@ class TCN(nn.Module):
         return self.head(self.blocks(windows.transpose(1, 2))[:, :, -1]).squeeze(-1)
 
 
-SPEC = torch_model_spec("tcn", TCNHParams, search_space, TCN)
+def multiply_adds(hp: Mapping[str, Any], n_features: int) -> int:
+    """One sample's forward pass, at each row: the features into `b` channels (the first block's skip), and two
+    convolutions per level."""
+    width = hp["hidden_dim_base"]
+    return hp["window"] * (n_features * width + 2 * hp["levels"] * hp["kernel_size"] * width * width)
+
+
+#: Its cost-driving bounds and trial cost, small test sizes and docs row (`marketrl.loop.profile`).
+PROFILE = ModelProfile(
+    bounds={
+        "window": (2, 8),
+        "hidden_dim_base": (16, 32),
+        "batch_size": (128, 1024),
+        "kernel_size": (2, 2),
+        "levels": (1, 2),
+    },
+    trial_cost=torch_trial_cost(multiply_adds, sequence=True),
+    small=SMALL_HPARAMS,
+    summary=(
+        "residual blocks of two causal dilated Conv1d (`b` channels, dilation 2^level, left padding only)"
+        " → channels at row t → linear"
+    ),
+    own_hyperparameters="`kernel_size` 2 (fixed), `levels` 1…2; window 2…8, `b` {16, 32}",
+)
+SPEC = torch_model_spec("tcn", TCNHParams, search_space, TCN, PROFILE)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from marketrl.env import MarketData
-from marketrl.env.costs import CostModel, Costs
+from marketrl.instruments.costs import CostModel, Costs
 
 __all__ = ["TradingRule", "cost_model", "round_trip_cost"]
 

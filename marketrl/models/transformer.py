@@ -6,6 +6,7 @@ Attention is over the window's own rows t-window+1..t only, so no mask is needed
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,10 +14,11 @@ import torch
 from torch import nn
 
 from marketrl.loop.hparams import check_ranges, require
+from marketrl.loop.profile import ModelProfile
 from marketrl.models.base import NeuralHParams, Trial, sequence_space
-from marketrl.models.supervised_trainer import torch_model_spec
+from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
-__all__ = ["SPEC", "TransformerHParams", "TransformerRegressor", "search_space"]
+__all__ = ["PROFILE", "SPEC", "TransformerHParams", "TransformerRegressor", "search_space"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def search_space(trial: Trial) -> dict[str, Any]:
         # A step costs window x (width x FFN + window x width) per row and layer: at window 28, width 128 and 3
         # layers one 256-row step took ~0.35 s on one CPU core, one trial ~8 minutes of the demo's study, and at
         # window 15 five seeds of training ~12 job-minutes: more than make run's budget allows this one model.
-        # A second layer doubled a trial's cost at the largest window and width (bench/hyperopt_cost.py).
+        # A second layer doubled a trial's cost at the largest window and width (bench/speed/hyperopt_cost.py).
         **sequence_space(trial),
         "n_heads": trial.suggest_categorical("n_heads", [1, 2, 4]),
         "n_layers": trial.suggest_categorical("n_layers", [1]),  # suggested: best_params carry it
@@ -69,4 +71,29 @@ class TransformerRegressor(nn.Module):
         return self.head(tokens[:, -1]).squeeze(-1)
 
 
-SPEC = torch_model_spec("transformer", TransformerHParams, search_space, TransformerRegressor)
+def multiply_adds(hp: Mapping[str, Any], n_features: int) -> int:
+    """One sample's forward pass: the embedding, then per layer attention (projections and window x window
+    scores) and the feed-forward block, at each row."""
+    width, window = hp["hidden_dim_base"], hp["window"]
+    layer = 4 * width * width + 4 * width * width + 2 * window * width
+    return window * (n_features * width + hp["n_layers"] * layer)
+
+
+#: Its cost-driving bounds and trial cost, small test sizes and docs row (`marketrl.loop.profile`).
+PROFILE = ModelProfile(
+    bounds={
+        "window": (2, 8),
+        "hidden_dim_base": (16, 32),
+        "batch_size": (128, 1024),
+        "n_heads": (1, 4),
+        "n_layers": (1, 1),
+    },
+    trial_cost=torch_trial_cost(multiply_adds, sequence=True),
+    small=SMALL_HPARAMS,
+    summary=(
+        "linear embedding to `b` + learned positions → pre-norm encoder layers (feed-forward `2b`) → "
+        "row-t token → LayerNorm → linear"
+    ),
+    own_hyperparameters="`n_heads` {1, 2, 4} (must divide `b`), `n_layers` 1 (fixed); window 2…8, `b` {16, 32}",
+)
+SPEC = torch_model_spec("transformer", TransformerHParams, search_space, TransformerRegressor, PROFILE)

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from marketrl.report.build import SECTIONS, build_report
-from marketrl.report.inputs import ReportInputError
+from marketrl.verdict.inputs import ReportInputError
 
 __all__ = ["SECTIONS", "ReportInputError", "build_report"]

@@ -17,10 +17,15 @@ import numpy as np
 import polars as pl
 import yaml
 
-from marketrl.evaluation.metrics import to_json_safe
-from marketrl.evaluation.stats import ANNUALIZER, is_finite_number
+from marketrl.calendars.annual import ANNUALIZER
 from marketrl.report import figures, forecast, tables, tuning
-from marketrl.report.inputs import (
+from marketrl.runtime import provenance
+from marketrl.runtime.io import atomic_writes
+from marketrl.scoring.metrics import to_json_safe
+from marketrl.scoring.stats import is_finite_number
+from marketrl.settings.config import derive_seed
+from marketrl.settings.registry import DETERMINISTIC
+from marketrl.verdict.inputs import (
     AGENT,
     BASELINES,
     FORECASTER,
@@ -31,7 +36,7 @@ from marketrl.report.inputs import (
     load_inputs,
     read_json_object,
 )
-from marketrl.report.strategies import (
+from marketrl.verdict.strategies import (
     BASELINE_LABELS,
     DSR_THRESHOLD,
     Strategy,
@@ -39,11 +44,7 @@ from marketrl.report.strategies import (
     build_strategies,
     config_value,
 )
-from marketrl.report.verdict import AgentVerdict, FamilySummary, agent_verdicts, deflation_for, sharpe_stats
-from marketrl.runtime import provenance
-from marketrl.runtime.io import atomic_writes
-from marketrl.workflow.config import derive_seed
-from marketrl.workflow.registry import DETERMINISTIC
+from marketrl.verdict.verdicts import AgentVerdict, FamilySummary, agent_verdicts, deflation_for, sharpe_stats
 
 log = logging.getLogger(__name__)
 
@@ -550,8 +551,11 @@ def verdict_record(
 ) -> dict[str, Any]:
     """The report's verdict as plain data (``results/verdict.json``): the models that beat every baseline at the
     family-wise level (``winners``; the predict stage's default models), each model's claim, adjusted p-value,
-    binding baseline and annualised Sharpe with its interval, what the run could detect, and provenance."""
+    binding baseline and annualised Sharpe with its interval, what the run could detect, the report's headline
+    (``sentence``: the family sentence the verdict section opens with, which `make run` prints last) and
+    provenance."""
     return {
+        "sentence": family.sentence,
         "winners": [v.algo for v in verdicts if v.beats],
         "alpha": family.alpha,
         "pooled_test_days": family.n_days,

@@ -19,11 +19,11 @@ from markupsafe import Markup, escape
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from marketrl.evaluation.metrics import drawdown_series, equity_curve
 from marketrl.report.forecast import ForecastQuality
-from marketrl.report.inputs import HyperoptSummary, TrainLog
-from marketrl.report.strategies import BASELINE_LABELS, Strategy
 from marketrl.report.tables import SeedSpread
+from marketrl.scoring.metrics import drawdown_series, equity_curve
+from marketrl.verdict.inputs import HyperoptSummary, TrainLog
+from marketrl.verdict.strategies import BASELINE_LABELS, Strategy
 
 P = ParamSpec("P")
 

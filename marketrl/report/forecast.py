@@ -8,14 +8,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from marketrl.evaluation.metrics import (
+from marketrl.scoring.metrics import (
     daily_information_coefficients,
     summarize_information_coefficients,
 )
-from marketrl.report.inputs import (
+from marketrl.verdict.inputs import (
     ReportInputError,
 )
-from marketrl.report.strategies import Strategy
+from marketrl.verdict.strategies import Strategy
 
 # ------------------------------------------------------------------------------ forecast quality (forecasters)
 

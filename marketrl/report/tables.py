@@ -10,19 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from marketrl.evaluation.stats import (
-    ConfidenceInterval,
-    interquartile_mean,
-    is_finite_number,
-)
 from marketrl.report.forecast import ForecastQuality
-from marketrl.report.inputs import (
+from marketrl.scoring.stats import ConfidenceInterval, interquartile_mean, is_finite_number
+from marketrl.settings.config import derive_seed
+from marketrl.verdict.inputs import (
     BASELINES,
     MATCHED_RANDOM,
     RANDOM_BASELINE,
     ReportInputs,
 )
-from marketrl.report.strategies import (
+from marketrl.verdict.strategies import (
     BASELINE_LABELS,
     ReturnSeries,
     Strategy,
@@ -30,8 +27,7 @@ from marketrl.report.strategies import (
     matched_traders,
     seed_aggregate,
 )
-from marketrl.report.verdict import AgentVerdict
-from marketrl.workflow.config import derive_seed
+from marketrl.verdict.verdicts import AgentVerdict
 
 # Relative tolerance for the stored metrics.json values against the recomputation from bars.parquet.
 _STORED_RTOL = 1e-6

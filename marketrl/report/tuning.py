@@ -16,8 +16,8 @@ from optuna.distributions import (
 from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
 from optuna.trial import TrialState
 
-from marketrl.evaluation.stats import is_finite_number
-from marketrl.report.inputs import HyperoptSummary
+from marketrl.scoring.stats import is_finite_number
+from marketrl.verdict.inputs import HyperoptSummary
 
 # Below this many completed trials an importance estimate is noise; the section says so instead.
 MIN_TRIALS_FOR_IMPORTANCE = 5

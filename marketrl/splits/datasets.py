@@ -18,8 +18,8 @@ import polars as pl
 import torch
 
 from marketrl.env import EnvConfig, MarketData, parse_duration
-from marketrl.env.costs import Costs, costs_from_config, is_continuous
 from marketrl.features import BASE_COLUMNS, BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns
+from marketrl.instruments.costs import Costs, costs_from_config, is_continuous
 from marketrl.runtime.io import write_json_atomic
 from marketrl.runtime.provenance import sha256_file
 from marketrl.splits.folds import FoldPlan, select_rows, select_tuning_rows

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+from marketrl.settings.config import ConfigError, load_config
 from marketrl.training.study_storage import (
     HyperoptError,
     open_storage,
@@ -25,7 +26,6 @@ from marketrl.training.study_storage import (
     storage_url,
     study_dir,
 )
-from marketrl.workflow.config import ConfigError, load_config
 
 __all__ = ["DashboardError", "main", "pick_algo"]
 

@@ -2,7 +2,7 @@
 own model file, each with an ``export.json`` that says how to turn raw feature rows into positions with plain
 numpy and torch (or onnxruntime, or lightgbm).
 
-One directory per seed (`marketrl.workflow.paths.EXPORT_DIR`):
+One directory per seed (`marketrl.settings.paths.EXPORT_DIR`):
 
     export.json   feature names, normalizer statistics, window, input/output layout, the position rule
                   (an agent's observation and action map, or a forecaster's trading rule as plain numbers),

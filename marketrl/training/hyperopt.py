@@ -27,11 +27,12 @@ from typing import Any
 import optuna
 
 from gpu_utils import HardwareBudget, PrecisionPlan, detect_precision, resolve_device
-from marketrl.evaluation.metrics import to_json_safe
-from marketrl.evaluation.stats import ANNUALIZER
+from marketrl.calendars.annual import ANNUALIZER
 from marketrl.runtime.io import write_json_atomic
 from marketrl.runtime.provenance import collect, package_versions, sha256_file
 from marketrl.runtime.testing_hooks import hold_point
+from marketrl.scoring.metrics import to_json_safe
+from marketrl.settings.config import derive_seed
 from marketrl.splits.datasets import WindowData, env_config_from_config, load_features, tuning_window
 from marketrl.splits.folds import FoldPlan
 from marketrl.training.study_storage import (  # claims, storage and recovery; the rest is re-exported for callers
@@ -51,7 +52,6 @@ from marketrl.training.study_storage import (  # claims, storage and recovery; t
     work_on_study,
 )
 from marketrl.training.zoo import SearchSpace, TrainRequest, get_entry, positions_sharpe
-from marketrl.workflow.config import derive_seed
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from optuna.exceptions import UpdateFinishedTrialError
 
 from gpu_utils import NonFiniteError
 from marketrl.runtime.provenance import redact_url
-from marketrl.workflow import paths
-from marketrl.workflow.config import derive_seed
+from marketrl.settings import paths
+from marketrl.settings.config import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def _advisory_key(name: str) -> int:
 
 
 def study_dir(algo: str, results_dir: str | Path = "results") -> Path:
-    """Where an algorithm's study keeps its journal and lock file (marketrl.workflow.paths.STUDY_DIR under `results_dir`)."""
+    """Where an algorithm's study keeps its journal and lock file (marketrl.settings.paths.STUDY_DIR under `results_dir`)."""
     return Path(results_dir) / paths.STUDY_SUBDIR.format(algo=algo)
 
 

@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from gpu_utils import HardwareBudget, detect_precision, resolve_device
-from marketrl.evaluation.metrics import to_json_safe
 from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.runtime.io import write_json_atomic
 from marketrl.runtime.provenance import collect, sha256_file
+from marketrl.scoring.metrics import to_json_safe
+from marketrl.settings.config import derive_seed
 from marketrl.splits.datasets import cost_model_from_config, fold_window, load_features
 from marketrl.splits.folds import FoldPlan
 from marketrl.training.board import TrainingBoard
 from marketrl.training.zoo import EVALS_PER_RUN, Trained, TrainRequest, get_entry
-from marketrl.workflow.config import derive_seed
 
 __all__ = ["EVALS_PER_RUN", "HparamsError", "ProgressLog", "load_hparams", "train_job", "train_log_record"]
 
@@ -144,9 +144,9 @@ def train_job(
     """Train one model (`algo`: any name of training.models) on one fold with every seed of `seed_indices`, as
     one batch where the model can; write each seed's model.pt and train_log.json atomically.
 
-    `resume_path` is the batch's resumable checkpoint: an undeclared side file (marketrl.workflow.paths.RESUME),
+    `resume_path` is the batch's resumable checkpoint: an undeclared side file (marketrl.settings.paths.RESUME),
     removed once every model.pt is written. A deterministic model (ridge) is given one seed index.
-    `tensorboard_dirs` (one per seed, marketrl.workflow.paths.TENSORBOARD; None: none written) are the run
+    `tensorboard_dirs` (one per seed, marketrl.settings.paths.TENSORBOARD; None: none written) are the run
     directories of its TensorBoard event files, another undeclared side output (marketrl.training.board).
     """
     if not (len(seed_indices) == len(model_paths) == len(log_paths)) or not seed_indices:

@@ -1,7 +1,7 @@
 """The zoo: every model the pipeline runs, the RL agents (`marketrl.agents`) and the forecasters
 (`marketrl.models`), behind one protocol, so that hyperopt, training and evaluation dispatch by name.
 
-`ZOO` is built from the specs `marketrl.workflow.registry.REGISTRY` names: an `AgentSpec` becomes an `AgentEntry`,
+`ZOO` is built from the specs `marketrl.settings.registry.REGISTRY` names: an `AgentSpec` becomes an `AgentEntry`,
 a `ModelSpec` a `ForecasterEntry`; nothing here tests a model's name. ``training.extra_models`` (a config's
 ``name: "module:SPEC"`` entries) adds models from outside marketrl the same way (`get_entry(name, extra)`).
 
@@ -33,7 +33,7 @@ from typing import Any, Literal
 import torch
 
 from gpu_utils import HardwareBudget, PrecisionPlan
-from marketrl.agents.checkpoint import save_checkpoint
+from marketrl.agents.checkpoint import load_policy, save_checkpoint
 from marketrl.agents.common import GreedyPolicies, GreedyPolicy, TrainResult, env_settings
 from marketrl.agents.memory import batch_size_bounds
 from marketrl.agents.spec import HIDDEN_DIM_BASES, AgentSpec
@@ -45,13 +45,13 @@ from marketrl.env import (
     policy_positions,
     tabulated_policies_positions,
 )
-from marketrl.evaluation.metrics import performance_summary
 from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models import RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
 from marketrl.models.base import CHECKPOINT_FORMAT, ModelSpec, Trial
 from marketrl.models.supervised_data import CPU_EVAL_PREDICT_CHUNK
+from marketrl.scoring.metrics import performance_summary
+from marketrl.settings.registry import DETERMINISTIC, REGISTRY, RegistryError, load_spec
 from marketrl.splits.datasets import WindowData, env_config_from_config
-from marketrl.workflow.registry import REGISTRY, RegistryError, load_spec
 
 __all__ = [
     "EVALS_PER_RUN",
@@ -62,6 +62,7 @@ __all__ = [
     "LoadedModel",
     "TrainRequest",
     "Trained",
+    "check_deterministic",
     "entry_from_spec",
     "get_entry",
     "positions_sharpe",
@@ -115,9 +116,9 @@ class TrainRequest:
     checkpoint: TrainingCheckpoint | None = None
     budget: HardwareBudget | None = None
 
-    @property
+    @functools.cached_property
     def env_config(self) -> EnvConfig:
-        """The env settings of the run (evaluation and scoring use the same)."""
+        """The env settings of the run (evaluation and scoring use the same), parsed once per request."""
         return env_config_from_config(self.config)
 
     def score(self, positions: Callable[[MarketData], torch.Tensor]) -> float:
@@ -288,7 +289,7 @@ class AgentEntry(_NamedBySpec):
 
     def load(self, path: str, device: torch.device) -> LoadedModel:
         """The greedy policy of an agent checkpoint."""
-        policy, meta = self.spec.load(path, device)
+        policy, meta = load_policy(path, device, spec=self.spec)
         return LoadedModel(
             name=self.name,
             kind=self.kind,
@@ -451,10 +452,24 @@ def entry_from_spec(name: str, spec: Any) -> Entry:
     return entry
 
 
+def check_deterministic(entries: Mapping[str, Entry], marked: Sequence[str]) -> None:
+    """The models whose registry line is marked deterministic (``marked``, `registry.DETERMINISTIC`: what the
+    workflow plans by) are exactly those whose spec says ``deterministic=True`` (what the trainer does); a
+    `RegistryError` naming the first that differs."""
+    for name, entry in entries.items():
+        said = bool(getattr(entry.spec, "deterministic", False))
+        if said != (name in marked):
+            raise RegistryError(
+                f"{name}: the spec says deterministic={said} but its registry line "
+                f"{'is not' if said else 'is'} marked deterministic(...); make the two agree"
+            )
+
+
 #: Every built-in model, in the registry's order (the default of training.models).
 ZOO: dict[str, Entry] = {
     name: entry_from_spec(name, load_spec(location)) for name, location in REGISTRY.items()
 }
+check_deterministic(ZOO, DETERMINISTIC)
 
 
 @functools.cache

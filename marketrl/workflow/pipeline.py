@@ -11,14 +11,21 @@ import json
 from pathlib import Path
 from typing import Any
 
-from marketrl.data.calendars.cme_hours import demo_file_days
-from marketrl.workflow import paths
-from marketrl.workflow.config import ConfigError
-from marketrl.workflow.file_order import DbnHeaderError, dbn_stem, header_start_ns, time_ordered
-from marketrl.workflow.registry import DETERMINISTIC
-
-DBN_SUFFIX = ".dbn.zst"
-DEMO_DEFINITIONS_DIR = "definitions"  # the demo's definition file: its own folder, a separate download
+from marketrl.calendars.cme_hours import demo_file_days
+from marketrl.data.file_order import (
+    CONTEXT_FILES,
+    DBN_SUFFIX,
+    DEMO_DEFINITIONS_DIR,
+    DbnHeaderError,
+    dbn_stem,
+    demo_definition_name,
+    demo_file_name,
+    header_start_ns,
+    time_ordered,
+)
+from marketrl.settings import paths
+from marketrl.settings.config import ConfigError
+from marketrl.settings.registry import DETERMINISTIC
 
 
 def weekdays(start: dt.date, n_days: int | None = None, end: dt.date | None = None) -> list[dt.date]:
@@ -30,16 +37,6 @@ def weekdays(start: dt.date, n_days: int | None = None, end: dt.date | None = No
             days.append(day)
         day += dt.timedelta(days=1)
     return days
-
-
-def demo_file_name(day: dt.date) -> str:
-    """A demo file's name, one per UTC day, as in a Databento batch download: glbx-mdp3-20240212.ohlcv-1m.dbn.zst."""
-    return f"glbx-mdp3-{day:%Y%m%d}.ohlcv-1m{DBN_SUFFIX}"
-
-
-def demo_definition_name(first: dt.date, last: dt.date) -> str:
-    """The demo's definition file, named like a Databento batch download of [first, last]."""
-    return f"glbx-mdp3-{first:%Y%m%d}-{last:%Y%m%d}.definition{DBN_SUFFIX}"
 
 
 def demo_files(config: dict[str, Any]) -> list[str]:
@@ -126,14 +123,6 @@ def raw_data_files(config: dict[str, Any]) -> dict[str, str]:
         except DbnHeaderError as exc:
             raise ConfigError(f"config key 'data.files': {exc}") from None
     return _stems(paths, "data.files")
-
-
-# Files before each input file that its features job may decode as lookback context. One is not enough: a
-# Sunday UTC-day file of CME data holds only the 17:00 CT open hour (60 one-minute bars in winter, fewer than
-# MAX_LOOKBACK), so Monday needs Friday behind it; a third covers one more short or empty file (a holiday) in
-# between. The job decodes them newest first and stops once the lookbacks are covered, so the extra inputs
-# cost a DAG edge each, not a decode.
-CONTEXT_FILES = 3
 
 
 def previous_files(config: dict[str, Any], stem: str, k: int = CONTEXT_FILES) -> list[str]:

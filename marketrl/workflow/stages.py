@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from marketrl.workflow.registry import registered_modules
+from marketrl.settings.registry import registered_modules
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS_DIR = REPO_ROOT / "workflow_scripts"
@@ -160,7 +160,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.n_envs",
     ),
     "report": ALL_KEYS,
-    # The verdict's calibration (marketrl/evaluation/calibration.py): synthetic worlds, each with its own data, folds and
+    # The verdict's calibration (marketrl/calibration/worlds.py): synthetic worlds, each with its own data, folds and
     # models from the calibration slice, scored like the report scores a run.
     "calibration_worlds": (
         "seed",
@@ -348,7 +348,7 @@ def _module_file(module: str) -> Path | None:
 
 
 # Whoever imports the registry's loader imports, at run time, every module the registry names.
-SPEC_LOADER = "marketrl.workflow.registry.load_spec"
+SPEC_LOADER = "marketrl.settings.registry.load_spec"
 
 
 @functools.cache

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import optuna
 
+from marketrl.settings.config import validate_config
 from marketrl.training.hyperopt import SAMPLED, load_study, work_on_study
-from marketrl.workflow.config import validate_config
 
 N_TRIALS = 4
 SAMPLER_SEED = 17

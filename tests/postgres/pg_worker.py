@@ -16,9 +16,9 @@ from pathlib import Path
 
 import optuna
 
+from marketrl.settings.config import derive_seed, validate_config
 from marketrl.training.hyperopt import SAMPLED, load_study
 from marketrl.training.study_storage import trial_claims, work_on_study
-from marketrl.workflow.config import derive_seed, validate_config
 
 ALGO = "dqn"
 HEARTBEAT_S = 0.2

@@ -269,7 +269,7 @@ def check_run(
 
     `postgres_password`: the SLURM run's hyperopt used PostgreSQL (with this password) and the local run ran its
     own hyperopt on the journal; otherwise the local run reused the SLURM run's hyperopt results."""
-    from marketrl.workflow.config import load_config
+    from marketrl.settings.config import load_config
 
     config = load_config(slurm_run / "config.yaml")
     evidence: list[str] = []

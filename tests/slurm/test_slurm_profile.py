@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from marketrl.settings.config import ConfigError, validate_config
 from marketrl.workflow import pipeline
-from marketrl.workflow.config import ConfigError, validate_config
 from tests.conftest import REPO_ROOT
 from tests.slurm import slurm_checks
 

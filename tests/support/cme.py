@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import polars as pl
 
-from marketrl.env.costs import costs_from_config
+from marketrl.instruments.costs import costs_from_config
 from tests.test_env import frame_from_bars
 
 #: segments break at gaps over 2 hours: the daily break (1 h) does not, the halt (3 h) does

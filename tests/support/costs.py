@@ -1,4 +1,4 @@
-"""Contract specs for test configs: there is no default contract (``marketrl.workflow.config.check_contract_specs``)."""
+"""Contract specs for test configs: there is no default contract (``marketrl.settings.config.check_contract_specs``)."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ from typing import Any
 import polars as pl
 
 from marketrl.features import FEATURE_NAMES
+from marketrl.settings.config import load_config
 from marketrl.splits.datasets import write_feature_manifest
 from marketrl.splits.folds import FoldConfig, make_fold_plan
-from marketrl.workflow.config import load_config
 from tests.conftest import REPO_ROOT
 from tests.support.costs import CATCH_ALL_SPEC
 from tests.test_env import random_frame

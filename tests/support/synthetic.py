@@ -2,7 +2,7 @@
 
 Records are real ``databento_dbn`` messages (``OHLCVMsg``, ``TradeMsg``, ``MBP1Msg``, ``MBOMsg``), written with
 marketrl.data.dbn_writer. Building one Python object per record is fine for thousands of records;
-bench/features.py has a vectorized writer for millions.
+bench/speed/features.py has a vectorized writer for millions.
 """
 
 from __future__ import annotations
