@@ -115,19 +115,19 @@ test-postgres: $(DEV_STAMP)
 
 # --- Monitoring (issue 25) -------------------------------------------------------------------------------------
 # Watch a run live on loopback: TensorBoard over every training job's event files (results/tensorboard/), and
-# optuna-dashboard on the hyperopt study storage (the journal of ALGO, default the first model with one; with
-# PostgreSQL every study; that also needs the postgres extra). PORT, CONFIG and ALGO are optional; docs/OUTPUTS.md
+# optuna-dashboard on the hyperopt study storage (the journal of MODEL, default the first model with one; with
+# PostgreSQL every study; that also needs the postgres extra). PORT, CONFIG and MODEL are optional; docs/OUTPUTS.md
 # describes the TensorBoard tags.
 PORT ?=
 CONFIG ?= config.yaml
-ALGO ?=
+MODEL ?=
 tensorboard: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[monitor]'
 	$(BIN)/tensorboard --logdir results/tensorboard --host 127.0.0.1 --port $(or $(PORT),6006)
 
 dashboard: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[monitor]'
-	$(BIN)/python -m marketrl.training.dashboard --config $(CONFIG) --results results --port $(or $(PORT),8080) $(if $(ALGO),--algo $(ALGO))
+	$(BIN)/python -m marketrl.training.dashboard --config $(CONFIG) --results results --port $(or $(PORT),8080) $(if $(MODEL),--model $(MODEL))
 # --- end Monitoring -------------------------------------------------------------------------------------------
 
 clean-results:

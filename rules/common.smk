@@ -38,18 +38,18 @@ HYPEROPT_WORKER_OUTPUT = (
 )
 HYPEROPT_BEST_OUTPUT = paths.HYPEROPT_FOLD_BEST if PER_FOLD else paths.HYPEROPT_BEST
 HYPEROPT_WORKER_LOG = (
-    "hyperopt/{algo}/fold_{fold}/worker_{worker}"
+    "hyperopt/{model}/fold_{fold}/worker_{worker}"
     if PER_FOLD
-    else "hyperopt/{algo}/worker_{worker}"
+    else "hyperopt/{model}/worker_{worker}"
 )
 HYPEROPT_BEST_LOG = (
-    "hyperopt/{algo}/fold_{fold}_best" if PER_FOLD else "hyperopt/{algo}_best"
+    "hyperopt/{model}/fold_{fold}_best" if PER_FOLD else "hyperopt/{model}_best"
 )
 
 
 wildcard_constraints:
     stem=r"[^/]+",
-    algo="|".join(config["training"]["models"]),
+    model="|".join(config["training"]["models"]),
     fold=r"\d+",
     seed=r"\d+",
     worker=r"\d+",
@@ -62,12 +62,12 @@ def stage_config(stage):
 
 
 def model_stage_config(stage):
-    """The config keys `stage` reads, for the job of one model ({algo}): in it, each per-model mapping
+    """The config keys `stage` reads, for the job of one model ({model}): in it, each per-model mapping
     (stages.PER_MODEL_KEYS, e.g. training.extra_models) holds only that model's entry.
     """
 
     def for_model(wildcards):
-        return stages.stage_config(config, stage, model=wildcards.algo)
+        return stages.stage_config(config, stage, model=wildcards.model)
 
     return for_model
 
@@ -108,16 +108,18 @@ def user_features_hash():
 
 def hyperopt_worker_summaries(wildcards):
     """Worker summaries of one model's study (of one model x fold's under hyperopt.per_fold)."""
-    return pipeline.hyperopt_worker_files(config, wildcards.algo, wildcards.get("fold"))
+    return pipeline.hyperopt_worker_files(
+        config, wildcards.model, wildcards.get("fold")
+    )
 
 
 def hyperopt_params(wildcards):
     """Best hyperparameters of the model and fold being trained (its own fold's study under hyperopt.per_fold)."""
-    return pipeline.hyperopt_best_file(config, wildcards.algo, wildcards.fold)
+    return pipeline.hyperopt_best_file(config, wildcards.model, wildcards.fold)
 
 
 def study_results_dir(wildcards):
-    """The results directory whose hyperopt/{algo}/ holds the study journal and locks (marketrl.settings.paths.STUDY_DIR).
+    """The results directory whose hyperopt/{model}/ holds the study journal and locks (marketrl.settings.paths.STUDY_DIR).
 
     The journal is shared by every worker of a study, so it is no single job's output; clusters without a shared
     filesystem use an RDB URL in hyperopt.storage instead.
@@ -126,7 +128,7 @@ def study_results_dir(wildcards):
 
 
 def seed_outputs(template):
-    """One output per seed of a model x fold job ({algo} and {fold} stay wildcards). Outputs cannot be input
+    """One output per seed of a model x fold job ({model} and {fold} stay wildcards). Outputs cannot be input
     functions, so this is the config's seed list; the *_once rules take seed 0 for a deterministic model.
     """
     return expand(template, seed=pipeline.seed_indices(config), allow_missing=True)
@@ -134,14 +136,14 @@ def seed_outputs(template):
 
 def resume_file(wildcards):
     """The training job's resumable checkpoint: an undeclared side file (see marketrl/settings/paths.py)."""
-    return paths.RESUME.format(algo=wildcards.algo, fold=wildcards.fold)
+    return paths.RESUME.format(model=wildcards.model, fold=wildcards.fold)
 
 
 def run_seeds(wildcards):
     """The seed indices one train or evaluate job (one model x fold) runs: the one list every per-seed input
     and output of that job follows (seed 0 alone for a deterministic model: rules train_once, evaluate_once).
     """
-    return pipeline.seed_indices(config, wildcards.algo)
+    return pipeline.seed_indices(config, wildcards.model)
 
 
 def export_outputs(template):
@@ -154,7 +156,7 @@ def tensorboard_dirs(wildcards):
     marketrl/settings/paths.py), emptied by the job at its start.
     """
     return [
-        paths.TENSORBOARD.format(algo=wildcards.algo, fold=wildcards.fold, seed=seed)
+        paths.TENSORBOARD.format(model=wildcards.model, fold=wildcards.fold, seed=seed)
         for seed in run_seeds(wildcards)
     ]
 
@@ -162,7 +164,7 @@ def tensorboard_dirs(wildcards):
 def seed_models(wildcards):
     """The models an evaluation job scores: every seed's model of its model x fold."""
     return [
-        paths.MODEL.format(algo=wildcards.algo, fold=wildcards.fold, seed=seed)
+        paths.MODEL.format(model=wildcards.model, fold=wildcards.fold, seed=seed)
         for seed in run_seeds(wildcards)
     ]
 
@@ -191,4 +193,4 @@ def predict_feature_inputs(wildcards):
 
 def predict_models(wildcards):
     """Every seed's checkpoint of the model a predict job applies, in the fold predict.fold names."""
-    return pipeline.predict_model_files(config, wildcards.algo)
+    return pipeline.predict_model_files(config, wildcards.model)

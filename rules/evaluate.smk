@@ -8,11 +8,11 @@ rule evaluate:
         metrics=seed_outputs(paths.EVAL_METRICS),
         bars=seed_outputs(paths.EVAL_BARS),
     log:
-        paths.log("evaluate/{algo}/fold_{fold}"),
+        paths.log("evaluate/{model}/fold_{fold}"),
     benchmark:
-        paths.benchmark("evaluate/{algo}/fold_{fold}")
+        paths.benchmark("evaluate/{model}/fold_{fold}")
     wildcard_constraints:
-        algo=STOCHASTIC_MODELS,
+        model=STOCHASTIC_MODELS,
     conda:
         ENV_FILE
     threads: 1
@@ -32,11 +32,11 @@ use rule evaluate as evaluate_once with:
         metrics=[paths.EVAL_METRICS.replace("{seed}", "0")],
         bars=[paths.EVAL_BARS.replace("{seed}", "0")],
     log:
-        paths.log("evaluate/{algo}/fold_{fold}"),
+        paths.log("evaluate/{model}/fold_{fold}"),
     benchmark:
-        paths.benchmark("evaluate/{algo}/fold_{fold}")
+        paths.benchmark("evaluate/{model}/fold_{fold}")
     wildcard_constraints:
-        algo=DETERMINISTIC_MODELS,
+        model=DETERMINISTIC_MODELS,
 
 
 rule baselines:

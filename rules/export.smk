@@ -8,11 +8,11 @@ rule export:
     output:
         dirs=export_outputs(paths.EXPORT_DIR),
     log:
-        paths.log("export/{algo}/fold_{fold}"),
+        paths.log("export/{model}/fold_{fold}"),
     benchmark:
-        paths.benchmark("export/{algo}/fold_{fold}")
+        paths.benchmark("export/{model}/fold_{fold}")
     wildcard_constraints:
-        algo=STOCHASTIC_MODELS,
+        model=STOCHASTIC_MODELS,
     conda:
         ENV_FILE
     threads: 1
@@ -28,8 +28,8 @@ use rule export as export_once with:
     output:
         dirs=[directory(paths.EXPORT_DIR.replace("{seed}", "0"))],
     log:
-        paths.log("export/{algo}/fold_{fold}"),
+        paths.log("export/{model}/fold_{fold}"),
     benchmark:
-        paths.benchmark("export/{algo}/fold_{fold}")
+        paths.benchmark("export/{model}/fold_{fold}")
     wildcard_constraints:
-        algo=DETERMINISTIC_MODELS,
+        model=DETERMINISTIC_MODELS,

@@ -25,9 +25,9 @@ rule predict:
     output:
         paths.PREDICT,
     log:
-        paths.log("predict/{algo}/{stem}"),
+        paths.log("predict/{model}/{stem}"),
     benchmark:
-        paths.benchmark("predict/{algo}/{stem}")
+        paths.benchmark("predict/{model}/{stem}")
     conda:
         ENV_FILE
     threads: 1

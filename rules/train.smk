@@ -9,11 +9,11 @@ rule train:
         models=seed_outputs(paths.MODEL),
         logs=seed_outputs(paths.TRAIN_LOG),
     log:
-        paths.log("train/{algo}/fold_{fold}"),
+        paths.log("train/{model}/fold_{fold}"),
     benchmark:
-        paths.benchmark("train/{algo}/fold_{fold}")
+        paths.benchmark("train/{model}/fold_{fold}")
     wildcard_constraints:
-        algo=STOCHASTIC_MODELS,
+        model=STOCHASTIC_MODELS,
     conda:
         ENV_FILE
     threads: 1
@@ -35,8 +35,8 @@ use rule train as train_once with:
         models=[paths.MODEL.replace("{seed}", "0")],
         logs=[paths.TRAIN_LOG.replace("{seed}", "0")],
     log:
-        paths.log("train/{algo}/fold_{fold}"),
+        paths.log("train/{model}/fold_{fold}"),
     benchmark:
-        paths.benchmark("train/{algo}/fold_{fold}")
+        paths.benchmark("train/{model}/fold_{fold}")
     wildcard_constraints:
-        algo=DETERMINISTIC_MODELS,
+        model=DETERMINISTIC_MODELS,

@@ -204,7 +204,7 @@ def _summary(bars: pl.DataFrame) -> dict[str, Any]:
 
 
 def _hyperopt_summary(
-    algo: str,
+    model: str,
     n_trials: int,
     n_complete_max: int | None,
     rng: np.random.Generator,
@@ -218,9 +218,9 @@ def _hyperopt_summary(
             "learning_rate": float(10 ** rng.uniform(-5, -3)),
             "gamma": float(rng.uniform(0.9, 0.999)),
         }
-        if algo == "ppo":
+        if model == "ppo":
             params["clip_range"] = float(rng.uniform(0.1, 0.3))
-        elif algo == "dqn":
+        elif model == "dqn":
             params["target_update_steps"] = int(rng.integers(500, 5000))
         else:
             params["threshold_multiplier"] = float(rng.uniform(0.5, 3.0))
@@ -248,7 +248,7 @@ def _hyperopt_summary(
     best = max(complete, key=lambda t: t["value"]) if complete else None
     tuning = plan.tuning_for(fold)
     return {
-        "algo": algo,
+        "algo": model,
         "fold": fold,
         "objective": "annualized Sharpe of daily net returns on the tuning validation tail",
         "direction": "maximize",
@@ -275,7 +275,7 @@ def _hyperopt_summary(
     }
 
 
-def _forecaster_train_log(algo: str, fold: int, seed_index: int, rng: np.random.Generator) -> dict[str, Any]:
+def _forecaster_train_log(model: str, fold: int, seed_index: int, rng: np.random.Generator) -> dict[str, Any]:
     """A supervised model's log as the model zoo writes it: training records (loss, batch count, gradient norm)
     and validation-loss records in `history`, the validation Sharpes only in `validation`."""
     history: list[dict[str, Any]] = []
@@ -291,12 +291,12 @@ def _forecaster_train_log(algo: str, fold: int, seed_index: int, rng: np.random.
         history.append({"step": 50 * i, "validation_loss": float(0.5 * math.exp(-i / 5) + 0.95)})
     validation = [{"step": 100 * i, "val_sharpe": float(rng.normal(0.2, 0.3))} for i in range(1, 5)]
     return {
-        "algo": algo,
+        "algo": model,
         "fold": fold,
         "seed_index": seed_index,
         "seed": 1000 * fold + seed_index,
         "hparams": {"hidden_dim_base": 64, "window": 16, "threshold_multiplier": 1.5},
-        "hidden_sizes": {"encoder": [64, 32]} if algo not in ("linear", "lightgbm") else {},
+        "hidden_sizes": {"encoder": [64, 32]} if model not in ("linear", "lightgbm") else {},
         "precision": {"mode": "fp32", "reason": "cpu: fp32"},
         "device": "cpu",
         "total_steps": 400,
@@ -309,9 +309,9 @@ def _forecaster_train_log(algo: str, fold: int, seed_index: int, rng: np.random.
     }
 
 
-def _train_log(algo: str, fold: int, seed_index: int, rng: np.random.Generator) -> dict[str, Any]:
-    if algo in FORECASTERS:
-        return _forecaster_train_log(algo, fold, seed_index, rng)
+def _train_log(model: str, fold: int, seed_index: int, rng: np.random.Generator) -> dict[str, Any]:
+    if model in FORECASTERS:
+        return _forecaster_train_log(model, fold, seed_index, rng)
     history = []
     for i in range(1, 11):
         step = i * 6000
@@ -319,15 +319,15 @@ def _train_log(algo: str, fold: int, seed_index: int, rng: np.random.Generator) 
             {
                 "step": step,
                 "loss": float(0.05 * math.exp(-i / 4) + rng.normal(0, 0.002)),
-                "entropy": float(1.09 - 0.04 * i) if algo == "ppo" else None,
-                "value_mean": float(rng.normal(0, 0.01)) if algo == "ppo" else None,
-                "q_mean": float(0.01 * i + rng.normal(0, 0.005)) if algo == "dqn" else None,
+                "entropy": float(1.09 - 0.04 * i) if model == "ppo" else None,
+                "value_mean": float(rng.normal(0, 0.01)) if model == "ppo" else None,
+                "q_mean": float(0.01 * i + rng.normal(0, 0.005)) if model == "dqn" else None,
                 "episode_return_mean": float(-0.002 + 0.0003 * i + rng.normal(0, 0.0005)),
                 "val_sharpe": float(rng.normal(0.1 * i / 10, 0.2)),
             }
         )
     return {
-        "algo": algo,
+        "algo": model,
         "fold": fold,
         "seed_index": seed_index,
         "seed": 1000 * fold + seed_index,
@@ -347,7 +347,7 @@ def _train_log(algo: str, fold: int, seed_index: int, rng: np.random.Generator) 
 def write_pipeline_outputs(
     root: str | Path,
     *,
-    algos: Sequence[str] = ("dqn", "ppo"),
+    models: Sequence[str] = ("dqn", "ppo"),
     n_folds: int = 3,
     n_seeds: int = 2,
     test_days: int = 3,
@@ -394,12 +394,12 @@ def write_pipeline_outputs(
             "test_first": fold.first_test_day.isoformat(),
             "test_last": fold.last_test_day.isoformat(),
         }
-        for algo in algos:
+        for model in models:
             for seed_index in range(n_seeds):
                 kind: dict[str, Any] = {}
-                if algo in FORECASTERS:
+                if model in FORECASTERS:
                     prediction, forward, positions = _forecasts(
-                        market, horizon, forecast_ic.get(algo, 0.0), hold_bars, rng
+                        market, horizon, forecast_ic.get(model, 0.0), hold_bars, rng
                     )
                     bars = _bars(market, positions, cost_per_side).with_columns(
                         pl.Series("prediction", prediction),
@@ -407,17 +407,17 @@ def write_pipeline_outputs(
                     )
                     kind = {"kind": "forecaster", "horizon": horizon}
                 else:
-                    positions = _agent_positions(market, skill.get(algo, 0.5), hold_bars, rng)
+                    positions = _agent_positions(market, skill.get(model, 0.5), hold_bars, rng)
                     bars = _bars(market, positions, cost_per_side)
                     kind = {"kind": "agent"}
-                folder = root / "results" / "eval" / algo / f"fold_{fold.index}" / f"seed_{seed_index}"
+                folder = root / "results" / "eval" / model / f"fold_{fold.index}" / f"seed_{seed_index}"
                 folder.mkdir(parents=True, exist_ok=True)
                 bars.write_parquet(folder / "bars.parquet")
                 write_json_atomic(
                     folder / "metrics.json",
                     {
                         **fold_meta,
-                        "algo": algo,
+                        "algo": model,
                         "seed_index": seed_index,
                         "seed": 7 + seed_index,
                         "metrics": _summary(bars.select(REQUIRED_COLUMNS)),
@@ -433,7 +433,7 @@ def write_pipeline_outputs(
                                 random_seeds,
                                 # its own stream: the other fixtures' draws stay as they were
                                 np.random.default_rng(
-                                    (seed, fold.index, list(algos).index(algo), seed_index)
+                                    (seed, fold.index, list(models).index(model), seed_index)
                                 ),
                             )
                         }
@@ -480,33 +480,33 @@ def write_pipeline_outputs(
         eval_files.append(str(folder / "metrics.json"))
 
     hyperopt_files = []
-    for algo in algos:
+    for model in models:
         for fold in [fold.index for fold in plan.folds] if per_fold else [None]:
-            name = f"{algo}.json" if fold is None else f"{algo}/fold_{fold}.json"
+            name = f"{model}.json" if fold is None else f"{model}/fold_{fold}.json"
             path = root / "results" / "hyperopt" / name
-            write_json_atomic(path, _hyperopt_summary(algo, n_trials, n_complete_max, rng, plan, fold))
+            write_json_atomic(path, _hyperopt_summary(model, n_trials, n_complete_max, rng, plan, fold))
             hyperopt_files.append(str(path))
 
     train_logs = []
-    for algo in algos:
+    for model in models:
         for fold in plan.folds:
             for seed_index in range(n_seeds):
                 path = (
                     root
                     / "results"
                     / "models"
-                    / algo
+                    / model
                     / f"fold_{fold.index}"
                     / f"seed_{seed_index}"
                     / "train_log.json"
                 )
-                write_json_atomic(path, _train_log(algo, fold.index, seed_index, rng))
+                write_json_atomic(path, _train_log(model, fold.index, seed_index, rng))
                 train_logs.append(str(path))
 
     config = load_config(REPO_ROOT / "config.yaml")
     # Before the model zoo the key was training.algos; the report reads either (whichever the config has).
     key = "models" if "models" in config["training"] else "algos"
-    config["training"][key] = list(algos)
+    config["training"][key] = list(models)
     config["training"]["seeds"] = n_seeds
     config["folds"] = {**config["folds"], "n": n_folds, "test_days": test_days}
     config["evaluation"]["bootstrap_samples"] = bootstrap_samples

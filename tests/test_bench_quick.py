@@ -248,7 +248,7 @@ def test_evaluate_job_quick_checks_the_positions_against_lockstep(quick: QuickRu
     out = quick.stdout("speed/evaluate_job.py")
     assert "equal work (checked after timing): the evaluation's positions are the lockstep pass's" in out
     figures = json.loads(out.strip().splitlines()[-1])
-    assert figures["algo"] == "dqn (quick)" and figures["job_cpu"] >= 0 and figures["imports_cpu"] > 0
+    assert figures["model"] == "dqn (quick)" and figures["job_cpu"] >= 0 and figures["imports_cpu"] > 0
 
 
 @pytest.mark.bench

@@ -236,8 +236,8 @@ def test_derived_seeds_are_stable_and_distinct() -> None:
         assert derive_seed(*changed) != derive_seed(*base), f"argument {i} does not change the seed"
     assert derive_seed(1, "train", "ppo", 0) != derive_seed(1, "train", "ppo", 0, 0)  # nor does its length
     seeds = {
-        derive_seed(1, "train", algo, fold, s)
-        for algo in ("dqn", "ppo")
+        derive_seed(1, "train", model, fold, s)
+        for model in ("dqn", "ppo")
         for fold in range(5)
         for s in range(5)
     }

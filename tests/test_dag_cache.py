@@ -117,11 +117,11 @@ def test_costs_rerun_everything_after_the_folds(
     finished_run: Path, run_config: dict[str, Any], tmp_path: Path
 ) -> None:
     changes = {"costs": {"commission_per_contract": run_config["costs"]["commission_per_contract"] + 0.5}}
-    algos = run_config["training"]["models"]
+    models = run_config["training"]["models"]
     n_folds = run_config["folds"]["n"]
     assert planned_jobs(finished_run, changes, config_dir=tmp_path) == {
-        "hyperopt_worker": len(algos) * run_config["hyperopt"]["workers"],
-        "hyperopt_best": len(algos),
+        "hyperopt_worker": len(models) * run_config["hyperopt"]["workers"],
+        "hyperopt_best": len(models),
         "train": n_models(run_config),
         "evaluate": n_evaluations(run_config),
         "baselines": n_folds,
@@ -268,7 +268,7 @@ def test_every_stage_runs_on_exactly_its_slice(
     study_root = tmp_path / "results"
     worker_out = study_root / "hyperopt" / "dqn" / "worker_0.json"
     run_worker(
-        algo="dqn",
+        model="dqn",
         worker=0,
         manifest_path=manifest,
         folds_path=folds,
@@ -277,7 +277,7 @@ def test_every_stage_runs_on_exactly_its_slice(
         results_dir=study_root,
     )
     write_study_summary(
-        algo="dqn",
+        model="dqn",
         worker_summaries=[str(worker_out)],
         folds_path=folds,
         config=sliced("hyperopt_best", hyperopt={"n_trials": 1}),
@@ -287,12 +287,12 @@ def test_every_stage_runs_on_exactly_its_slice(
 
     model = tmp_path / "model.pt"
     train_job(
-        algo="dqn",
+        model="dqn",
         fold=0,
         seed_indices=[0],
         manifest_path=manifest,
         folds_path=folds,
-        hparams_path=paths.HYPEROPT_BEST.format(algo="dqn"),
+        hparams_path=paths.HYPEROPT_BEST.format(model="dqn"),
         config=sliced("train", training={"total_steps": 256, "checkpoint_every": 128}),
         model_paths=[str(model)],
         log_paths=[str(tmp_path / "train_log.json")],
@@ -300,7 +300,7 @@ def test_every_stage_runs_on_exactly_its_slice(
     )[0]
     assert model.is_file() and not (tmp_path / "resume.pt").exists()
     evaluate_job(
-        algo="dqn",
+        model="dqn",
         fold=0,
         seed_indices=[0],
         manifest_path=manifest,
@@ -313,7 +313,7 @@ def test_every_stage_runs_on_exactly_its_slice(
     # A forecaster reads its own run settings (horizon, epochs, patience, max_updates, trial_updates...).
     linear_worker = study_root / "hyperopt" / "linear" / "worker_0.json"
     run_worker(
-        algo="linear",
+        model="linear",
         worker=0,
         manifest_path=manifest,
         folds_path=folds,
@@ -322,7 +322,7 @@ def test_every_stage_runs_on_exactly_its_slice(
         results_dir=study_root,
     )
     write_study_summary(
-        algo="linear",
+        model="linear",
         worker_summaries=[str(linear_worker)],
         folds_path=folds,
         config=sliced("hyperopt_best", hyperopt={"n_trials": 1}),
@@ -330,7 +330,7 @@ def test_every_stage_runs_on_exactly_its_slice(
         results_dir=study_root,
     )
     train_job(
-        algo="linear",
+        model="linear",
         fold=0,
         seed_indices=[0],
         manifest_path=manifest,
@@ -342,7 +342,7 @@ def test_every_stage_runs_on_exactly_its_slice(
         resume_path=str(tmp_path / "linear_resume.pt"),
     )[0]
     evaluate_job(
-        algo="linear",
+        model="linear",
         fold=0,
         seed_indices=[0],
         manifest_path=manifest,
@@ -355,7 +355,7 @@ def test_every_stage_runs_on_exactly_its_slice(
     from marketrl.training.export import export_job
 
     export_job(
-        algo="dqn", model_paths=[str(model)], config=sliced("export"), out_dirs=[str(tmp_path / "export")]
+        model="dqn", model_paths=[str(model)], config=sliced("export"), out_dirs=[str(tmp_path / "export")]
     )
     baselines_job(
         fold=0,

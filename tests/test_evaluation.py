@@ -45,7 +45,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     model = root / "model.pt"
     paths = {"manifest_path": str(manifest), "folds_path": str(folds)}
     train_job(
-        algo="dqn",
+        model="dqn",
         fold=0,
         seed_indices=[0],
         hparams_path=str(hparams),
@@ -61,7 +61,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def run_evaluate(trained: dict, config: dict, name: str) -> tuple[dict, Path]:
     out = trained["root"] / name
     (result,) = evaluate_job(
-        algo="dqn",
+        model="dqn",
         fold=0,
         seed_indices=[0],
         model_paths=[str(trained["model"])],
@@ -209,7 +209,7 @@ def seed_job(trained: dict, name: str, seeds: list[int]) -> dict:
     """evaluate_job arguments for `seeds` of one model x fold (seed s: `trading_copy` with weights seed s)."""
     out = trained["root"] / name
     return {
-        "algo": "dqn",
+        "model": "dqn",
         "fold": 0,
         "seed_indices": seeds,
         "model_paths": [str(trading_copy(trained["model"], seed)) for seed in seeds],

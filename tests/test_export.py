@@ -133,18 +133,18 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"root": root, "config": config, "manifest_path": str(manifest), "folds_path": str(folds)}
 
 
-def run_model(inputs: dict, algo: str) -> dict:
-    """Train, evaluate and export `algo` on fold 0 (two seeds, one for a deterministic model)."""
-    out = inputs["root"] / algo
+def run_model(inputs: dict, model: str) -> dict:
+    """Train, evaluate and export `model` on fold 0 (two seeds, one for a deterministic model)."""
+    out = inputs["root"] / model
     out.mkdir()
     hparams = out / "hparams.json"
-    best = {**HPARAMS[algo], **(RULE if ZOO[algo].kind == "forecaster" else {})}
-    hparams.write_text(json.dumps({"algo": algo, "best_params": best}), encoding="utf-8")
-    seeds = [0] if algo in DETERMINISTIC else [0, 1]
+    best = {**HPARAMS[model], **(RULE if ZOO[model].kind == "forecaster" else {})}
+    hparams.write_text(json.dumps({"algo": model, "best_params": best}), encoding="utf-8")
+    seeds = [0] if model in DETERMINISTIC else [0, 1]
     models = [str(out / f"seed_{s}" / "model.pt") for s in seeds]
     common = {"manifest_path": inputs["manifest_path"], "folds_path": inputs["folds_path"]}
     train_job(
-        algo=algo,
+        model=model,
         fold=0,
         seed_indices=seeds,
         hparams_path=str(hparams),
@@ -156,7 +156,7 @@ def run_model(inputs: dict, algo: str) -> dict:
     )
     bars = [str(out / f"seed_{s}" / "bars.parquet") for s in seeds]
     evaluate_job(
-        algo=algo,
+        model=model,
         fold=0,
         seed_indices=seeds,
         model_paths=models,
@@ -166,13 +166,13 @@ def run_model(inputs: dict, algo: str) -> dict:
         **common,
     )
     exports = [str(out / "export" / f"seed_{s}") for s in seeds]
-    export_job(algo=algo, model_paths=models, config=inputs["config"], out_dirs=exports)
+    export_job(model=model, model_paths=models, config=inputs["config"], out_dirs=exports)
     return {"bars": [pl.read_parquet(path) for path in bars], "exports": exports}
 
 
 @pytest.fixture(scope="module")
 def runs(inputs: dict) -> dict:
-    return {algo: run_model(inputs, algo) for algo in ZOO}
+    return {model: run_model(inputs, model) for model in ZOO}
 
 
 @pytest.fixture(scope="module")
@@ -221,21 +221,21 @@ def test_every_export_gives_the_evaluations_positions_without_marketrl(inputs, r
     results = reference(inputs, test_rows["path"], directories)
     decision = test_rows["decision"]
     onnx_kinds, trading = set(), set()
-    for algo, run in runs.items():
+    for model, run in runs.items():
         for bars, directory in zip(run["bars"], run["exports"], strict=True):
             meta = read_export(directory)
-            assert meta["model"] == algo and meta["format"] == "marketrl-export"
+            assert meta["model"] == model and meta["format"] == "marketrl-export"
             backends = [name for name in ("torchscript", "onnx", "lightgbm") if meta["files"][name]]
-            assert backends, f"{algo}: nothing exported"
+            assert backends, f"{model}: nothing exported"
             if meta["files"]["onnx"]:
-                onnx_kinds.add(algo)
+                onnx_kinds.add(model)
             expected = bars["position"].to_numpy() / test_rows["contracts"]
             if np.abs(expected).sum() > 0:
-                trading.add(algo)
+                trading.add(model)
             for backend in backends:
                 got = results[f"{directory}|{backend}|positions"][decision]
                 assert np.array_equal(got, expected), (
-                    f"{algo} {backend}: positions differ from the evaluation"
+                    f"{model} {backend}: positions differ from the evaluation"
                 )
                 if meta["kind"] == "forecaster":
                     predicted = results[f"{directory}|{backend}|predictions"][decision]
@@ -246,11 +246,11 @@ def test_every_export_gives_the_evaluations_positions_without_marketrl(inputs, r
                         wanted,
                         rtol=1e-5,
                         atol=1e-5 * np.abs(wanted).max(),
-                        err_msg=f"{algo} {backend}",
+                        err_msg=f"{model} {backend}",
                     )
     print("trading:", sorted(trading), "onnx:", sorted(onnx_kinds))
     # a model that never trades would prove little: every forecaster trades at this threshold
-    assert {algo for algo, entry in ZOO.items() if entry.kind == "forecaster"} <= trading
+    assert {model for model, entry in ZOO.items() if entry.kind == "forecaster"} <= trading
     # every torch model exports to ONNX (lightgbm has its own file)
     assert onnx_kinds == set(ZOO) - {"lightgbm"}
 
@@ -276,7 +276,7 @@ def test_a_failed_export_leaves_no_directory(inputs, runs, tmp_path) -> None:
         str(tmp_path / "missing.pt"),
     ]
     with pytest.raises(Exception, match=r"missing\.pt"):
-        export_job(algo="dqn", model_paths=models, config=inputs["config"], out_dirs=out)
+        export_job(model="dqn", model_paths=models, config=inputs["config"], out_dirs=out)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,5 +1,5 @@
 """`marketrl.loop.hparams.parse_hparams`: pydantic's strict validation of every hyperparameter dataclass, with the
-one-line `hparams.<key>` messages (the per-algorithm cases are in tests/test_agents.py and tests/test_models.py)."""
+one-line `hparams.<key>` messages (the per-model cases are in tests/test_agents.py and tests/test_models.py)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ CLASSES: dict[str, type] = {
 }
 
 
-@pytest.mark.parametrize("algo", sorted(CLASSES))
-def test_every_hparams_class_parses_its_defaults_back(algo: str) -> None:
-    cls = CLASSES[algo]
-    assert parse_hparams(cls, None, algo) == cls()
-    assert parse_hparams(cls, dataclasses.asdict(cls()), algo) == cls()
+@pytest.mark.parametrize("model", sorted(CLASSES))
+def test_every_hparams_class_parses_its_defaults_back(model: str) -> None:
+    cls = CLASSES[model]
+    assert parse_hparams(cls, None, model) == cls()
+    assert parse_hparams(cls, dataclasses.asdict(cls()), model) == cls()
 
 
 def test_an_int_becomes_a_float_where_a_float_is_expected() -> None:

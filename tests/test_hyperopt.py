@@ -189,7 +189,7 @@ def test_summary_json_carries_best_params_and_every_trial(tmp_path: Path) -> Non
     worker = tmp_path / "results/hyperopt/dqn/worker_0.json"
     worker.write_text(json.dumps({"trials_run": list(range(5)), "precision": {"mode": "fp32"}}))
     summary = write_study_summary(
-        algo="dqn",
+        model="dqn",
         worker_summaries=[str(worker)],
         folds_path=write_fold_plan(tmp_path / "folds.json"),
         config=config,
@@ -208,7 +208,7 @@ def test_summary_refuses_a_short_study(tmp_path: Path) -> None:
     work_on_study(study, "dqn", 3, quadratic, tmp_path / "results")
     with pytest.raises(HyperoptError, match="holds 3 trials"):
         write_study_summary(
-            algo="dqn",
+            model="dqn",
             worker_summaries=[],
             folds_path=write_fold_plan(tmp_path / "folds.json"),
             config=config,

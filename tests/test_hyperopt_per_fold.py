@@ -84,7 +84,7 @@ def test_one_folds_model_target_plans_only_that_folds_study_and_training(tmp_pat
     listed = result.stdout + result.stderr
     counts = job_counts(listed)
     assert (counts["hyperopt_worker"], counts["hyperopt_best"], counts["train"]) == (1, 1, 1)
-    assert paths.HYPEROPT_FOLD_BEST.format(algo="ppo", fold=1) in listed
+    assert paths.HYPEROPT_FOLD_BEST.format(model="ppo", fold=1) in listed
     assert "fold_0" not in listed and "results/hyperopt/ppo.json" not in listed
     assert "dqn" not in listed
 
@@ -118,18 +118,20 @@ def test_a_changed_fold_study_reruns_only_that_folds_study_and_trainings(finishe
         "results/models/linear/fold_1/",
         "results/eval/linear/fold_1/",
     ]
-    worker_path = paths.HYPEROPT_FOLD_WORKER.format(algo="linear", fold=1, worker=0)
+    worker_path = paths.HYPEROPT_FOLD_WORKER.format(model="linear", fold=1, worker=0)
     # fold 1's study rerun by target: its worker, its best parameters, its training and evaluation, the report
     forced = " ".join(planned_outputs(workdir, "--forcerun", worker_path))
     assert worker_path in forced and all(path in forced for path in fold_1) and paths.REPORT in forced
     assert "fold_0" not in forced
     # naming fold 1's model plans its study's summary and training only
-    target = paths.MODEL.format(algo="linear", fold=1, seed=0)
+    target = paths.MODEL.format(model="linear", fold=1, seed=0)
     assert len(planned_outputs(workdir, "--forcerun", worker_path, "--", target)) == 3
     # a changed fold-1 study (its worker summary rewritten): fold 1's summary, training, evaluation, the report
     # the folds' studies share the model's journal, under names that carry the fold
     workers = [
-        json.loads((workdir / paths.HYPEROPT_FOLD_WORKER.format(algo="linear", fold=k, worker=0)).read_text())
+        json.loads(
+            (workdir / paths.HYPEROPT_FOLD_WORKER.format(model="linear", fold=k, worker=0)).read_text()
+        )
         for k in (0, 1)
     ]
     assert workers[0]["storage"] == workers[1]["storage"]
@@ -162,11 +164,11 @@ def test_dsr_n_is_the_sum_of_every_folds_trials(per_fold_run) -> None:
     inputs = load_inputs(
         outputs.eval_files, outputs.bar_files, outputs.hyperopt_files, outputs.folds_path, outputs.train_logs
     )
-    for algo in ("dqn", "ppo"):
-        by_fold = inputs.hyperopt_folds[algo]
+    for model in ("dqn", "ppo"):
+        by_fold = inputs.hyperopt_folds[model]
         assert sorted(by_fold) == [0, 1, 2]
         per_fold_n = [sum(t["state"] in COUNTED for t in by_fold[k].trials) for k in by_fold]
-        deflation = deflation_for(inputs, algo)
+        deflation = deflation_for(inputs, model)
         assert deflation.n_trials == sum(per_fold_n) == 3 * 6
         # the deflated choice is the best of the folds' choices
         best = max(by_fold[k].data["best_value"] for k in by_fold)

@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from marketrl.settings import paths
 from marketrl.settings.config import load_config
-from marketrl.training.dashboard import DashboardError, pick_algo
+from marketrl.training.dashboard import DashboardError, pick_model
 from marketrl.training.study_storage import open_storage
 from marketrl.training.train import train_job
 from tests.conftest import REPO_ROOT
@@ -31,15 +31,15 @@ TINY_HPARAMS = {**HPARAMS, "ppo": {"n_steps": 8, "batch_size": 64, "n_epochs": 1
 SERVER_DEADLINE_S = 120  # it listens within seconds; a loaded 2-core machine may take longer
 
 
-def train(inputs: dict, algo: str, seed_indices: list[int], name: str) -> tuple[list[dict], list[Path]]:  # noqa: F811
-    """The train job of ``algo`` on fold 0 writing its TensorBoard runs; (train logs, run directories)."""
+def train(inputs: dict, model: str, seed_indices: list[int], name: str) -> tuple[list[dict], list[Path]]:  # noqa: F811
+    """The train job of ``model`` on fold 0 writing its TensorBoard runs; (train logs, run directories)."""
     out = inputs["root"] / name
     out.mkdir(exist_ok=True)
     hparams = out / "hparams.json"
-    hparams.write_text(json.dumps({"algo": algo, "best_params": TINY_HPARAMS[algo]}), encoding="utf-8")
+    hparams.write_text(json.dumps({"algo": model, "best_params": TINY_HPARAMS[model]}), encoding="utf-8")
     run_dirs = [out / "tensorboard" / f"seed_{index}" for index in seed_indices]
     logs = train_job(
-        algo=algo,
+        model=model,
         fold=0,
         seed_indices=seed_indices,
         manifest_path=inputs["manifest_path"],
@@ -69,16 +69,16 @@ STATISTICS = {
 COUNTERS = {"counters/host_syncs", "counters/nan_checks"}
 
 
-@pytest.mark.parametrize("algo", ["dqn", "mlp"])
-def test_a_train_job_writes_one_tensorboard_run_per_seed(inputs: dict, algo: str) -> None:  # noqa: F811
-    logs, run_dirs = train(inputs, algo, [0, 1], f"board_{algo}")
+@pytest.mark.parametrize("model", ["dqn", "mlp"])
+def test_a_train_job_writes_one_tensorboard_run_per_seed(inputs: dict, model: str) -> None:  # noqa: F811
+    logs, run_dirs = train(inputs, model, [0, 1], f"board_{model}")
     for train_log, run_dir in zip(logs, run_dirs, strict=True):
         series = scalars(run_dir)
         expected = {
             "validation/sharpe",
             "progress/steps_per_s",
             "perf/steps_per_s",
-            *STATISTICS[algo],
+            *STATISTICS[model],
             *COUNTERS,
         }
         assert expected <= set(series), sorted(series)
@@ -99,11 +99,11 @@ def test_a_train_job_writes_one_tensorboard_run_per_seed(inputs: dict, algo: str
 
 
 @pytest.mark.parametrize(
-    ("algo", "tag"), [("dqn", "train/loss"), ("ppo", "train/policy_loss"), ("mlp", "train/loss")]
+    ("model", "tag"), [("dqn", "train/loss"), ("ppo", "train/policy_loss"), ("mlp", "train/loss")]
 )
 def test_the_statistics_reach_the_board_while_the_run_goes_on(
     inputs: dict,  # noqa: F811
-    algo: str,
+    model: str,
     tag: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -118,7 +118,7 @@ def test_the_statistics_reach_the_board_while_the_run_goes_on(
         finish(self, train_logs)
 
     monkeypatch.setattr(board_module.TrainingBoard, "finish", watched)
-    logs, run_dirs = train(inputs, algo, [0, 1], f"live_{algo}")
+    logs, run_dirs = train(inputs, model, [0, 1], f"live_{model}")
     assert len(live_at_finish) == 1
     for tags, train_log, run_dir in zip(live_at_finish[0], logs, run_dirs, strict=True):
         assert tag in tags, sorted(tags)
@@ -145,7 +145,7 @@ def test_every_training_job_of_the_pipeline_has_its_tensorboard_run(shared_run: 
     for path in train_logs:
         log = json.loads(path.read_text(encoding="utf-8"))
         run_dir = shared_run / paths.TENSORBOARD.format(
-            algo=log["algo"], fold=log["fold"], seed=log["seed_index"]
+            model=log["algo"], fold=log["fold"], seed=log["seed_index"]
         )
         assert {"validation/sharpe", "perf/steps_per_s"} <= set(scalars(run_dir)), run_dir
 
@@ -205,9 +205,9 @@ def test_the_dashboard_picks_a_journal_and_names_a_missing_one(tmp_path: Path) -
     config = load_config(TINY)
     results = tmp_path / "results"
     with pytest.raises(DashboardError, match=r"hyperopt/\*/journal.log: no hyperopt study journal yet"):
-        pick_algo(config, results)
+        pick_model(config, results)
     open_storage(config, "ppo", results)  # creates the study directory only
     optuna.create_study(study_name="ppo", storage=open_storage(config, "ppo", results))
-    assert pick_algo(config, results) == "ppo"
+    assert pick_model(config, results) == "ppo"
     with pytest.raises(DashboardError, match=r"hyperopt/dqn/journal.log: no hyperopt study journal"):
-        pick_algo(config, results, "dqn")
+        pick_model(config, results, "dqn")

@@ -25,7 +25,7 @@ from tests.test_workflow import TINY
 def expected_outputs(config: dict) -> list[str]:
     files = [*pipeline.demo_outputs(config), *pipeline.feature_files(config)]
     files += ["results/features/manifest.json", "results/folds.json", "results/eval_report.html"]
-    files += [f"results/hyperopt/{algo}.json" for algo in config["training"]["models"]]
+    files += [f"results/hyperopt/{model}.json" for model in config["training"]["models"]]
     files += pipeline.model_files(config) + pipeline.train_log_files(config)
     for path in pipeline.eval_files(config):
         files += [path, path.replace("metrics.json", "bars.parquet")]
@@ -55,8 +55,8 @@ def test_test_days_never_in_tuning_or_training(shared_run: Path) -> None:
     assert test_days and not test_days & set(plan.tuning.days)
     for fold in plan.folds:
         assert max(fold.train_days) < min(fold.test_days)
-    for algo in ("dqn", "ppo"):
-        study = json.loads((shared_run / f"results/hyperopt/{algo}.json").read_text())
+    for model in ("dqn", "ppo"):
+        study = json.loads((shared_run / f"results/hyperopt/{model}.json").read_text())
         assert study["tuning_window"]["last_day"] < str(min(test_days))
 
 
@@ -65,14 +65,14 @@ def test_hidden_dim_base_reaches_the_trained_network(shared_run: Path) -> None:
         "dqn": lambda b: {"q": [b, b // 2, b // 4]},
         "ppo": lambda b: {"policy": [b, b // 2], "value": [2 * b, b, b // 2]},
     }
-    for algo, shapes in expected.items():
-        study = json.loads((shared_run / f"results/hyperopt/{algo}.json").read_text())
+    for model, shapes in expected.items():
+        study = json.loads((shared_run / f"results/hyperopt/{model}.json").read_text())
         base = study["best_params"]["hidden_dim_base"]
         assert study["n_trials"] == 2 and len(study["trials"]) == 2
-        for model in (shared_run / "results" / "models" / algo).rglob("model.pt"):
-            checkpoint = torch.load(model, weights_only=True)
+        for model_path in (shared_run / "results" / "models" / model).rglob("model.pt"):
+            checkpoint = torch.load(model_path, weights_only=True)
             assert checkpoint["architecture"]["hidden"] == shapes(base)
-            log = json.loads((model.parent / "train_log.json").read_text())
+            log = json.loads((model_path.parent / "train_log.json").read_text())
             assert log["hidden_sizes"] == shapes(base)
             assert log["precision"]["mode"] == "fp32"
             # The report's training curves read history records keyed by "step" (docs/OUTPUTS.md).

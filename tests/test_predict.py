@@ -93,9 +93,9 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run finished up to every evaluation output (the report is not needed)."""
     workdir = new_workdir(CONFIG, tmp_path_factory.mktemp("predict"))
     targets = [
-        paths.EVAL_BARS.format(algo=algo, fold=0, seed=seed)
-        for algo in MODELS
-        for seed in (0, 1)[: 1 + (algo == "dqn")]
+        paths.EVAL_BARS.format(model=model, fold=0, seed=seed)
+        for model in MODELS
+        for seed in (0, 1)[: 1 + (model == "dqn")]
     ]
     result = run(workdir, *targets)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -129,16 +129,16 @@ def test_held_back_file_gives_evaluations_positions(finished: Path, held_back: P
         "predict": len(MODELS),
         "predict_all": 1,
     }
-    for algo in MODELS:
-        out = finished / paths.PREDICT.format(algo=algo, stem="held-back.ohlcv-1m")
+    for model in MODELS:
+        out = finished / paths.PREDICT.format(model=model, stem="held-back.ohlcv-1m")
         table = pl.read_parquet(out)
-        seeds = (0, 1) if algo == "dqn" else (0,)
+        seeds = (0, 1) if model == "dqn" else (0,)
         assert table["member"].unique().sort().to_list() == sorted([*(f"seed_{s}" for s in seeds), ENSEMBLE])
         for seed in seeds:
-            evaluated = pl.read_parquet(finished / paths.EVAL_BARS.format(algo=algo, fold=0, seed=seed))
+            evaluated = pl.read_parquet(finished / paths.EVAL_BARS.format(model=model, fold=0, seed=seed))
             member = table.filter(pl.col("member") == f"seed_{seed}")
             predicted = member.filter(~pl.col("pending")).select(evaluated.columns)
-            assert predicted.height > 0 and predicted.equals(evaluated), algo
+            assert predicted.height > 0 and predicted.equals(evaluated), model
             # the file's last bar of each symbol: one pending decision, after evaluation's last row
             pending = member.filter(pl.col("pending"))
             assert sorted(pending["symbol"].to_list()) == sorted(evaluated["symbol"].unique().to_list())
@@ -155,7 +155,7 @@ def test_held_back_file_gives_evaluations_positions(finished: Path, held_back: P
     other.mkdir()
     shutil.copy(held_back, other / "held-back-copy.ohlcv-1m.dbn.zst")
     with_predict(finished, "again/*.dbn.zst")
-    planned = run(finished, "-n", "predict_all", paths.EVAL_BARS.format(algo="dqn", fold=0, seed=0))
+    planned = run(finished, "-n", "predict_all", paths.EVAL_BARS.format(model="dqn", fold=0, seed=0))
     assert job_counts(planned.stdout + planned.stderr) == {
         "predict_features": 1,
         "predict": len(MODELS),
@@ -187,13 +187,13 @@ def test_pending_decision_is_the_one_made_once_the_next_bar_exists(finished: Pat
     with_predict(finished, "pending/*.dbn.zst")
     result = run(finished, "predict_all")
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    for algo in MODELS:
+    for model in MODELS:
         full, cut = (
-            pl.read_parquet(finished / paths.PREDICT.format(algo=algo, stem=f"{stem}.ohlcv-1m"))
+            pl.read_parquet(finished / paths.PREDICT.format(model=model, stem=f"{stem}.ohlcv-1m"))
             for stem in ("full", "cut")
         )
         pending = cut.filter(pl.col("pending"))
-        assert pending.height == n_symbols * full["member"].n_unique(), algo
+        assert pending.height == n_symbols * full["member"].n_unique(), model
         assert (pending["decision_ts_event"] == cut_at).all()
         assert pending["net_return"].null_count() == pending.height
         keys = ["member", "symbol", "decision_ts_event"]
@@ -201,11 +201,11 @@ def test_pending_decision_is_the_one_made_once_the_next_bar_exists(finished: Pat
         assert later.height == pending.height and not later["full_position"].is_null().any()
         matched = pending.join(later, on=keys, how="inner")
         assert matched.height == pending.height
-        assert matched["position"].equals(matched["full_position"], check_names=False), algo
+        assert matched["position"].equals(matched["full_position"], check_names=False), model
         # before T both files are the same trader, bar for bar
         settled = cut.filter(~pl.col("pending")).drop("pending")
         earlier = full.filter(pl.col("decision_ts_event") < cut_at).drop("pending")
-        assert settled.height > 0 and settled.sort(keys).equals(earlier.sort(keys)), algo
+        assert settled.height > 0 and settled.sort(keys).equals(earlier.sort(keys)), model
 
 
 @pytest.mark.slow
@@ -217,7 +217,7 @@ def test_a_file_of_training_days_is_look_ahead(finished: Path) -> None:
     source = finished / paths.DEMO_DIR / f"glbx-mdp3-{last_train_day:%Y%m%d}.ohlcv-1m.dbn.zst"
     shutil.copy(source, early / source.name)
     with_predict(finished, "early/*.dbn.zst")
-    result = run(finished, paths.PREDICT.format(algo="linear", stem=source.name.removesuffix(".dbn.zst")))
+    result = run(finished, paths.PREDICT.format(model="linear", stem=source.name.removesuffix(".dbn.zst")))
     assert result.returncode != 0
     lines = [line for line in (result.stdout + result.stderr).splitlines() if "look-ahead" in line]
     assert lines and lines[0].strip().startswith("marketrl error: PredictInputError:"), result.stderr[-3000:]
@@ -232,7 +232,7 @@ def test_a_file_of_another_instrument_fails_in_one_line(finished: Path, held_bac
     out = other / "crude.ohlcv-1m.dbn.zst"
     write_span([held_back], out, records[0].ts_event, records[-1].ts_event, {"ES.c.0": "CL.c.0"})
     with_predict(finished, "other/*.dbn.zst")
-    result = run(finished, paths.PREDICT.format(algo="dqn", stem="crude.ohlcv-1m"))
+    result = run(finished, paths.PREDICT.format(model="dqn", stem="crude.ohlcv-1m"))
     assert result.returncode != 0
     lines = [line for line in (result.stdout + result.stderr).splitlines() if "PredictInputError" in line]
     assert lines and lines[0].strip().startswith("marketrl error: PredictInputError:"), result.stderr[-3000:]

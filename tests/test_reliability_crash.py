@@ -38,8 +38,8 @@ from tests.faults.pipeline import (
 pytestmark = pytest.mark.slow
 
 
-def _study_trials(workdir: Path, algo: str) -> list[dict]:
-    return json.loads((workdir / "results" / "hyperopt" / f"{algo}.json").read_text())["trials"]
+def _study_trials(workdir: Path, model: str) -> list[dict]:
+    return json.loads((workdir / "results" / "hyperopt" / f"{model}.json").read_text())["trials"]
 
 
 def _feature_tables(results: Path) -> list[Path]:

@@ -49,9 +49,9 @@ def test_model_weights_identical() -> None:
 
 @slow
 def test_hyperopt_chooses_the_same_parameters() -> None:
-    for algo in ("dqn", "ppo"):
+    for model in ("dqn", "ppo"):
         first, second = (
-            json.loads((run / f"results/hyperopt/{algo}.json").read_text())
+            json.loads((run / f"results/hyperopt/{model}.json").read_text())
             for run in (baseline_run(), guarded_run()[0])
         )
         assert (first["best_params"], first["best_value"]) == (second["best_params"], second["best_value"])
@@ -80,8 +80,8 @@ def test_metrics_hold_no_run_specific_values(shared_run: Path) -> None:
 
 def test_seeds_derive_from_job_identity(shared_run: Path) -> None:
     seeds = {
-        (algo, fold, index): derive_seed(11, "train", algo, fold, index)
-        for algo in ("dqn", "ppo")
+        (model, fold, index): derive_seed(11, "train", model, fold, index)
+        for model in ("dqn", "ppo")
         for fold in range(3)
         for index in range(3)
     }

@@ -1,7 +1,7 @@
 """Load: many small jobs on one results tree and two workers per Optuna study, with `--cores 2`.
 
-The full-size DAG of the issue (20 folds x 2 algos x 3 seeds, 2 hyperopt workers) is dry-run; the real run is
-scaled down to 2 folds x 2 algos x 1 seed (24 jobs) to fit the test budget on two cores. Both must finish
+The full-size DAG of the issue (20 folds x 2 models x 3 seeds, 2 hyperopt workers) is dry-run; the real run is
+scaled down to 2 folds x 2 models x 1 seed (24 jobs) to fit the test budget on two cores. Both must finish
 without lock errors on the shared study storage or the results tree, with every output complete.
 """
 
@@ -83,18 +83,18 @@ def test_every_output_complete_after_load() -> None:
     assert list((workdir / "results" / "models").rglob("resume*.pt")) == []
 
 
-@pytest.mark.parametrize("algo", ["dqn", "ppo"])
-def test_two_workers_shared_the_study_exactly(algo: str) -> None:
+@pytest.mark.parametrize("model", ["dqn", "ppo"])
+def test_two_workers_shared_the_study_exactly(model: str) -> None:
     workdir, _ = load_run()
     config = validate_config(yaml.safe_load((workdir / "config.yaml").read_text()))
-    name = json.loads((workdir / f"results/hyperopt/{algo}/worker_0.json").read_text())["study"]
-    study = load_study(config, algo, 0, workdir / "results", name)
+    name = json.loads((workdir / f"results/hyperopt/{model}/worker_0.json").read_text())["study"]
+    study = load_study(config, model, 0, workdir / "results", name)
     trials = study.get_trials(deepcopy=False)
     assert len(trials) == 4  # no trial lost or run twice
     assert all(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in trials)
     assert sorted(t.user_attrs[SLOT] for t in trials) == [0, 1, 2, 3]
     ran = [
-        json.loads((workdir / f"results/hyperopt/{algo}/worker_{w}.json").read_text())["trials_run"]
+        json.loads((workdir / f"results/hyperopt/{model}/worker_{w}.json").read_text())["trials_run"]
         for w in (0, 1)
     ]
     assert sorted(ran[0] + ran[1]) == [0, 1, 2, 3]

@@ -124,7 +124,7 @@ def test_rebuild_is_identical_apart_from_the_timestamp(
 
 
 def test_default_config_size_is_under_budget(tmp_path: Path) -> None:
-    """3 folds × 2 seeds × 2 algos over 3 test days of 1-minute bars (1,320 a day), 50 random seeds."""
+    """3 folds × 2 seeds × 2 models over 3 test days of 1-minute bars (1,320 a day), 50 random seeds."""
     outputs = write_pipeline_outputs(tmp_path / "run", bars_per_day=1320, random_seeds=50, test_days=3)
     out = tmp_path / "eval_report.html"
     build_report(**outputs.report_kwargs(out))
@@ -150,13 +150,13 @@ def test_verdict_says_which_agent_beats_the_baselines(report: tuple[PipelineOutp
 def test_verdict_claims_follow_the_family_wise_p_values(report: tuple[PipelineOutputs, str]) -> None:
     _, html = report
     parsed = _parse(html)
-    for algo in ("ppo", "dqn"):
+    for model in ("ppo", "dqn"):
         for baseline in ("buy_and_hold", "flat", "momentum", "random", "matched_random"):
-            cell = parsed.cell(f"diff-{baseline}", algo=algo, seed="model")
+            cell = parsed.cell(f"diff-{baseline}", algo=model, seed="model")
             p_beats, p_worse = float(cell["data-p-beats"]), float(cell["data-p-worse"])
             expected = "beats" if p_beats <= 0.05 else ("worse" if p_worse <= 0.05 else "none")
             assert cell["data-claim"] == expected
-            if algo == "ppo":
+            if model == "ppo":
                 assert cell["data-claim"] == "beats" and float(cell["data-lo"]) > 0
     # The random baseline is the distribution of traders: ppo sits above all of them, dqn does not.
     assert float(parsed.cell("random-percentile", algo="ppo", seed="model")["data-value"]) == 1.0
@@ -190,7 +190,7 @@ def test_matched_random_separates_cost_drag_from_skill(tmp_path: Path) -> None:
     costs alone; against the traders that trade as often it is unremarkable, as it should be."""
     outputs = write_pipeline_outputs(
         tmp_path / "run",
-        algos=("dqn",),
+        models=("dqn",),
         skill={"dqn": 0.5},
         hold_bars=1,
         n_seeds=5,
@@ -214,7 +214,7 @@ def test_power_section_states_the_detectable_edge(report: tuple[PipelineOutputs,
     (one,) = [attrs for tag, attrs in parsed.tags if attrs.get("data-metric") == "one-comparison-detectable"]
     # the headline claim needs every comparison of a model and the step across models: it costs power
     assert 0 < float(one["data-value"]) < float(detectable[0]["data-value"])
-    primary = {algo: parsed.cell("p-beats-every", algo=algo, seed="model") for algo in ("ppo", "dqn")}
+    primary = {model: parsed.cell("p-beats-every", algo=model, seed="model") for model in ("ppo", "dqn")}
     assert primary["ppo"]["data-claim"] == "beats" and float(primary["ppo"]["data-value"]) <= 0.05
     assert primary["dqn"]["data-claim"] == "none" and float(primary["dqn"]["data-value"]) > 0.05
     for baseline in ("buy_and_hold", "momentum"):
@@ -371,10 +371,10 @@ def test_per_fold_table_matches_metrics_on_the_bars(report: tuple[PipelineOutput
     parsed = _parse(html)
     checked = 0
     for fold in range(3):
-        for algo in ("dqn", "ppo"):
+        for model in ("dqn", "ppo"):
             for seed in (0, 1):
                 bars = pl.read_parquet(
-                    outputs.root / f"results/eval/{algo}/fold_{fold}/seed_{seed}/bars.parquet"
+                    outputs.root / f"results/eval/{model}/fold_{fold}/seed_{seed}/bars.parquet"
                 )
                 expected = performance_summary(bars)
                 for key in (
@@ -385,15 +385,15 @@ def test_per_fold_table_matches_metrics_on_the_bars(report: tuple[PipelineOutput
                     "n_trades",
                     "total_cost",
                 ):
-                    cell = parsed.cell(key, fold=str(fold), strategy=algo, seed=str(seed))
+                    cell = parsed.cell(key, fold=str(fold), strategy=model, seed=str(seed))
                     assert float(cell["data-value"]) == pytest.approx(expected[key], rel=1e-10, abs=1e-15)
                 daily = _independent_daily(bars)
                 sharpe = float(
-                    parsed.cell("sharpe", fold=str(fold), strategy=algo, seed=str(seed))["data-value"]
+                    parsed.cell("sharpe", fold=str(fold), strategy=model, seed=str(seed))["data-value"]
                 )
                 assert sharpe == pytest.approx(_sharpe(daily), rel=1e-9)
                 total = float(
-                    parsed.cell("total_return", fold=str(fold), strategy=algo, seed=str(seed))["data-value"]
+                    parsed.cell("total_return", fold=str(fold), strategy=model, seed=str(seed))["data-value"]
                 )
                 assert total == pytest.approx(np.prod(1.0 + daily) - 1.0, rel=1e-9)
                 checked += 1
@@ -491,7 +491,7 @@ def test_sections_say_what_is_missing_instead_of_crashing(tmp_path: Path) -> Non
 
 @pytest.fixture
 def small_outputs(tmp_path: Path) -> PipelineOutputs:
-    return write_pipeline_outputs(tmp_path / "run", n_folds=2, algos=("ppo",), random_seeds=2)
+    return write_pipeline_outputs(tmp_path / "run", n_folds=2, models=("ppo",), random_seeds=2)
 
 
 def _error(outputs: PipelineOutputs, tmp_path: Path, **overrides: Any) -> str:

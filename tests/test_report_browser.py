@@ -139,7 +139,7 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
 def test_report_in_headless_chromium(browser: DevTools, tmp_path: Path) -> None:
     outputs = write_pipeline_outputs(
         tmp_path / "run",
-        algos=(
+        models=(
             "dqn",
             "ppo",
             "linear",

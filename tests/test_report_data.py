@@ -44,7 +44,7 @@ def _entry(
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory: pytest.TempPathFactory) -> PipelineOutputs:
-    return write_pipeline_outputs(tmp_path_factory.mktemp("data") / "run", n_folds=2, algos=("ppo",))
+    return write_pipeline_outputs(tmp_path_factory.mktemp("data") / "run", n_folds=2, models=("ppo",))
 
 
 def _data_section(outputs: PipelineOutputs, out: Path, manifest: dict[str, object] | None) -> str:

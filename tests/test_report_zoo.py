@@ -37,7 +37,7 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineOutputs, str]
     root = tmp_path_factory.mktemp("zoo")
     outputs = write_pipeline_outputs(
         root / "run",
-        algos=ZOO,
+        models=ZOO,
         skill={"ppo": 0.95},
         forecast_ic={"lightgbm": 0.4, "linear": 0.0},
         test_days=4,
@@ -148,15 +148,15 @@ def test_leaderboard_has_every_model_and_baseline_sorted_by_net_sharpe(
     assert sharpes == sorted(sharpes, reverse=True)
     assert rows[0]["data-leaderboard"] == "ppo"
     # the model rows carry the verdict's Sharpe and interval
-    for algo in ZOO:
-        verdict = parsed.cell("sharpe", algo=algo, seed="model")
-        board = parsed.cell("lb-sharpe", leaderboard=algo)
+    for model in ZOO:
+        verdict = parsed.cell("sharpe", algo=model, seed="model")
+        board = parsed.cell("lb-sharpe", leaderboard=model)
         assert (board["data-value"], board["data-lo"], board["data-hi"]) == (
             verdict["data-value"],
             verdict["data-lo"],
             verdict["data-hi"],
         )
-        assert _lb(parsed, "lb-dsr", algo) == parsed.cell("dsr", algo=algo)["data-value"] != ""
+        assert _lb(parsed, "lb-dsr", model) == parsed.cell("dsr", algo=model)["data-value"] != ""
 
 
 def test_leaderboard_ic_only_for_forecasters_and_marks_follow_the_family_test(
@@ -166,15 +166,17 @@ def test_leaderboard_ic_only_for_forecasters_and_marks_follow_the_family_test(
     parsed = _parse(html)
     for name in ("dqn", "ppo", *BASELINE_ROWS):
         assert _lb(parsed, "lb-ic", name) == _lb(parsed, "lb-icir", name) == "", name
-    for algo in ("linear", "lightgbm"):
-        pooled = parsed.cell("ic", algo=algo, window="pooled")["data-value"]
-        assert _lb(parsed, "lb-ic", algo) == pooled != ""
+    for model in ("linear", "lightgbm"):
+        pooled = parsed.cell("ic", algo=model, window="pooled")["data-value"]
+        assert _lb(parsed, "lb-ic", model) == pooled != ""
     assert float(_lb(parsed, "lb-ic", "lightgbm")) > 0.3 > abs(float(_lb(parsed, "lb-ic", "linear")))
     verdicts = {
         attrs["data-algo"]: attrs["data-verdict"] for _, attrs in parsed.tags if "data-verdict" in attrs
     }
     assert verdicts["ppo"] == "beats"
-    marks_html = {algo: html.split(f'data-leaderboard="{algo}"', 1)[1].split("</tr>", 1)[0] for algo in ZOO}
+    marks_html = {
+        model: html.split(f'data-leaderboard="{model}"', 1)[1].split("</tr>", 1)[0] for model in ZOO
+    }
     labels = {
         "buy_and_hold": "B&amp;H",
         "flat": "flat",
@@ -183,19 +185,19 @@ def test_leaderboard_ic_only_for_forecasters_and_marks_follow_the_family_test(
         "matched_random": "TMR",
     }
     marked = 0
-    for algo in ZOO:
-        assert f'data-verdict-mark="{verdicts[algo]}"' in marks_html[algo]
+    for model in ZOO:
+        assert f'data-verdict-mark="{verdicts[model]}"' in marks_html[model]
         for baseline, label in labels.items():
-            claim = parsed.cell(f"diff-{baseline}", algo=algo, seed="model")["data-claim"]
+            claim = parsed.cell(f"diff-{baseline}", algo=model, seed="model")["data-claim"]
             sign = {"beats": "&gt;", "worse": "&lt;"}.get(claim)
             mark = f'<span class="claim {claim}">{sign} {label}</span>'
-            if verdicts[algo] == "beats":
-                assert 'class="claim beats">beats every baseline' in marks_html[algo]
+            if verdicts[model] == "beats":
+                assert 'class="claim beats">beats every baseline' in marks_html[model]
             elif sign:
-                assert mark in marks_html[algo]
+                assert mark in marks_html[model]
                 marked += 1
             else:
-                assert f"{label}</span>" not in marks_html[algo]
+                assert f"{label}</span>" not in marks_html[model]
     assert marked, "lightgbm beats some baselines but not all: its row lists them"
 
 
@@ -203,9 +205,9 @@ def test_leaderboard_cost_drag_and_turnover_from_the_bars(zoo: tuple[PipelineOut
     outputs, html = zoo
     parsed = _parse(html)
 
-    def pooled(algo: str, seed: int) -> pl.DataFrame:
+    def pooled(model: str, seed: int) -> pl.DataFrame:
         return pl.concat(
-            pl.read_parquet(outputs.root / f"results/eval/{algo}/fold_{k}/seed_{seed}/bars.parquet")
+            pl.read_parquet(outputs.root / f"results/eval/{model}/fold_{k}/seed_{seed}/bars.parquet")
             for k in range(3)
         )
 
@@ -229,14 +231,16 @@ def test_leaderboard_cost_drag_and_turnover_from_the_bars(zoo: tuple[PipelineOut
 # --------------------------------------------------------------------------------------- forecast quality
 
 
-def _independent_quality(outputs: PipelineOutputs, algo: str) -> tuple[dict[int, float], float, float]:
+def _independent_quality(outputs: PipelineOutputs, model: str) -> tuple[dict[int, float], float, float]:
     """(per-fold mean IC, pooled mean IC, pooled ICIR), each per seed then the mean over seeds, with scipy."""
     fold_ic: dict[int, list[float]] = {k: [] for k in range(3)}
     pooled_ic, pooled_icir = [], []
     for seed in range(5):
         seed_days = []
         for fold in range(3):
-            bars = pl.read_parquet(outputs.root / f"results/eval/{algo}/fold_{fold}/seed_{seed}/bars.parquet")
+            bars = pl.read_parquet(
+                outputs.root / f"results/eval/{model}/fold_{fold}/seed_{seed}/bars.parquet"
+            )
             bars = bars.drop_nulls("forward_return")
             days = [
                 stats.pearsonr(group["prediction"], group["forward_return"])[0]
@@ -256,15 +260,15 @@ def _independent_quality(outputs: PipelineOutputs, algo: str) -> tuple[dict[int,
 def test_forecast_section_matches_scipy_on_the_bars(zoo: tuple[PipelineOutputs, str]) -> None:
     outputs, html = zoo
     parsed = _parse(html)
-    for algo in ("linear", "lightgbm"):
-        per_fold, pooled, icir = _independent_quality(outputs, algo)
+    for model in ("linear", "lightgbm"):
+        per_fold, pooled, icir = _independent_quality(outputs, model)
         for fold, value in per_fold.items():
-            assert float(parsed.cell("ic", algo=algo, window=f"fold {fold}")["data-value"]) == pytest.approx(
+            assert float(parsed.cell("ic", algo=model, window=f"fold {fold}")["data-value"]) == pytest.approx(
                 value
             )
-        assert float(parsed.cell("ic", algo=algo, window="pooled")["data-value"]) == pytest.approx(pooled)
-        assert float(parsed.cell("icir", algo=algo, window="pooled")["data-value"]) == pytest.approx(icir)
-        assert float(parsed.cell("ic-days", algo=algo, window="pooled")["data-value"]) == 12
+        assert float(parsed.cell("ic", algo=model, window="pooled")["data-value"]) == pytest.approx(pooled)
+        assert float(parsed.cell("icir", algo=model, window="pooled")["data-value"]) == pytest.approx(icir)
+        assert float(parsed.cell("ic-days", algo=model, window="pooled")["data-value"]) == 12
 
 
 def test_each_forecaster_has_a_predictions_vs_realized_panel(zoo: tuple[PipelineOutputs, str]) -> None:
@@ -273,9 +277,9 @@ def test_each_forecaster_has_a_predictions_vs_realized_panel(zoo: tuple[Pipeline
         attrs["data-algo"] for tag, attrs in _parse(html).tags if attrs.get("class") == "forecast-panel"
     }
     assert panels == {"linear", "lightgbm"}
-    for algo in panels:
-        panel = html.split(f'<div class="forecast-panel" data-algo="{algo}">', 1)[1].split("</div>", 1)[0]
-        assert f'aria-label="Predictions vs realized forward returns and daily IC of {algo}"' in panel
+    for model in panels:
+        panel = html.split(f'<div class="forecast-panel" data-algo="{model}">', 1)[1].split("</div>", 1)[0]
+        assert f'aria-label="Predictions vs realized forward returns and daily IC of {model}"' in panel
 
 
 # ------------------------------------------------------------------------------- every section, every model
@@ -292,17 +296,17 @@ def test_every_section_covers_every_model(zoo: tuple[PipelineOutputs, str]) -> N
     hyperopt = {attrs["data-algo"] for tag, attrs in parsed.tags if attrs.get("class") == "card"}
     costs = {attrs["data-strategy"] for tag, attrs in parsed.tags if tag == "tr" and "data-strategy" in attrs}
     assert cards == hyperopt == set(ZOO) and set(ZOO) <= costs
-    for algo in ZOO:
-        assert parsed.cell("dsr", algo=algo) and parsed.cell("seed-sharpe", algo=algo, seed="4")
-        assert f'aria-label="Training curves of {algo}"' in html
-        assert f'aria-label="Optimization history of {algo}"' in html
+    for model in ZOO:
+        assert parsed.cell("dsr", algo=model) and parsed.cell("seed-sharpe", algo=model, seed="4")
+        assert f'aria-label="Training curves of {model}"' in html
+        assert f'aria-label="Optimization history of {model}"' in html
         # one combined seed-spread row per model: the IQM of its 5 seeds' pooled Sharpes (weights .3/.4/.3)
         seeds = sorted(
-            float(parsed.cell("seed-sharpe", algo=algo, seed=str(k))["data-value"]) for k in range(5)
+            float(parsed.cell("seed-sharpe", algo=model, seed=str(k))["data-value"]) for k in range(5)
         )
         iqm = 0.3 * seeds[1] + 0.4 * seeds[2] + 0.3 * seeds[3]
-        assert float(parsed.cell("seed-iqm-pooled", algo=algo)["data-value"]) == pytest.approx(iqm, rel=1e-9)
-        assert f"{algo}" in html.split('id="positions"', 1)[1].split("</section>", 1)[0]
+        assert float(parsed.cell("seed-iqm-pooled", algo=model)["data-value"]) == pytest.approx(iqm, rel=1e-9)
+        assert f"{model}" in html.split('id="positions"', 1)[1].split("</section>", 1)[0]
 
 
 def test_agent_only_run_and_old_files_without_kind(tmp_path: Path) -> None:
@@ -324,7 +328,7 @@ def test_agent_only_run_and_old_files_without_kind(tmp_path: Path) -> None:
 def test_forecaster_only_run(tmp_path: Path) -> None:
     outputs = write_pipeline_outputs(
         tmp_path / "run",
-        algos=("linear", "mlp"),
+        models=("linear", "mlp"),
         n_folds=2,
         n_seeds=2,
         random_seeds=2,
@@ -350,7 +354,7 @@ def test_all_eleven_models_stay_readable_and_under_the_size_budget(tmp_path: Pat
     """Eleven models × 2 seeds × 3 folds of 3 test days (390 bars a day; the line decimation bounds the
     figures whatever the bar count)."""
     models = AGENTS + FORECASTERS
-    outputs = write_pipeline_outputs(tmp_path / "run", algos=models, bars_per_day=390, random_seeds=3)
+    outputs = write_pipeline_outputs(tmp_path / "run", models=models, bars_per_day=390, random_seeds=3)
     out = tmp_path / "eval_report.html"
     build_report(**outputs.report_kwargs(out))
     assert out.stat().st_size < SIZE_BUDGET_BYTES
@@ -367,7 +371,7 @@ def test_model_list_comes_from_training_models_or_algos(tmp_path: Path) -> None:
     assert configured_models({"training": {"algos": ["ppo"]}}) == ["ppo"]
     with pytest.raises(ReportInputError, match=r"training\.models"):
         configured_models({"training": {"models": []}})
-    outputs = write_pipeline_outputs(tmp_path / "run", algos=("ppo", "linear"), n_folds=2, random_seeds=2)
+    outputs = write_pipeline_outputs(tmp_path / "run", models=("ppo", "linear"), n_folds=2, random_seeds=2)
     training = outputs.config["training"]
     training.pop("algos", None)
     training["models"] = ["ppo", "linear", "gru"]
@@ -383,7 +387,7 @@ def test_model_list_comes_from_training_models_or_algos(tmp_path: Path) -> None:
 
 
 def test_malformed_forecaster_outputs_are_named(tmp_path: Path) -> None:
-    outputs = write_pipeline_outputs(tmp_path / "run", algos=("linear",), n_folds=2, random_seeds=2)
+    outputs = write_pipeline_outputs(tmp_path / "run", models=("linear",), n_folds=2, random_seeds=2)
     metrics = Path(next(f for f in outputs.eval_files if "/linear/" in f))
     bars = metrics.with_name("bars.parquet")
     kwargs = outputs.report_kwargs(tmp_path / "eval_report.html")
@@ -402,7 +406,7 @@ def test_malformed_forecaster_outputs_are_named(tmp_path: Path) -> None:
 
 
 def test_a_forecaster_with_constant_predictions_has_no_ic_and_builds(tmp_path: Path) -> None:
-    outputs = write_pipeline_outputs(tmp_path / "run", algos=("linear", "dqn"), n_folds=2, random_seeds=2)
+    outputs = write_pipeline_outputs(tmp_path / "run", models=("linear", "dqn"), n_folds=2, random_seeds=2)
     for bars_path in outputs.bar_files:
         if "/linear/" in bars_path:
             table = pl.read_parquet(bars_path)

@@ -83,15 +83,15 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"root": root, "config": config, "manifest_path": str(manifest), "folds_path": str(folds)}
 
 
-def run_jobs(inputs: dict, algo: str) -> dict:
-    """The train job, then the evaluate job, of `algo` on fold 0; their outputs."""
-    out = inputs["root"] / algo
+def run_jobs(inputs: dict, model: str) -> dict:
+    """The train job, then the evaluate job, of `model` on fold 0; their outputs."""
+    out = inputs["root"] / model
     out.mkdir(exist_ok=True)
     hparams = out / "hparams.json"
-    hparams.write_text(json.dumps({"algo": algo, "best_params": HPARAMS[algo]}), encoding="utf-8")
+    hparams.write_text(json.dumps({"algo": model, "best_params": HPARAMS[model]}), encoding="utf-8")
     paths = {"manifest_path": inputs["manifest_path"], "folds_path": inputs["folds_path"]}
     train_log = train_job(
-        algo=algo,
+        model=model,
         fold=0,
         seed_indices=[0],
         hparams_path=str(hparams),
@@ -102,7 +102,7 @@ def run_jobs(inputs: dict, algo: str) -> dict:
         **paths,
     )[0]
     (metrics,) = evaluate_job(
-        algo=algo,
+        model=model,
         fold=0,
         seed_indices=[0],
         model_paths=[str(out / "model.pt")],
@@ -121,7 +121,7 @@ def run_jobs(inputs: dict, algo: str) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(inputs: dict) -> dict:
-    return {algo: run_jobs(inputs, algo) for algo in HPARAMS}
+    return {model: run_jobs(inputs, model) for model in HPARAMS}
 
 
 def test_registry_holds_every_config_model_in_config_order() -> None:
@@ -132,40 +132,40 @@ def test_registry_holds_every_config_model_in_config_order() -> None:
         get_entry("a2c")
 
 
-@pytest.mark.parametrize("algo", list(HPARAMS))
-def test_train_log_has_the_same_top_level_keys_for_every_model(runs: dict, algo: str) -> None:
-    log = runs[algo]["train_log"]
+@pytest.mark.parametrize("model", list(HPARAMS))
+def test_train_log_has_the_same_top_level_keys_for_every_model(runs: dict, model: str) -> None:
+    log = runs[model]["train_log"]
     assert TRAIN_LOG_KEYS <= set(log)
-    assert log["kind"] == get_entry(algo).kind
+    assert log["kind"] == get_entry(model).kind
     assert log["history"] and all(isinstance(record["step"], int) for record in log["history"])
     assert log["validation"] and all({"step", "val_sharpe"} <= set(r) for r in log["validation"])
     assert any("val_sharpe" in record for record in log["history"])
-    if algo in ("dqn", "mlp"):
+    if model in ("dqn", "mlp"):
         assert any("loss" in record for record in log["history"])
 
 
-@pytest.mark.parametrize("algo", ["linear", "mlp", "lightgbm"])
+@pytest.mark.parametrize("model", ["linear", "mlp", "lightgbm"])
 def test_forecaster_checkpoint_is_weights_only_and_carries_what_evaluation_needs(
-    runs: dict, algo: str
+    runs: dict, model: str
 ) -> None:
-    checkpoint = torch.load(runs[algo]["model"], weights_only=True)
-    assert checkpoint["format"] == "marketrl-model" and checkpoint["model"] == algo
+    checkpoint = torch.load(runs[model]["model"], weights_only=True)
+    assert checkpoint["format"] == "marketrl-model" and checkpoint["model"] == model
     extra = checkpoint["extra"]
     assert {"normalizer", "feature_names", "fold", "seed_index", "seed", "costs", "env"} <= set(extra)
     assert extra["feature_names"] == list(FEATURE_NAMES) and extra["fold"] == 0
     assert checkpoint["settings"]["horizon"] == HORIZON
 
 
-@pytest.mark.parametrize("algo", ["linear", "mlp", "lightgbm"])
+@pytest.mark.parametrize("model", ["linear", "mlp", "lightgbm"])
 def test_forecaster_evaluation_carries_predictions_and_realized_forward_returns(
-    inputs: dict, runs: dict, algo: str
+    inputs: dict, runs: dict, model: str
 ) -> None:
-    metrics, bars = runs[algo]["metrics"], runs[algo]["bars"]
+    metrics, bars = runs[model]["metrics"], runs[model]["bars"]
     assert metrics["kind"] == "forecaster" and metrics["horizon"] == HORIZON
     assert bars.schema["prediction"] == pl.Float64 and bars.schema["forward_return"] == pl.Float64
     # Recompute both columns from the test rows: the decision bar's close and the close h bars later.
-    model = load_model(runs[algo]["model"])
-    checkpoint = torch.load(runs[algo]["model"], weights_only=True)
+    forecaster = load_model(runs[model]["model"])
+    checkpoint = torch.load(runs[model]["model"], weights_only=True)
     normalizer = FeatureNormalizer.from_state_dict(checkpoint["extra"]["normalizer"])
     plan = FoldPlan.load(inputs["folds_path"])
     window = fold_window(
@@ -176,7 +176,7 @@ def test_forecaster_evaluation_carries_predictions_and_realized_forward_returns(
     decision = np.flatnonzero(data.is_decision.numpy())
     assert bars.height == decision.size
     np.testing.assert_allclose(
-        bars["prediction"].to_numpy(), model.predict(data).numpy()[decision], rtol=1e-6
+        bars["prediction"].to_numpy(), forecaster.predict(data).numpy()[decision], rtol=1e-6
     )
     close = data.close.double().numpy()
     segment = data.segment_id.numpy()
@@ -209,7 +209,7 @@ def test_forecaster_evaluation_refuses_a_config_that_charges_differently(inputs:
     config["env"]["fill"] = "next_open" if config["env"]["fill"] == "close" else "close"
     with pytest.raises(ValueError, match=r"config key 'env\.fill'"):
         evaluate_job(
-            algo="linear",
+            model="linear",
             fold=0,
             seed_indices=[0],
             model_paths=[str(runs["linear"]["model"])],
@@ -225,22 +225,22 @@ def test_forecaster_evaluation_refuses_a_config_that_charges_differently(inputs:
 # ------------------------------------------------------------------------------------------------------ hyperopt
 
 
-def trial_value(inputs: dict, algo: str, seeds: int, pruner: optuna.pruners.BasePruner | None = None):
-    """One hyperopt trial of `algo` with `seeds` seeds on the tuning window; (study, frozen trial)."""
+def trial_value(inputs: dict, model: str, seeds: int, pruner: optuna.pruners.BasePruner | None = None):
+    """One hyperopt trial of `model` with `seeds` seeds on the tuning window; (study, frozen trial)."""
     config = copy.deepcopy(inputs["config"])
     config["hyperopt"]["seeds_per_trial"] = seeds
     device = torch.device("cpu")
     plan = FoldPlan.load(inputs["folds_path"])
     window = tuning_window(load_features(inputs["manifest_path"]), plan, config, device)
     budget = HardwareBudget.detect(device)
-    space = get_entry(algo).search_space(budget, window, config)
+    space = get_entry(model).search_space(budget, window, config)
     study = optuna.create_study(
         direction="maximize", sampler=optuna.samplers.TPESampler(seed=1), pruner=pruner
     )
     trial = study.ask()
     try:
         value = run_trial(
-            trial, algo, window, config, device, detect_precision(device, "fp32"), space, budget
+            trial, model, window, config, device, detect_precision(device, "fp32"), space, budget
         )
     except optuna.TrialPruned:
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -262,24 +262,24 @@ def test_seeds_per_trial_scores_the_median_and_records_every_seed(inputs: dict) 
     assert len(three.intermediate_values) == len(one.intermediate_values)
 
 
-@pytest.mark.parametrize("algo", ["mlp", "lightgbm", "dqn"])
-def test_periodic_validation_scores_reach_the_pruner(inputs: dict, algo: str) -> None:
+@pytest.mark.parametrize("model", ["mlp", "lightgbm", "dqn"])
+def test_periodic_validation_scores_reach_the_pruner(inputs: dict, model: str) -> None:
     # A threshold no Sharpe reaches: the first report after the warm-up prunes the trial.
-    pruned = trial_value(inputs, algo, 1, optuna.pruners.ThresholdPruner(lower=1e9))
+    pruned = trial_value(inputs, model, 1, optuna.pruners.ThresholdPruner(lower=1e9))
     assert pruned.state == optuna.trial.TrialState.PRUNED
     assert len(pruned.intermediate_values) == 1
 
 
-@pytest.mark.parametrize("algo", ["mlp", "lightgbm"])
-def test_forecaster_train_job_saves_and_removes_its_resume_file(inputs: dict, algo: str) -> None:
+@pytest.mark.parametrize("model", ["mlp", "lightgbm"])
+def test_forecaster_train_job_saves_and_removes_its_resume_file(inputs: dict, model: str) -> None:
     config = copy.deepcopy(inputs["config"])
     config["training"]["checkpoint_every"] = 4  # in the model's own steps: optimizer steps / boosting rounds
-    out = inputs["root"] / f"resume_{algo}"
+    out = inputs["root"] / f"resume_{model}"
     out.mkdir()
     hparams = out / "hparams.json"
-    hparams.write_text(json.dumps({"algo": algo, "best_params": HPARAMS[algo]}), encoding="utf-8")
+    hparams.write_text(json.dumps({"algo": model, "best_params": HPARAMS[model]}), encoding="utf-8")
     log = train_job(
-        algo=algo,
+        model=model,
         fold=0,
         seed_indices=[0],
         manifest_path=inputs["manifest_path"],

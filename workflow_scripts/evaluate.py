@@ -7,7 +7,7 @@ from marketrl.runtime.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     evaluate_job(
-        algo=snakemake.wildcards.algo,
+        model=snakemake.wildcards.model,
         fold=int(snakemake.wildcards.fold),
         seed_indices=list(snakemake.params.seeds),
         manifest_path=snakemake.input.manifest,

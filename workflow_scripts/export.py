@@ -7,7 +7,7 @@ from marketrl.training.export import export_job
 
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     export_job(
-        algo=snakemake.wildcards.algo,
+        model=snakemake.wildcards.model,
         model_paths=list(snakemake.input.models),
         config=snakemake.params.config,
         out_dirs=list(snakemake.output.dirs),

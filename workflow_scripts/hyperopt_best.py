@@ -9,7 +9,7 @@ FOLD = snakemake.wildcards.get("fold")  # set under hyperopt.per_fold: the fold'
 
 with job_context(snakemake.log[0], snakemake.threads):
     write_study_summary(
-        algo=snakemake.wildcards.algo,
+        model=snakemake.wildcards.model,
         worker_summaries=list(snakemake.input.workers),
         folds_path=snakemake.input.folds,
         config=snakemake.params.config,

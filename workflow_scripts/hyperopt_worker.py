@@ -1,4 +1,4 @@
-"""Snakemake script: one worker of an algorithm's Optuna study."""
+"""Snakemake script: one worker of a model's Optuna study."""
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
@@ -9,7 +9,7 @@ FOLD = snakemake.wildcards.get("fold")  # set under hyperopt.per_fold: the fold'
 
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     run_worker(
-        algo=snakemake.wildcards.algo,
+        model=snakemake.wildcards.model,
         worker=int(snakemake.wildcards.worker),
         manifest_path=snakemake.input.manifest,
         folds_path=snakemake.input.folds,

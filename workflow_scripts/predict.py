@@ -7,7 +7,7 @@ from marketrl.runtime.jobs import job_context
 
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     predict_job(
-        algo=snakemake.wildcards.algo,
+        model=snakemake.wildcards.model,
         seed_indices=list(snakemake.params.seeds),
         features_path=snakemake.input.features,
         manifest_path=snakemake.input.manifest,

@@ -1,4 +1,4 @@
-"""Snakemake script: train one algorithm on one fold with all its seeds (one batch where the model can)."""
+"""Snakemake script: train one model on one fold with all its seeds (one batch where the model can)."""
 
 import _checkout  # noqa: F401  (marketrl from this checkout, also inside --sdm conda envs)
 
@@ -7,7 +7,7 @@ from marketrl.training.train import train_job
 
 with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
     train_job(
-        algo=snakemake.wildcards.algo,
+        model=snakemake.wildcards.model,
         fold=int(snakemake.wildcards.fold),
         seed_indices=list(snakemake.params.seeds),
         manifest_path=snakemake.input.manifest,

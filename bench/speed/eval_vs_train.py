@@ -124,8 +124,8 @@ def main() -> None:
         scale_config(scratch, base, scale)
         for model in args.models:
             seeds = pipeline.seed_indices(config, model)
-            models = [paths.MODEL.format(algo=model, fold=args.fold, seed=s) for s in seeds]
-            metrics = [paths.EVAL_METRICS.format(algo=model, fold=args.fold, seed=s) for s in seeds]
+            models = [paths.MODEL.format(model=model, fold=args.fold, seed=s) for s in seeds]
+            metrics = [paths.EVAL_METRICS.format(model=model, fold=args.fold, seed=s) for s in seeds]
             train, evaluate = job_cpu(scratch, models), job_cpu(scratch, metrics)
             row = {"model": model, "scale": scale, "seeds": len(seeds), "train": train, "evaluate": evaluate}
             rows.append(row)

@@ -1,9 +1,9 @@
 """Benchmark: the CPU seconds of one evaluate (or baselines) job, as the job script runs it, on a finished run.
 
-    python bench/speed/evaluate_job.py RUN ALGO FOLD OUT [--compare] [--profile]
+    python bench/speed/evaluate_job.py RUN MODEL FOLD OUT [--compare] [--profile]
     python bench/speed/evaluate_job.py --quick      # a tiny synthetic run: one DQN seed trained here, then evaluated
 
-Calls `marketrl.evaluation.evaluate.evaluate_job` (ALGO = baselines: `baselines_job`) with the arguments
+Calls `marketrl.evaluation.evaluate.evaluate_job` (MODEL = baselines: `baselines_job`) with the arguments
 workflow_scripts/evaluate.py passes (the config slice of `marketrl.workflow.stages.stage_config`, the run's
 manifest, folds and every seed's model), writing into OUT instead of the run's results/. Prints one JSON line:
 imports_cpu, job_cpu, total_cpu (`time.process_time`) and wall seconds. `--compare` checks OUT against the run's
@@ -56,9 +56,9 @@ def run_config(run: Path) -> dict[str, Any]:
     return config
 
 
-def job_call(config: dict[str, Any], algo: str, fold: int, out: Path) -> Callable[[], Any]:
+def job_call(config: dict[str, Any], model: str, fold: int, out: Path) -> Callable[[], Any]:
     """The job, as its script calls it, with outputs under `out` (run from the run directory)."""
-    if algo == "baselines":
+    if model == "baselines":
         return lambda: baselines_job(
             fold=fold,
             manifest_path=paths.FEATURE_MANIFEST,
@@ -67,15 +67,15 @@ def job_call(config: dict[str, Any], algo: str, fold: int, out: Path) -> Callabl
             metrics_path=str(out / "metrics.json"),
             bars_path=str(out / "bars.parquet"),
         )
-    seeds = pipeline.seed_indices(config, algo)
+    seeds = pipeline.seed_indices(config, model)
     return lambda: evaluate_job(
-        algo=algo,
+        model=model,
         fold=fold,
         seed_indices=seeds,
         manifest_path=paths.FEATURE_MANIFEST,
         folds_path=paths.FOLDS,
-        model_paths=[paths.MODEL.format(algo=algo, fold=fold, seed=s) for s in seeds],
-        config=stages.stage_config(config, "evaluate", model=algo),
+        model_paths=[paths.MODEL.format(model=model, fold=fold, seed=s) for s in seeds],
+        config=stages.stage_config(config, "evaluate", model=model),
         metrics_paths=[str(out / f"seed_{s}" / "metrics.json") for s in seeds],
         bars_paths=[str(out / f"seed_{s}" / "bars.parquet") for s in seeds],
     )
@@ -136,7 +136,7 @@ def quick() -> None:
         hparams = root / "dqn.json"
         best = {"learning_rate": 1e-3, "batch_size": 16, "learning_starts": 32, "target_update": 20}
         hparams.write_text(json.dumps({"algo": "dqn", "best_params": {**best, "hidden_dim_base": 8}}))
-        common = {"algo": "dqn", "fold": 0, "seed_indices": [0], "config": config}
+        common = {"model": "dqn", "fold": 0, "seed_indices": [0], "config": config}
         inputs = {"manifest_path": str(manifest), "folds_path": str(folds)}
         model = root / "model.pt"
         train_job(
@@ -172,7 +172,7 @@ def quick() -> None:
         assert written.height == lockstep.height > 0
         assert written["position"].equals(lockstep["position"]), "the table's positions differ from lockstep"
         print("equal work (checked after timing): the evaluation's positions are the lockstep pass's")
-        print(json.dumps({"algo": "dqn (quick)", **figures}))
+        print(json.dumps({"model": "dqn (quick)", **figures}))
 
 
 def main() -> None:
@@ -182,7 +182,7 @@ def main() -> None:
     parser.add_argument(
         "run", nargs="?", type=Path, help="a finished run's directory (config.yaml, results/)"
     )
-    parser.add_argument("algo", nargs="?", help="a model of the run, or 'baselines'")
+    parser.add_argument("model", nargs="?", help="a model of the run, or 'baselines'")
     parser.add_argument("fold", nargs="?", type=int)
     parser.add_argument("out", nargs="?", type=Path, help="where the job's outputs go")
     parser.add_argument("--compare", action="store_true", help="check OUT against the run's own outputs")
@@ -193,18 +193,18 @@ def main() -> None:
         quick()
         return
     if args.out is None:
-        parser.error("RUN ALGO FOLD OUT are required (or --quick)")
+        parser.error("RUN MODEL FOLD OUT are required (or --quick)")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     config = run_config(args.run)
     os.chdir(args.run)  # the job's paths are relative to the run directory, as under Snakemake
-    figures = timed(job_call(config, args.algo, args.fold, out), out, args.profile)
-    print(json.dumps({"algo": args.algo, "fold": args.fold, **figures}))
+    figures = timed(job_call(config, args.model, args.fold, out), out, args.profile)
+    print(json.dumps({"model": args.model, "fold": args.fold, **figures}))
     if args.compare:
-        reference = Path("results/eval") / args.algo / f"fold_{args.fold}"
+        reference = Path("results/eval") / args.model / f"fold_{args.fold}"
         differ = same_outputs(out, reference)
         print(
-            f"{args.algo} fold {args.fold}: " + (f"DIFFER {differ}" if differ else "outputs equal the run's")
+            f"{args.model} fold {args.fold}: " + (f"DIFFER {differ}" if differ else "outputs equal the run's")
         )
         if differ:
             raise SystemExit(1)

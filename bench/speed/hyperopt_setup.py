@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument(
         "--steps", type=int, default=None, help="env steps per trial (default 5000; quick 512)"
     )
-    parser.add_argument("--algo", default="dqn", choices=tuple(ZOO))
+    parser.add_argument("--model", default="dqn", choices=tuple(ZOO))
     parser.add_argument("--quick", action="store_true", help="a sanity run in seconds (small folds)")
     args = parser.parse_args()
     args.days = args.days or (6 if args.quick else 30)
@@ -93,12 +93,14 @@ def main() -> None:
                 if mode == "reload":
                     window = tuning_window(load_features(manifest), plan, config, device)
                 reload_s = time.perf_counter() - started
-                space = lambda t, w=window: ZOO[args.algo].search_space(budget, w, config)(t)  # noqa: E731
-                value = run_trial(trial, args.algo, window, config, device, precision, space, budget)
+                space = lambda t, w=window: ZOO[args.model].search_space(budget, w, config)(t)  # noqa: E731
+                value = run_trial(trial, args.model, window, config, device, precision, space, budget)
                 wall = time.perf_counter() - started
                 results[mode].append((reload_s + trial.user_attrs["setup_s"], wall))
                 study.tell(trial, value)
-    print(f"{args.algo}: {args.trials} trials x {args.steps} env steps, {args.days} demo days, CPU, 1 thread")
+    print(
+        f"{args.model}: {args.trials} trials x {args.steps} env steps, {args.days} demo days, CPU, 1 thread"
+    )
     print(f"{'mode':<8} {'setup s/trial':>14} {'trial wall s':>13} {'setup share':>12}")
     for mode, rows in results.items():
         setup = statistics.mean(r[0] for r in rows)

@@ -4,7 +4,7 @@
     .venv/bin/python bench/studies/demo_detectable.py --quick     # a synthetic run (tests/report_fixtures.py), N = 3
 
 RUN_DIR is a checkout where `make run` finished (its results/ and config.yaml). For each N the report's own
-`agent_verdicts` runs on the run's evaluation outputs with every series cut to the first N test days of the
+`model_verdicts` runs on the run's evaluation outputs with every series cut to the first N test days of the
 pooled out-of-sample calendar (fold 0's first days first), the same bootstrap settings and root seed as the
 report: the headline figure (the edge over every baseline the primary claim detects with 80% power) and the
 analytic one-comparison figure beside it. That is how "the demo's figure at 9 days" is compared with a run whose
@@ -51,9 +51,9 @@ def detectable_on_first_days(run_dir: Path, n_days: int | None) -> tuple[int, fl
 
     verdict._aligned_matrix = first_days
     try:
-        verdicts, family = verdict.agent_verdicts(
+        verdicts, family = verdict.model_verdicts(
             inputs,
-            build_strategies(inputs.agent_runs),
+            build_strategies(inputs.model_runs),
             baseline_order(build_strategies(inputs.baseline_runs)),
             build_strategies(inputs.random_seed_runs),
             rules,
@@ -65,7 +65,7 @@ def detectable_on_first_days(run_dir: Path, n_days: int | None) -> tuple[int, fl
         family.n_days,
         family.detectable,
         family.one_comparison_detectable,
-        [v.algo for v in verdicts if v.beats],
+        [v.model for v in verdicts if v.beats],
     )
 
 

@@ -4,7 +4,7 @@ own layout.
     PYTHONPATH=$PWD .venv/bin/python bench/studies/verdict_size.py --sims 300 --boot 300 --matched 5 --power-sims 100
     .venv/bin/python bench/studies/verdict_size.py --quick    # K = 2 at 20 days, phi 0: a sanity run in seconds
 
-Layout (as `marketrl.verdict.verdicts.agent_verdicts` builds it): 11 models × 5 seeds (seeds of one model correlated
+Layout (as `marketrl.verdict.verdicts.model_verdicts` builds it): 11 models × 5 seeds (seeds of one model correlated
 0.5), buy & hold, flat (all-zero returns), momentum, `--random` independent random traders (the random baseline is
 the mean of their Sharpes) and `--matched` turnover-matched random traders per model seed (the matched baseline of
 a model is the mean Sharpe of its seeds' traders). Every series is Gaussian AR(1) with coefficient phi, daily std 1%.

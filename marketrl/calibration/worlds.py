@@ -6,7 +6,7 @@ A *world* is one cheap run of the pipeline's own pieces: demo data generated wit
 (`marketrl.data.demo`), the feature tables (`marketrl.features`), walk-forward folds (`marketrl.splits.folds`), fixed
 hyperparameters (no hyperopt), a few fast models of the supervised zoo (`marketrl.models`) trained per fold and
 seed, the baselines and turnover-matched random traders of the evaluation stage, and the report's verdict
-(`marketrl.verdict.verdicts.agent_verdicts`, the family-wise test over every model × baseline × direction). A
+(`marketrl.verdict.verdicts.model_verdicts`, the family-wise test over every model × baseline × direction). A
 world's outcome is "beats" (some model beats every baseline), "worse", "none" (no claim) or "not enough data".
 
 An *arm* is one (edge, edge kind, pooled test days) triple with `calibration.worlds` worlds (one no-edge arm per
@@ -67,7 +67,7 @@ from marketrl.verdict.inputs import (
     pooled_fold_studies,
 )
 from marketrl.verdict.strategies import VerdictRules, build_strategies
-from marketrl.verdict.verdicts import AgentVerdict, agent_verdicts
+from marketrl.verdict.verdicts import ModelVerdict, model_verdicts
 
 FORMAT = "marketrl-calibration"
 VERSION = 1
@@ -164,7 +164,7 @@ def _tune_fold(
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     best = study.best_trial
     data = {
-        "algo": model,
+        "algo": model,  # the hyperopt JSON's on-disk key, kept for compatibility
         "fold": fold,
         "best_params": best.params,
         "best_value": best.value,
@@ -205,7 +205,7 @@ def _baseline_runs(fold: int, per_strategy: Mapping[str, pl.DataFrame]) -> tuple
     return fixed, sorted(random, key=lambda run: run.seed_index or 0)
 
 
-def _classify(verdicts: Sequence[AgentVerdict]) -> str:
+def _classify(verdicts: Sequence[ModelVerdict]) -> str:
     """The world's outcome: any model's family-wise "beats" first, then "not enough data", then "worse"."""
     if any(v.beats for v in verdicts):
         return "beats"
@@ -229,7 +229,7 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
         table = _world_features(spec, cfg.required_days, world["seed"], Path(tmp))
     plan = make_fold_plan(table["trading_day"].unique().to_list(), cfg)
 
-    agent_runs: list[Run] = []
+    model_runs: list[Run] = []
     baseline_runs: list[Run] = []
     random_runs: list[Run] = []
     tuned: dict[str, dict[int, HyperoptSummary]] = {}  # the nested-tuning arm's studies, model -> fold
@@ -260,15 +260,15 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
                 bars = evaluate_positions(test, positions, env_config).select(BAR_COLUMNS)
                 matched = _matched_traders(test, positions, world, (model, fold, seed_index))
                 source = Path(f"<calibration {model} fold {fold} seed {seed_index}>")
-                agent_runs.append(Run(model, True, fold, seed_index, bars, source, None, matched))
+                model_runs.append(Run(model, True, fold, seed_index, bars, source, None, matched))
 
     hyperopt = {model: pooled_fold_studies(model, by_fold) for model, by_fold in tuned.items()}
-    inputs = ReportInputs(agent_runs, baseline_runs, random_runs, hyperopt, [], plan, hyperopt_folds=tuned)
-    agents = build_strategies(agent_runs, pooled_summary=False)
+    inputs = ReportInputs(model_runs, baseline_runs, random_runs, hyperopt, [], plan, hyperopt_folds=tuned)
+    agents = build_strategies(model_runs, pooled_summary=False)
     baselines = baseline_order(build_strategies(baseline_runs, pooled_summary=False))
     random_seeds = build_strategies(random_runs, pooled_summary=False)
     rules = VerdictRules.from_config(world)
-    verdicts, family = agent_verdicts(inputs, agents, baselines, random_seeds, rules, world["seed"])
+    verdicts, family = model_verdicts(inputs, agents, baselines, random_seeds, rules, world["seed"])
     return to_json_safe(
         {
             "edge": spec.edge,
@@ -282,7 +282,7 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
             "detectable": family.detectable,
             "critical": family.critical,
             "models": {
-                v.algo: {
+                v.model: {
                     "sharpe": v.sharpe.point,
                     "beats": v.beats,
                     "enough_data": v.enough_data,
@@ -297,10 +297,10 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
                             "dsr_n": v.deflation.n_trials,
                             "dsr": v.deflation.dsr,
                             "fold_params": [
-                                tuned[v.algo][k].data["best_params"] for k in sorted(tuned[v.algo])
+                                tuned[v.model][k].data["best_params"] for k in sorted(tuned[v.model])
                             ],
                         }
-                        if v.algo in tuned
+                        if v.model in tuned
                         else {}
                     ),
                 }

@@ -139,11 +139,11 @@ def forecast_columns(data: MarketData, predictions: torch.Tensor, horizon: int) 
 
 
 def load_runs(
-    algo: str, model_paths: Sequence[str], config: Mapping[str, Any], device: torch.device
+    model: str, model_paths: Sequence[str], config: Mapping[str, Any], device: torch.device
 ) -> tuple[list[LoadedModel], EnvConfig, Costs]:
-    """Every seed's checkpoint of `algo`, and the env settings and cost model they were trained with (each
+    """Every seed's checkpoint of `model`, and the env settings and cost model they were trained with (each
     seed's equal the config's, or `trained_settings` raises, hence each other's)."""
-    entry = get_entry(algo, config["training"]["extra_models"])
+    entry = get_entry(model, config["training"]["extra_models"])
     runs = [entry.load(path, device) for path in model_paths]
     settings = [trained_settings(run.meta, config, path) for run, path in zip(runs, model_paths, strict=True)]
     env_config, cost_model = settings[0]
@@ -193,7 +193,7 @@ def runs_positions(
 
 def evaluate_job(
     *,
-    algo: str,
+    model: str,
     fold: int,
     seed_indices: Sequence[int],
     manifest_path: str,
@@ -219,7 +219,7 @@ def evaluate_job(
             f"{len(model_paths)} models, {len(metrics_paths)} metrics and {len(bars_paths)} bars paths"
         )
     device = resolve_device(config["training"]["device"])
-    runs, env_config, cost_model = load_runs(algo, model_paths, config, device)
+    runs, env_config, cost_model = load_runs(model, model_paths, config, device)
     fold_spec = FoldPlan.load(folds_path).fold(fold)
     # only the tables holding a test day are read (and hash-checked): the test rows need no other
     test_rows = select_rows(load_features_for_days(manifest_path, fold_spec.test_days), fold_spec, "test")
@@ -232,7 +232,7 @@ def evaluate_job(
         [p.to(cpu) for p in positions],
         env_config,
         config,
-        [(algo, fold, s) for s in seed_indices],
+        [(model, fold, s) for s in seed_indices],
     )
     provenance = collect(dict(config), device=str(device))  # the same for every seed: collected once
     frames, results = [], []
@@ -245,17 +245,17 @@ def evaluate_job(
             extra["horizon"] = run.horizon
         sharpe = scored["metrics"]["sharpe"]
         log.info(
-            "%s fold %d seed %d: test Sharpe %s over %d bars", algo, fold, seed_index, sharpe, bars.height
+            "%s fold %d seed %d: test Sharpe %s over %d bars", model, fold, seed_index, sharpe, bars.height
         )
         frames.append(bars)
         results.append(
             {
-                "algo": algo,
+                "algo": model,  # on-disk key kept for compatibility
                 "kind": run.kind,
                 **extra,
                 "fold": fold,
                 "seed_index": seed_index,
-                "seed": derive_seed(config["seed"], "train", algo, fold, seed_index),
+                "seed": derive_seed(config["seed"], "train", model, fold, seed_index),
                 **_test_span(bars),
                 **scored,
                 "model": {"path": str(model_path), **run.info},

@@ -91,7 +91,7 @@ def _table_data(path: str | Path) -> dict[str, str]:
     return {key: metadata.get(f"marketrl.{key}".encode(), b"").decode() for key in keys}
 
 
-def check_new_file(features_path: str | Path, rows: pl.DataFrame, trained: TrainedOn, algo: str) -> None:
+def check_new_file(features_path: str | Path, rows: pl.DataFrame, trained: TrainedOn, model: str) -> None:
     """Raise `PredictInputError` (one line naming the file) unless `rows` may be predicted by the models of
     `trained`: feature rows exist, same dataset/schema/bar size, known symbol roots, no training day."""
     data = _table_data(features_path)
@@ -104,14 +104,14 @@ def check_new_file(features_path: str | Path, rows: pl.DataFrame, trained: Train
     ours = {key: trained.data.get(key, "") for key in _DATA_KEYS}
     if theirs != ours:
         raise PredictInputError(
-            f"{source}: holds {_describe(theirs)} bars, the {algo} models of fold {trained.fold} were trained on "
+            f"{source}: holds {_describe(theirs)} bars, the {model} models of fold {trained.fold} were trained on "
             f"{_describe(ours)}"
         )
     roots = sorted({symbol_root(symbol) for symbol in rows["symbol"].unique().to_list()})
     unknown = [root for root in roots if root not in trained.roots]
     if unknown:
         raise PredictInputError(
-            f"{source}: holds {', '.join(roots)}, the {algo} models of fold {trained.fold} were trained on "
+            f"{source}: holds {', '.join(roots)}, the {model} models of fold {trained.fold} were trained on "
             f"{', '.join(trained.roots)} (no model for {unknown[0]})"
         )
     first_day = rows["trading_day"].min()
@@ -186,7 +186,7 @@ def ensemble_positions(positions: torch.Tensor) -> torch.Tensor:
 
 def predict_job(
     *,
-    algo: str,
+    model: str,
     seed_indices: Sequence[int],
     features_path: str,
     manifest_path: str,
@@ -195,7 +195,7 @@ def predict_job(
     config: Mapping[str, Any],
     out_path: str,
 ) -> pl.DataFrame:
-    """Apply every seed of `algo` (fold `predict.fold`) to one new file's feature table; write its per-bar table.
+    """Apply every seed of `model` (fold `predict.fold`) to one new file's feature table; write its per-bar table.
 
     One row per decision bar and member (each seed, then the ensemble, `ensemble_positions`): the position held
     after the decision at the bar's close and its gross return, cost and net return over the next bar
@@ -213,8 +213,8 @@ def predict_job(
     device = resolve_device(config["training"]["device"])
     trained = trained_on(manifest_path, folds_path, config["predict"]["fold"])
     rows = pl.read_parquet(features_path)
-    check_new_file(features_path, rows, trained, algo)
-    runs, env_config, cost_model = load_runs(algo, model_paths, config, device)
+    check_new_file(features_path, rows, trained, model)
+    runs, env_config, cost_model = load_runs(model, model_paths, config, device)
     folds = {(run.meta.get("extra") or {}).get("fold") for run in runs}
     if folds != {trained.fold}:  # the rule gives the checkpoints of predict.fold; anything else is a bug
         raise ValueError(
@@ -240,7 +240,7 @@ def predict_job(
         frames.append(bars.with_columns(member=pl.lit(member), seed_index=pl.lit(seed_index, dtype=pl.Int32)))
     table = pl.concat(frames).select(*PREDICT_COLUMNS, *(FORECAST_COLUMNS if horizon is not None else ()))
     provenance = {
-        "algo": algo,
+        "algo": model,  # on-disk key kept for compatibility
         "kind": runs[0].kind,
         "fold": trained.fold,
         "last_train_day": str(trained.last_train_day),
@@ -269,7 +269,7 @@ def predict_job(
     ensemble = table.filter(pl.col("member") == ENSEMBLE)
     log.info(
         "%s fold %d on %s: %d bars, ensemble net return %.6f",
-        algo,
+        model,
         trained.fold,
         provenance["features"]["source_file"],
         ensemble.height,

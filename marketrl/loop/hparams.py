@@ -50,7 +50,7 @@ def check_ranges(hp: Any, **groups: tuple[str, ...]) -> None:
             require(holds(getattr(hp, key)), key, expectation, getattr(hp, key))
 
 
-def parse_hparams(cls: type, hparams: Mapping[str, Any] | None, algo: str) -> Any:
+def parse_hparams(cls: type, hparams: Mapping[str, Any] | None, model: str) -> Any:
     """Build the frozen hyperparameter dataclass ``cls`` from a plain dict (e.g. hyperopt JSON), then run its
     ``validate()`` range checks.
 
@@ -62,7 +62,7 @@ def parse_hparams(cls: type, hparams: Mapping[str, Any] | None, algo: str) -> An
     try:
         values = _validator(cls).validate_python(given)
     except pydantic.ValidationError as err:
-        raise HParamError(_message(cls, given, algo, err.errors()[0])) from None
+        raise HParamError(_message(cls, given, model, err.errors()[0])) from None
     result = cls(**values)
     check = getattr(result, "validate", None)
     if check is not None:
@@ -85,11 +85,11 @@ def _validator(cls: type) -> pydantic.TypeAdapter[dict[str, Any]]:
     return pydantic.TypeAdapter(pydantic.with_config(config)(schema))
 
 
-def _message(cls: type, given: Mapping[str, Any], algo: str, error: Mapping[str, Any]) -> str:
+def _message(cls: type, given: Mapping[str, Any], model: str, error: Mapping[str, Any]) -> str:
     """The one-line message of pydantic's first ``error``: the key, what its annotation expects, what it got."""
     key, *path = error["loc"]
     if error["type"] == "extra_forbidden":
-        return f"hparams.{key}: unknown {algo} hyperparameter (known: {', '.join(_field_hints(cls))})"
+        return f"hparams.{key}: unknown {model} hyperparameter (known: {', '.join(_field_hints(cls))})"
     hint = _field_hints(cls)[key]
     for step in path:  # into a list's items (``loc`` is ``(key, index)``)
         if isinstance(step, int):

@@ -16,7 +16,7 @@ from (the trainer's generator and the env's), the env's positions and clocks, th
 and the step counters.
 
 The file is plain data (tensors, lists, dicts, numbers, strings) loaded with ``torch.load(weights_only=True)``.
-It carries a *fingerprint* of the run (algorithm, seed, hyperparameters, length, inputs...): a state saved by a
+It carries a *fingerprint* of the run (model, seed, hyperparameters, length, inputs...): a state saved by a
 different run (changed hyperparameters, new data) is ignored with a warning rather than resumed. Before each
 save the networks are checked for NaN/inf, so the file on disk is always the last *good* state.
 """

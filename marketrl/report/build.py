@@ -44,7 +44,7 @@ from marketrl.verdict.strategies import (
     build_strategies,
     config_value,
 )
-from marketrl.verdict.verdicts import AgentVerdict, FamilySummary, agent_verdicts, deflation_for, sharpe_stats
+from marketrl.verdict.verdicts import FamilySummary, ModelVerdict, deflation_for, model_verdicts, sharpe_stats
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ def _data_section(
     embargo_days = (
         min(0.5, embargo / bars_per_day) if is_finite_number(bars_per_day) and bars_per_day > 0 else 0.1
     )
-    symbols = sorted({s for run in inputs.agent_runs for s in run.bars["symbol"].unique().to_list()})
+    symbols = sorted({s for run in inputs.model_runs for s in run.bars["symbol"].unique().to_list()})
     windows = []
     for fold in plan.folds:
         windows.append(
@@ -300,22 +300,22 @@ def _data_section(
     }
 
 
-def _hyperopt_section(inputs: ReportInputs, algos: Sequence[str]) -> list[dict[str, Any]]:
+def _hyperopt_section(inputs: ReportInputs, models: Sequence[str]) -> list[dict[str, Any]]:
     sections = []
-    for algo in algos:
-        summary = inputs.hyperopt.get(algo)
+    for model in models:
+        summary = inputs.hyperopt.get(model)
         if summary is None:
             sections.append(
-                {"algo": algo, "source": None, "missing": "no hyperopt summary was given for this algorithm"}
+                {"model": model, "source": None, "missing": "no hyperopt summary was given for this model"}
             )
             continue
-        color = figures.agent_color(algo, algos)
+        color = figures.model_color(model, models)
         importances, message = tuning.param_importances(summary)
         completed = [t for t in summary.trials if t.get("state") == "COMPLETE"]
         data = summary.data
         sections.append(
             {
-                "algo": algo,
+                "model": model,
                 "missing": "" if completed else "no hyperopt trial completed",
                 "source": str(summary.source),
                 "n_trials": data.get("n_trials", len(summary.trials)),
@@ -331,39 +331,39 @@ def _hyperopt_section(inputs: ReportInputs, algos: Sequence[str]) -> list[dict[s
                 "sampler": data.get("sampler") or {},
                 "storage": provenance.redact_url(str(data.get("storage") or "")),  # never a password
                 "tuning_window": data.get("tuning_window") or {},
-                "n_dsr": deflation_for(inputs, algo).n_trials,
+                "n_dsr": deflation_for(inputs, model).n_trials,
                 "history": figures.hyperopt_history_figure(summary, color) if summary.trials else None,
-                "importance": figures.importance_figure(algo, importances, color) if importances else None,
+                "importance": figures.importance_figure(model, importances, color) if importances else None,
                 "importance_message": message,
                 # hyperopt.per_fold: each fold's own choice (does hidden_dim_base wander?)
-                "per_fold": tuning.per_fold_rows(inputs.hyperopt_folds[algo])
-                if algo in inputs.hyperopt_folds
+                "per_fold": tuning.per_fold_rows(inputs.hyperopt_folds[model])
+                if model in inputs.hyperopt_folds
                 else None,
             }
         )
     return sections
 
 
-def _training_section(inputs: ReportInputs, algos: Sequence[str]) -> dict[str, Any]:
-    figures_by_algo = []
-    for algo in sorted({log.algo for log in inputs.train_logs}):
-        logs = [log for log in inputs.train_logs if log.algo == algo]
+def _training_section(inputs: ReportInputs, models: Sequence[str]) -> dict[str, Any]:
+    figures_by_model = []
+    for model in sorted({log.model for log in inputs.train_logs}):
+        logs = [log for log in inputs.train_logs if log.model == model]
         if figures.training_metrics_present(logs):
-            color = figures.agent_color(algo, algos)
-            agent = algo not in algos or inputs.kind_of(algo) == AGENT
+            color = figures.model_color(model, models)
+            agent = model not in models or inputs.kind_of(model) == AGENT
             steps = "env steps" if agent else "training steps"
-            figures_by_algo.append(
-                {"algo": algo, "figure": figures.training_figure(algo, logs, color, steps)}
+            figures_by_model.append(
+                {"model": model, "figure": figures.training_figure(model, logs, color, steps)}
             )
         else:
-            figures_by_algo.append({"algo": algo, "figure": None})
+            figures_by_model.append({"model": model, "figure": None})
     rows = []
-    for log in sorted(inputs.train_logs, key=lambda lg: (lg.algo, lg.fold, lg.seed_index)):
+    for log in sorted(inputs.train_logs, key=lambda lg: (lg.model, lg.fold, lg.seed_index)):
         data = log.data
         precision = data.get("precision") if isinstance(data.get("precision"), Mapping) else {}
         rows.append(
             {
-                "algo": log.algo,
+                "model": log.model,
                 "fold": log.fold,
                 "seed_index": log.seed_index,
                 "seed": data.get("seed"),
@@ -378,7 +378,7 @@ def _training_section(inputs: ReportInputs, algos: Sequence[str]) -> dict[str, A
                 "source": str(log.source),
             }
         )
-    return {"figures": figures_by_algo, "rows": rows}
+    return {"figures": figures_by_model, "rows": rows}
 
 
 def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -410,12 +410,12 @@ def _provenance_section(inputs: ReportInputs, config: Mapping[str, Any]) -> dict
     }
 
 
-def _grouped_assumptions(verdicts: Sequence[AgentVerdict]) -> list[tuple[str, list[str]]]:
+def _grouped_assumptions(verdicts: Sequence[ModelVerdict]) -> list[tuple[str, list[str]]]:
     """Each DSR assumption once, with the models it applies to (eleven models would repeat it eleven times)."""
     grouped: dict[str, list[str]] = {}
     for verdict in verdicts:
         for text in verdict.deflation.assumptions:
-            grouped.setdefault(text, []).append(verdict.algo)
+            grouped.setdefault(text, []).append(verdict.model)
     return list(grouped.items())
 
 
@@ -431,14 +431,14 @@ def build_context(
     multipliers = [float(m) for m in config_value(config, "evaluation.cost_multipliers")]
     root_seed = int(config_value(config, "seed"))
     check_models(inputs, config)
-    algos = inputs.algos
+    models = inputs.models
 
-    agents = build_strategies(inputs.agent_runs)
+    agents = build_strategies(inputs.model_runs)
     baselines = tables.baseline_order(build_strategies(inputs.baseline_runs))
     random_seeds = build_strategies(inputs.random_seed_runs)
     strategies = [*agents, *baselines]
 
-    verdicts, family = agent_verdicts(inputs, agents, baselines, random_seeds, rules, root_seed)
+    verdicts, family = model_verdicts(inputs, agents, baselines, random_seeds, rules, root_seed)
     baseline_stats = [
         {
             "name": b.name,
@@ -450,7 +450,8 @@ def build_context(
         if b.pooled is not None
     ]
     quality = {
-        algo: forecast.forecast_quality(algo, agents, inputs.horizon_of(algo)) for algo in inputs.forecasters
+        model: forecast.forecast_quality(model, agents, inputs.horizon_of(model))
+        for model in inputs.forecasters
     }
     board = tables.leaderboard(
         inputs,
@@ -461,7 +462,7 @@ def build_context(
         {b["name"]: b["stats"].sharpe for b in baseline_stats},
         quality,
     )
-    spreads = [tables.seed_spread(algo, agents, n_boot, root_seed) for algo in algos]
+    spreads = [tables.seed_spread(model, agents, n_boot, root_seed) for model in models]
     random_fold_sharpe = {
         fold: np.array([s.fold_summaries[fold]["sharpe"] for s in random_seeds if fold in s.fold_summaries])
         for fold in inputs.folds
@@ -479,17 +480,17 @@ def build_context(
         "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "sections": SECTIONS,
         "number": {section_id: k for k, (section_id, _) in enumerate(SECTIONS, start=1)},
-        "algos": algos,
-        "kinds": {algo: inputs.kind_of(algo) for algo in algos},
-        "horizons": {algo: inputs.horizon_of(algo) for algo in algos},
+        "models": models,
+        "kinds": {model: inputs.kind_of(model) for model in models},
+        "horizons": {model: inputs.horizon_of(model) for model in models},
         "forecaster_kind": FORECASTER,
         "leaderboard": board,
         "forecasts": [
             {
                 "quality": q,
-                "figure": figures.forecast_figure(q, figures.agent_color(algo, algos)),
+                "figure": figures.forecast_figure(q, figures.model_color(model, models)),
             }
-            for algo, q in quality.items()
+            for model, q in quality.items()
         ],
         "baselines": [b.name for b in baselines],
         "all_baselines": BASELINES,
@@ -506,28 +507,28 @@ def build_context(
         "n_test_days": len(test_days),
         "first_test_day": test_days[0] if test_days else "",
         "last_test_day": test_days[-1] if test_days else "",
-        "n_seeds": {algo: sum(1 for a in agents if a.name == algo) for algo in algos},
-        "deterministic": [algo for algo in algos if algo in DETERMINISTIC],
+        "n_seeds": {model: sum(1 for a in agents if a.name == model) for model in models},
+        "deterministic": [model for model in models if model in DETERMINISTIC],
         "n_random_seeds": len(random_seeds),
-        "equity_figure": figures.equity_figure(strategies, algos),
-        "drawdown_figure": figures.drawdown_figure(strategies, algos),
+        "equity_figure": figures.equity_figure(strategies, models),
+        "drawdown_figure": figures.drawdown_figure(strategies, models),
         "drawdown_rows": [
             {"label": s.label, "is_agent": s.is_agent, "summary": s.pooled_summary} for s in strategies
         ],
         "per_fold_columns": PER_FOLD_COLUMNS,
         "per_fold_rows": _per_fold_rows(strategies, random_seeds, inputs.folds),
         "seed_spreads": spreads,
-        "seeds_figure": figures.seeds_figure(spreads, random_fold_sharpe, algos),
+        "seeds_figure": figures.seeds_figure(spreads, random_fold_sharpe, models),
         "random_fold_sharpe": {
             k: (float(np.median(v)) if v.size else math.nan) for k, v in random_fold_sharpe.items()
         },
         "positions": profile,
-        "positions_figure": figures.positions_figure(profile, algos),
+        "positions_figure": figures.positions_figure(profile, models),
         "multipliers": multipliers,
         "cost_rows": cost_rows,
-        "cost_figure": figures.cost_figure(cost_rows, multipliers, algos),
-        "hyperopt": _hyperopt_section(inputs, algos),
-        "training": _training_section(inputs, algos),
+        "cost_figure": figures.cost_figure(cost_rows, multipliers, models),
+        "hyperopt": _hyperopt_section(inputs, models),
+        "training": _training_section(inputs, models),
         "data": _data_section(inputs, strategies, input_files),
         "provenance": _provenance_section(inputs, config),
         "warnings": warnings,
@@ -544,7 +545,7 @@ def _finite(value: float) -> float | None:
 
 
 def verdict_record(
-    verdicts: Sequence[AgentVerdict],
+    verdicts: Sequence[ModelVerdict],
     family: FamilySummary,
     config: Mapping[str, Any],
     eval_files: Sequence[str],
@@ -556,13 +557,13 @@ def verdict_record(
     provenance."""
     return {
         "sentence": family.sentence,
-        "winners": [v.algo for v in verdicts if v.beats],
+        "winners": [v.model for v in verdicts if v.beats],
         "alpha": family.alpha,
         "pooled_test_days": family.n_days,
         "detectable_sharpe_difference": _finite(family.detectable),
         "one_comparison_detectable": _finite(family.one_comparison_detectable),
         "models": {
-            v.algo: {
+            v.model: {
                 "beats_every_baseline": v.beats,
                 "enough_data": v.enough_data,
                 "p_beats_every": _finite(v.p_beats_every),

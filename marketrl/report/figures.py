@@ -87,8 +87,10 @@ def plot_text(text: object) -> str:
     return " " + value if value.startswith("_") else value
 
 
-def agent_color(algo: str, algos: Sequence[str]) -> str:
-    return AGENT_COLORS[sorted(algos).index(algo) % len(AGENT_COLORS)] if algo in algos else AGENT_COLORS[0]
+def model_color(model: str, models: Sequence[str]) -> str:
+    return (
+        AGENT_COLORS[sorted(models).index(model) % len(AGENT_COLORS)] if model in models else AGENT_COLORS[0]
+    )
 
 
 def _clean_svg(svg: str, alt: str) -> Markup:
@@ -133,9 +135,9 @@ def _decimate(n: int, max_points: int = MAX_LINE_POINTS) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, max_points).round().astype(np.int64))
 
 
-def _line_style(strategy: Strategy, algos: Sequence[str]) -> dict[str, Any]:
+def _line_style(strategy: Strategy, models: Sequence[str]) -> dict[str, Any]:
     if strategy.is_agent:
-        return {"color": agent_color(strategy.name, algos), "linestyle": "-", "linewidth": 1.1, "alpha": 0.9}
+        return {"color": model_color(strategy.name, models), "linestyle": "-", "linewidth": 1.1, "alpha": 0.9}
     style = BASELINE_STYLES.get(strategy.name, {"color": "#6b7280", "linestyle": "-"})
     return {**style, "linewidth": 1.0, "alpha": 0.95}
 
@@ -190,7 +192,7 @@ def _fold_starts(strategies: Sequence[Strategy], stamps: np.ndarray) -> dict[int
 
 
 @styled
-def equity_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Markup:
+def equity_figure(strategies: Sequence[Strategy], models: Sequence[str]) -> Markup:
     """Pooled out-of-sample equity (wealth from 1), net of costs and before costs, on a trading-time axis."""
     stamps, days, starts = _time_axis(strategies)
     fold_starts = _fold_starts(strategies, stamps)
@@ -205,7 +207,10 @@ def equity_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Marku
             equity = equity_curve(strategy.pooled.bar_returns(multiplier))
             keep = _decimate(equity.size, points)
             ax.plot(
-                x[keep], equity[keep], label=_legend_label(strategy, labelled), **_line_style(strategy, algos)
+                x[keep],
+                equity[keep],
+                label=_legend_label(strategy, labelled),
+                **_line_style(strategy, models),
             )
         ax.axhline(1.0, color="#9ca3af", linewidth=0.6)
         ax.set_title(title, loc="left")
@@ -217,7 +222,7 @@ def equity_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Marku
 
 
 @styled
-def drawdown_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Markup:
+def drawdown_figure(strategies: Sequence[Strategy], models: Sequence[str]) -> Markup:
     """Pooled drawdown from the running peak (net of costs), bar by bar."""
     stamps, days, starts = _time_axis(strategies)
     fig = Figure(figsize=(10, 3.4))
@@ -233,7 +238,7 @@ def drawdown_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Mar
             x[keep],
             100 * drawdown[keep],
             label=_legend_label(strategy, labelled),
-            **_line_style(strategy, algos),
+            **_line_style(strategy, models),
         )
     ax.set_ylabel("drawdown (%)")
     _decorate_time_axis(ax, days, starts, _fold_starts(strategies, stamps))
@@ -243,7 +248,7 @@ def drawdown_figure(strategies: Sequence[Strategy], algos: Sequence[str]) -> Mar
 
 @styled
 def seeds_figure(
-    spreads: Sequence[SeedSpread], random_fold_sharpe: Mapping[int, np.ndarray], algos: Sequence[str]
+    spreads: Sequence[SeedSpread], random_fold_sharpe: Mapping[int, np.ndarray], models: Sequence[str]
 ) -> Markup:
     """Per-seed net Sharpe per fold and pooled (dots), IQM with its stratified-bootstrap CI (bar), random-seed
     Sharpes as a grey reference."""
@@ -261,7 +266,7 @@ def seeds_figure(
             ax.scatter(offset + jitter, reference, s=6, color="#d1d5db", zorder=1)
     ax.scatter([], [], s=6, color="#d1d5db", label="random baseline seeds")
     for index, spread in enumerate(spreads):
-        color = agent_color(spread.algo, algos)
+        color = model_color(spread.model, models)
         offset = -0.35 + width * (index + 1.5)
         columns = [spread.fold_sharpe[:, k] for k in range(len(folds))] + [spread.pooled_sharpe]
         aggregates = [*spread.per_fold_iqm, spread.pooled_iqm]
@@ -272,7 +277,7 @@ def seeds_figure(
                 ax.plot([x - width / 2.5, x + width / 2.5], [aggregate.point] * 2, color=color, linewidth=2)
                 ax.plot([x, x], [aggregate.lo, aggregate.hi], color=color, linewidth=1, alpha=0.6)
         ax.scatter(
-            [], [], s=16, color=color, label=plot_text(f"{spread.algo}: seeds (dots), IQM and CI (bar)")
+            [], [], s=16, color=color, label=plot_text(f"{spread.model}: seeds (dots), IQM and CI (bar)")
         )
     ax.axhline(0.0, color="#6b7280", linewidth=0.7)
     ax.set_xticks(positions, labels)
@@ -282,7 +287,7 @@ def seeds_figure(
 
 
 @styled
-def positions_figure(profile: Sequence[Mapping[str, Any]], algos: Sequence[str]) -> Markup:
+def positions_figure(profile: Sequence[Mapping[str, Any]], models: Sequence[str]) -> Markup:
     """Share of bars long / flat / short and average daily turnover per strategy."""
     names = [row["name"] for row in profile]
     labels = [
@@ -303,7 +308,7 @@ def positions_figure(profile: Sequence[Mapping[str, Any]], algos: Sequence[str])
     left.set_xlabel("share of bars (%)")
     left.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=3)
     colors = [
-        agent_color(row["name"], algos)
+        model_color(row["name"], models)
         if row["is_agent"]
         else BASELINE_STYLES.get(row["name"], {}).get("color", "#6b7280")
         for row in profile
@@ -315,7 +320,7 @@ def positions_figure(profile: Sequence[Mapping[str, Any]], algos: Sequence[str])
 
 @styled
 def cost_figure(
-    rows: Sequence[Mapping[str, Any]], multipliers: Sequence[float], algos: Sequence[str]
+    rows: Sequence[Mapping[str, Any]], multipliers: Sequence[float], models: Sequence[str]
 ) -> Markup:
     """Pooled net Sharpe against the cost multiplier (agents: IQM over seeds, thin lines per seed)."""
     fig = Figure(figsize=(10, 3.4))
@@ -323,7 +328,7 @@ def cost_figure(
     xs = np.asarray(multipliers, dtype=np.float64)
     for row in rows:
         if row["is_agent"]:
-            color = agent_color(row["name"], algos)
+            color = model_color(row["name"], models)
             for seed_values in row["per_seed_sharpe"]:
                 ax.plot(xs, seed_values, color=color, linewidth=0.7, alpha=0.35)
             ax.plot(
@@ -393,7 +398,7 @@ def hyperopt_history_figure(summary: HyperoptSummary, color: str) -> Markup:
     ax.set_xlabel("trial")
     ax.set_ylabel("objective")
     ax.legend(loc="best")
-    return figure_to_svg(fig, f"hyperopt-history-{summary.algo}", f"Optimization history of {summary.algo}")
+    return figure_to_svg(fig, f"hyperopt-history-{summary.model}", f"Optimization history of {summary.model}")
 
 
 @styled
@@ -474,7 +479,9 @@ def training_metrics_present(logs: Sequence[TrainLog]) -> list[tuple[str, str]]:
 
 
 @styled
-def training_figure(algo: str, logs: Sequence[TrainLog], color: str, step_label: str = "env steps") -> Markup:
+def training_figure(
+    model: str, logs: Sequence[TrainLog], color: str, step_label: str = "env steps"
+) -> Markup:
     """Small multiples of the training history metrics, one line per (fold, seed)."""
     metrics = training_metrics_present(logs)
     ncols = min(3, len(metrics))
@@ -504,7 +511,7 @@ def training_figure(algo: str, logs: Sequence[TrainLog], color: str, step_label:
     for ax in axes[len(metrics) :]:
         ax.set_visible(False)
     fig.tight_layout()
-    return figure_to_svg(fig, f"training-{algo}", f"Training curves of {algo}")
+    return figure_to_svg(fig, f"training-{model}", f"Training curves of {model}")
 
 
 @styled
@@ -606,6 +613,6 @@ def forecast_figure(quality: ForecastQuality, color: str) -> Markup:
     fig.tight_layout()
     return figure_to_svg(
         fig,
-        f"forecast-{quality.algo}",
-        f"Predictions vs realized forward returns and daily IC of {quality.algo}",
+        f"forecast-{quality.model}",
+        f"Predictions vs realized forward returns and daily IC of {quality.model}",
     )

@@ -31,7 +31,7 @@ class ForecastQuality:
     pooled over the folds (the daily ICs of all test days together), and their mean over seeds.
     """
 
-    algo: str
+    model: str
     horizon: int | None
     folds: list[int]
     seeds: list[int]
@@ -72,11 +72,11 @@ def calibration_bins(
     )
 
 
-def forecast_quality(algo: str, agents: Sequence[Strategy], horizon: int | None = None) -> ForecastQuality:
+def forecast_quality(model: str, agents: Sequence[Strategy], horizon: int | None = None) -> ForecastQuality:
     """The forecast-quality statistics of one forecaster from its runs' ``prediction``/``forward_return``."""
-    members = sorted((a for a in agents if a.name == algo), key=lambda a: a.seed_index or 0)
+    members = sorted((a for a in agents if a.name == model), key=lambda a: a.seed_index or 0)
     if not members or any(run.forecasts is None for m in members for run in m.fold_runs.values()):
-        raise ReportInputError(f"report: {algo} has runs without predictions (not a forecaster)")
+        raise ReportInputError(f"report: {model} has runs without predictions (not a forecaster)")
     folds = sorted(members[0].fold_runs)
     seed_fold: dict[int, dict[int, dict[str, float]]] = {}
     seed_pooled: dict[int, dict[str, float]] = {}
@@ -110,7 +110,7 @@ def forecast_quality(algo: str, agents: Sequence[Strategy], horizon: int | None 
         bins_y.append(y)
     seeds = sorted(seed_fold)
     return ForecastQuality(
-        algo=algo,
+        model=model,
         horizon=horizon,
         folds=folds,
         seeds=seeds,

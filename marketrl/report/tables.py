@@ -27,7 +27,7 @@ from marketrl.verdict.strategies import (
     matched_traders,
     seed_aggregate,
 )
-from marketrl.verdict.verdicts import AgentVerdict
+from marketrl.verdict.verdicts import ModelVerdict
 
 # Relative tolerance for the stored metrics.json values against the recomputation from bars.parquet.
 _STORED_RTOL = 1e-6
@@ -36,9 +36,9 @@ _STORED_ATOL = 1e-9
 
 @dataclass
 class SeedSpread:
-    """Per-fold and pooled net Sharpe (annualised) of every seed of one algorithm, with IQM and CIs."""
+    """Per-fold and pooled net Sharpe (annualised) of every seed of one model, with IQM and CIs."""
 
-    algo: str
+    model: str
     folds: list[int]
     seeds: list[int]
     fold_sharpe: np.ndarray  # [n_seeds, n_folds]
@@ -50,9 +50,9 @@ class SeedSpread:
     return_iqm: ConfidenceInterval
 
 
-def seed_spread(algo: str, agents: Sequence[Strategy], n_boot: int, root_seed: int) -> SeedSpread:
-    """rliable-style aggregation of one algorithm's seeds: seeds resampled within folds."""
-    members = sorted((a for a in agents if a.name == algo), key=lambda a: a.seed_index or 0)
+def seed_spread(model: str, agents: Sequence[Strategy], n_boot: int, root_seed: int) -> SeedSpread:
+    """rliable-style aggregation of one model's seeds: seeds resampled within folds."""
+    members = sorted((a for a in agents if a.name == model), key=lambda a: a.seed_index or 0)
     folds = sorted(members[0].fold_summaries)
     fold_sharpe = np.array(
         [[m.fold_summaries[f]["sharpe"] for f in folds] for m in members], dtype=np.float64
@@ -61,9 +61,9 @@ def seed_spread(algo: str, agents: Sequence[Strategy], n_boot: int, root_seed: i
         [[m.fold_summaries[f]["total_return"] for f in folds] for m in members], dtype=np.float64
     )
     pooled = np.array([m.pooled_summary["sharpe"] for m in members], dtype=np.float64)
-    seed = derive_seed(root_seed, "report", "seeds", algo)
+    seed = derive_seed(root_seed, "report", "seeds", model)
     return SeedSpread(
-        algo=algo,
+        model=model,
         folds=folds,
         seeds=[m.seed_index or 0 for m in members],
         fold_sharpe=fold_sharpe,
@@ -79,7 +79,7 @@ def seed_spread(algo: str, agents: Sequence[Strategy], n_boot: int, root_seed: i
 def cost_sensitivity(strategies: Sequence[Strategy], multipliers: Sequence[float]) -> list[dict[str, Any]]:
     """Pooled net Sharpe (annualised) and total return at each cost multiplier: net = gross − m × cost.
 
-    Agents: one row per algorithm with the IQM over seeds (per-seed values kept for the figure)."""
+    Agents: one row per model with the IQM over seeds (per-seed values kept for the figure)."""
     rows: dict[str, dict[str, Any]] = {}
     for strategy in strategies:
         assert strategy.pooled is not None
@@ -220,7 +220,7 @@ def _gross_and_net(series: ReturnSeries) -> tuple[float, float]:
 
 def leaderboard(
     inputs: ReportInputs,
-    verdicts: Sequence[AgentVerdict],
+    verdicts: Sequence[ModelVerdict],
     agents: Sequence[Strategy],
     baselines: Sequence[Strategy],
     random_seeds: Sequence[Strategy],
@@ -234,12 +234,12 @@ def leaderboard(
     """
     rows: list[LeaderboardRow] = []
     for verdict in verdicts:
-        members = [a for a in agents if a.name == verdict.algo]
+        members = [a for a in agents if a.name == verdict.model]
         pairs = [_gross_and_net(m.pooled) for m in members if m.pooled is not None]
         gross = float(np.mean([g for g, _ in pairs]))
         net = float(np.mean([n for _, n in pairs]))
-        kind = inputs.kind_of(verdict.algo)
-        ic = quality[verdict.algo].pooled_mean if verdict.algo in quality else {}
+        kind = inputs.kind_of(verdict.model)
+        ic = quality[verdict.model].pooled_mean if verdict.model in quality else {}
         claims = tuple(
             (_CLAIM_LABELS.get(c.baseline, c.baseline), "beats" if c.beats else "worse")
             for c in verdict.comparisons
@@ -247,8 +247,8 @@ def leaderboard(
         )
         rows.append(
             LeaderboardRow(
-                name=verdict.algo,
-                label=verdict.algo,
+                name=verdict.model,
+                label=verdict.model,
                 kind=kind,
                 # below 3 days the family bootstrap estimates nothing; the mean seed Sharpe is still defined
                 sharpe=verdict.sharpe
@@ -298,8 +298,8 @@ def leaderboard(
             )
         )
     matched = [
-        matched_traders(sorted((a for a in agents if a.name == algo), key=lambda a: a.seed_index or 0))
-        for algo in inputs.algos
+        matched_traders(sorted((a for a in agents if a.name == model), key=lambda a: a.seed_index or 0))
+        for model in inputs.models
     ]
     if matched and all(m is not None for m in matched):
         sharpes = [

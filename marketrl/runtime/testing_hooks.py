@@ -7,7 +7,7 @@ waits for the marker and kills the job there. Only that first process holds (the
 later one), so the rest of the run goes on around it. Without the variables (every normal run) a hold point only
 reads the environment and returns.
 
-Events (the library's call sites): ``hyperopt_trial_reported:{algo}:{trial number}`` (after each validation report
+Events (the library's call sites): ``hyperopt_trial_reported:{model}:{trial number}`` (after each validation report
 of a trial; the first one reached holds), ``training_checkpoint_saved:{path}`` (a resume checkpoint was written),
 ``atomic_write_before_rename:{destination}`` (an output's temp file is complete, the rename not yet done).
 """

@@ -1,6 +1,6 @@
 """TensorBoard event files of a training job, to watch it live (`make tensorboard`; docs/OUTPUTS.md).
 
-One run directory per seed (`marketrl.settings.paths.TENSORBOARD`: results/tensorboard/{algo}/fold_{fold}/seed_{seed}),
+One run directory per seed (`marketrl.settings.paths.TENSORBOARD`: results/tensorboard/{model}/fold_{fold}/seed_{seed}),
 emptied when the job starts so that a rerun never appends to stale events. Everything is written from records the
 job already has, so the board adds no host sync to a training loop:
 

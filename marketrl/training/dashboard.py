@@ -1,11 +1,11 @@
 """`make dashboard`: optuna-dashboard on a run's hyperopt study storage, served on loopback until Ctrl-C.
 
-    python -m marketrl.training.dashboard [--algo ALGO] [--config config.yaml] [--results results] [--port 8080]
+    python -m marketrl.training.dashboard [--model MODEL] [--config config.yaml] [--results results] [--port 8080]
 
 The storage is the one the hyperopt workers use (`marketrl.training.study_storage.open_storage`): with
 PostgreSQL ($MARKETRL_OPTUNA_STORAGE or hyperopt.storage) every model's study lives in the one database and the
-dashboard lists them all; with journal files each model has its own (results/hyperopt/{algo}/journal.log), and
-``--algo`` picks it: by default the first model of training.models that has a journal, else the first journal
+dashboard lists them all; with journal files each model has its own (results/hyperopt/{model}/journal.log), and
+``--model`` picks it: by default the first model of training.models that has a journal, else the first journal
 found. optuna-dashboard (the ``[monitor]`` extra) is imported only here.
 """
 
@@ -27,7 +27,7 @@ from marketrl.training.study_storage import (
     study_dir,
 )
 
-__all__ = ["DashboardError", "main", "pick_algo"]
+__all__ = ["DashboardError", "main", "pick_model"]
 
 JOURNAL = "journal.log"
 
@@ -43,16 +43,16 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def pick_algo(config: Mapping[str, Any], results_dir: str | Path, algo: str | None = None) -> str:
-    """The model whose journal the dashboard opens: ``algo`` if given (its journal must exist), else the first
+def pick_model(config: Mapping[str, Any], results_dir: str | Path, model: str | None = None) -> str:
+    """The model whose journal the dashboard opens: ``model`` if given (its journal must exist), else the first
     model of training.models with a journal, else the first journal under ``results_dir``/hyperopt."""
-    if algo is not None:
-        journal = study_dir(algo, results_dir) / JOURNAL
+    if model is not None:
+        journal = study_dir(model, results_dir) / JOURNAL
         if not journal.is_file():
             raise DashboardError(
-                f"{journal}: no hyperopt study journal for model {algo!r} (has hyperopt run?)"
+                f"{journal}: no hyperopt study journal for model {model!r} (has hyperopt run?)"
             )
-        return algo
+        return model
     found = sorted(path.parent.name for path in study_dir("*", results_dir).parent.glob(f"*/{JOURNAL}"))
     for name in config["training"]["models"]:
         if name in found:
@@ -68,7 +68,9 @@ def pick_algo(config: Mapping[str, Any], results_dir: str | Path, algo: str | No
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve optuna-dashboard on the study storage until interrupted; one line and status 1 on bad input."""
     parser = argparse.ArgumentParser(prog="python -m marketrl.training.dashboard", description=__doc__)
-    parser.add_argument("--algo", default=None, help="the model whose journal to open (journal storage only)")
+    parser.add_argument(
+        "--model", default=None, help="the model whose journal to open (journal storage only)"
+    )
     parser.add_argument("--config", default="config.yaml", help="the run's config (hyperopt.storage)")
     parser.add_argument("--results", default="results", help="the run's results directory")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default: loopback only)")
@@ -78,10 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config)
         # an RDB holds every model's study; a journal is one model's
         if storage_url(config):
-            algo = args.algo or ""
+            model = args.model or ""
         else:
-            algo = pick_algo(config, args.results, args.algo)
-        storage = open_storage(config, algo, args.results)
+            model = pick_model(config, args.results, args.model)
+        storage = open_storage(config, model, args.results)
     except (ConfigError, DashboardError, HyperoptError) as exc:
         print(f"marketrl dashboard: {exc}", file=sys.stderr)
         return 1
@@ -90,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # wsgiref as optuna_dashboard.run_server uses it, but the line below is printed once the port listens (an
     # event a caller can wait for), with the actual port (--port 0 picks a free one)
     server = make_server(args.host, args.port, optuna_dashboard.wsgi(storage), handler_class=_QuietHandler)
-    label = storage_label(config, algo, args.results)  # without a password
+    label = storage_label(config, model, args.results)  # without a password
     print(
         f"optuna-dashboard on http://{args.host}:{server.server_port}/ for {label} (Ctrl-C stops it)",
         flush=True,

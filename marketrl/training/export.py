@@ -124,7 +124,7 @@ FORECASTER_HOW_TO_USE = (
 
 
 def _meta(
-    algo: str, kind: str, loaded: LoadedModel, checkpoint: Mapping[str, Any], window: int
+    model: str, kind: str, loaded: LoadedModel, checkpoint: Mapping[str, Any], window: int
 ) -> dict[str, Any]:
     """export.json without the files, the ONNX outcome and provenance."""
     extra = loaded.meta.get("extra") or {}
@@ -134,7 +134,7 @@ def _meta(
     meta: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
-        "model": algo,
+        "model": model,
         "kind": kind,
         "fold": extra.get("fold"),
         "seed_index": extra.get("seed_index"),
@@ -246,13 +246,13 @@ def _onnx(module: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path) -> st
 
 
 def export_model(
-    algo: str,
+    model: str,
     model_path: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
     extra_models: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Export one seed's checkpoint into ``out_dir`` (which must exist, empty); return its export.json."""
-    entry = get_entry(algo, extra_models)
+    entry = get_entry(model, extra_models)
     out = Path(out_dir)
     loaded = entry.load(str(model_path), torch.device("cpu"))
     checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
@@ -266,15 +266,15 @@ def export_model(
         module: nn.Module | None = AgentPolicy(loaded.policy.net)
         booster = None
     else:
-        model = entry.spec.load(checkpoint, "cpu")
-        window = model.window
-        module = model.module
-        booster = model.state.get("booster") if module is None else None
+        forecaster = entry.spec.load(checkpoint, "cpu")
+        window = forecaster.window
+        module = forecaster.module
+        booster = forecaster.state.get("booster") if module is None else None
         if module is None and booster is None:
             raise ExportError(
-                f"{model_path}: {algo} has neither a torch module nor a LightGBM booster to export"
+                f"{model_path}: {model} has neither a torch module nor a LightGBM booster to export"
             )
-    meta = _meta(algo, entry.kind, loaded, checkpoint, window)
+    meta = _meta(model, entry.kind, loaded, checkpoint, window)
     files: dict[str, str | None] = {"torchscript": None, "onnx": None, "lightgbm": None}
     if module is not None:
         module = module.cpu().eval().requires_grad_(False)  # outputs without grad: `.numpy()` works on them
@@ -295,7 +295,7 @@ def export_model(
 
 def export_job(
     *,
-    algo: str,
+    model: str,
     model_paths: Sequence[str],
     config: Mapping[str, Any],
     out_dirs: Sequence[str],
@@ -303,7 +303,7 @@ def export_job(
     """The export stage: every seed's checkpoint of one model x fold into its directory, all or none (each
     directory is written beside its destination, then all are renamed into place)."""
     if len(model_paths) != len(out_dirs):
-        raise ValueError(f"{algo}: {len(model_paths)} checkpoints for {len(out_dirs)} export directories")
+        raise ValueError(f"{model}: {len(model_paths)} checkpoints for {len(out_dirs)} export directories")
     extra_models = config["training"]["extra_models"]
     provenance = collect(dict(config), inputs={path: sha256_file(path) for path in model_paths})
     staged: list[tuple[Path, Path]] = []
@@ -314,7 +314,7 @@ def export_job(
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
             staged.append((tmp, dest))
-            meta = export_model(algo, model_path, tmp, extra_models)
+            meta = export_model(model, model_path, tmp, extra_models)
             meta["provenance"] = provenance
             (tmp / EXPORT_JSON).write_text(json_text(meta), encoding="utf-8")
             metas.append(meta)

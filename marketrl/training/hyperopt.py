@@ -7,7 +7,7 @@ with hyperopt.per_fold (nested tuning) one study per model x fold, each on its f
 - The tuning window ends before the first test day of any fold (marketrl.splits.folds); trials train on its inner train
   rows and are scored on its validation tail, net of costs. Costs are never tuned.
 - Storage, trial claims and dead-worker recovery live in marketrl.training.study_storage: a journal file under
-  results/hyperopt/{algo}/ or PostgreSQL (claims and heartbeats in the database); together the workers run exactly
+  results/hyperopt/{model}/ or PostgreSQL (claims and heartbeats in the database); together the workers run exactly
   hyperopt.n_trials, and a killed worker's trial is re-run in its slot with the same parameters and seeds.
 - NaN/inf or diverged trials are pruned, not crashed; the MedianPruner prunes on intermediate validation scores.
 """
@@ -63,17 +63,17 @@ OBJECTIVE = (
 # ------------------------------------------------------------------------------------------------------ storage
 
 
-def study_name(algo: str, key: str = "", fold: int | None = None) -> str:
-    """The Optuna study name of an algorithm; `key` (see `study_key`) tells apart studies of different inputs,
-    `fold` the per-fold studies (hyperopt.per_fold) that share the algorithm's storage."""
-    base = f"marketrl-{algo}" if fold is None else f"marketrl-{algo}-fold{fold}"
+def study_name(model: str, key: str = "", fold: int | None = None) -> str:
+    """The Optuna study name of a model; `key` (see `study_key`) tells apart studies of different inputs,
+    `fold` the per-fold studies (hyperopt.per_fold) that share the model's storage."""
+    base = f"marketrl-{model}" if fold is None else f"marketrl-{model}-fold{fold}"
     return f"{base}-{key}" if key else base
 
 
-def study_scope(algo: str, fold: int | None = None) -> tuple[str | int, ...]:
-    """What a study's seeds derive from besides their purpose: the algorithm, and the fold of a per-fold study
+def study_scope(model: str, fold: int | None = None) -> tuple[str | int, ...]:
+    """What a study's seeds derive from besides their purpose: the model, and the fold of a per-fold study
     (so the folds' studies draw independent parameters; the single study keeps its seeds)."""
-    return (algo,) if fold is None else (algo, "fold", fold)
+    return (model,) if fold is None else (model, "fold", fold)
 
 
 def study_key(config: Mapping[str, Any], input_paths: Sequence[str | Path], code: str) -> str:
@@ -96,24 +96,24 @@ def study_key(config: Mapping[str, Any], input_paths: Sequence[str | Path], code
 
 def load_study(
     config: Mapping[str, Any],
-    algo: str,
+    model: str,
     worker: int = 0,
     results_dir: str | Path = "results",
     name: str | None = None,
     fold: int | None = None,
 ) -> optuna.Study:
-    """Create or resume the study `name` (default: `study_name(algo, fold=fold)`); the TPE sampler is seeded per
+    """Create or resume the study `name` (default: `study_name(model, fold=fold)`); the TPE sampler is seeded per
     worker."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(
-        seed=derive_seed(config["seed"], "hyperopt", *study_scope(algo, fold), worker)
+        seed=derive_seed(config["seed"], "hyperopt", *study_scope(model, fold), worker)
     )
     pruner = optuna.pruners.MedianPruner(
         n_startup_trials=2, n_warmup_steps=config["hyperopt"]["pruner_warmup_evals"]
     )
     return optuna.create_study(
-        study_name=name or study_name(algo, fold=fold),
-        storage=open_storage(config, algo, results_dir),
+        study_name=name or study_name(model, fold=fold),
+        storage=open_storage(config, model, results_dir),
         sampler=sampler,
         pruner=pruner,
         direction="maximize",
@@ -126,7 +126,7 @@ def load_study(
 
 def run_trial(
     trial: optuna.Trial,
-    algo: str,
+    model: str,
     window: WindowData,
     config: Mapping[str, Any],
     device: Any,
@@ -143,7 +143,7 @@ def run_trial(
     (`marketrl.training.zoo`, built once per worker); `fold`, that of a per-fold study (its seeds' scope).
     """
     started = time.perf_counter()
-    entry = get_entry(algo, config["training"]["extra_models"])
+    entry = get_entry(model, config["training"]["extra_models"])
     hparams = space(trial)
     trial.set_user_attr(SAMPLED, True)
     slot = trial.user_attrs.get(SLOT, trial.number)
@@ -154,7 +154,7 @@ def run_trial(
         nonlocal reports
         score = float(statistics.median(scores))
         trial.report(score, reports)
-        hold_point(f"hyperopt_trial_reported:{algo}:{trial.number}")
+        hold_point(f"hyperopt_trial_reported:{model}:{trial.number}")
         reports += 1
         if trial.should_prune():
             raise optuna.TrialPruned(f"pruned at step {step} with validation Sharpe {score:.3f}")
@@ -166,7 +166,7 @@ def run_trial(
         derive_seed(
             config["seed"],
             "hyperopt-trial",
-            *study_scope(algo, fold),
+            *study_scope(model, fold),
             *((slot,) if number == 0 else (slot, number)),
         )
         for number in range(n_seeds)
@@ -198,7 +198,7 @@ def run_trial(
 
 def run_worker(
     *,
-    algo: str,
+    model: str,
     worker: int,
     manifest_path: str,
     folds_path: str,
@@ -215,7 +215,7 @@ def run_worker(
     that fold's own study on that fold's tuning window (hyperopt.per_fold); None, of the model's one study.
     """
     started = time.perf_counter()
-    entry = get_entry(algo, config["training"]["extra_models"])
+    entry = get_entry(model, config["training"]["extra_models"])
     device = resolve_device(config["training"]["device"])
     precision = detect_precision(device, config["training"]["precision"])
     plan = FoldPlan.load(folds_path)
@@ -226,7 +226,7 @@ def run_worker(
     log.info(
         "worker %d of %s%s (%s): tuning data on %s in %.2fs; precision %s",
         worker,
-        algo,
+        model,
         "" if fold is None else f" fold {fold}",
         entry.kind,
         device,
@@ -234,19 +234,19 @@ def run_worker(
         precision.mode,
     )
 
-    name = study_name(algo, study_key(config, [manifest_path, folds_path], code), fold)
-    study = load_study(config, algo, worker, results_dir, name, fold)
+    name = study_name(model, study_key(config, [manifest_path, folds_path], code), fold)
+    study = load_study(config, model, worker, results_dir, name, fold)
 
     def objective(trial: optuna.Trial) -> float:
-        return run_trial(trial, algo, window, config, device, precision, space, budget, fold)
+        return run_trial(trial, model, window, config, device, precision, space, budget, fold)
 
-    sampler_seed = derive_seed(config["seed"], "hyperopt", *study_scope(algo, fold))
-    claims = trial_claims(config, algo, results_dir)
+    sampler_seed = derive_seed(config["seed"], "hyperopt", *study_scope(model, fold))
+    claims = trial_claims(config, model, results_dir)
     ran = work_on_study(
-        study, algo, config["hyperopt"]["n_trials"], objective, results_dir, seed=sampler_seed, claims=claims
+        study, model, config["hyperopt"]["n_trials"], objective, results_dir, seed=sampler_seed, claims=claims
     )
     summary = {
-        "algo": algo,
+        "algo": model,  # on-disk key kept for compatibility
         "kind": entry.kind,
         "fold": fold,
         "worker": worker,
@@ -256,7 +256,7 @@ def run_worker(
         "device": str(device),
         "precision": precision.to_dict(),
         "seeds_per_trial": config["hyperopt"]["seeds_per_trial"],
-        "storage": storage_label(config, algo, results_dir),
+        "storage": storage_label(config, model, results_dir),
     }
     write_json_atomic(out_path, to_json_safe(summary))
     return summary
@@ -278,7 +278,7 @@ def _trial_record(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
 
 def write_study_summary(
     *,
-    algo: str,
+    model: str,
     worker_summaries: Sequence[str],
     folds_path: str | Path,
     config: Mapping[str, Any],
@@ -286,17 +286,17 @@ def write_study_summary(
     results_dir: str | Path,
     fold: int | None = None,
 ) -> dict[str, Any]:
-    """results/hyperopt/{algo}.json (with `fold`, hyperopt.per_fold: results/hyperopt/{algo}/fold_{fold}.json):
+    """results/hyperopt/{model}.json (with `fold`, hyperopt.per_fold: results/hyperopt/{model}/fold_{fold}.json):
     best params (incl. hidden_dim_base), every trial, counts, provenance.
 
     Reads the study under `results_dir` (see `study_dir`) and the tuning window from `folds_path`.
     """
     workers = [json.loads(Path(path).read_text()) for path in worker_summaries]
-    default = study_name(algo, fold=fold)
+    default = study_name(model, fold=fold)
     names = sorted({worker.get("study", default) for worker in workers}) or [default]
     if len(names) > 1:
-        raise HyperoptError(f"{worker_summaries[0]}: workers of {algo} ran different studies {names}")
-    study = load_study(config, algo, 0, results_dir, names[0], fold)
+        raise HyperoptError(f"{worker_summaries[0]}: workers of {model} ran different studies {names}")
+    study = load_study(config, model, 0, results_dir, names[0], fold)
     trials = sorted(counted_trials(study), key=lambda t: t.number)
     states = [t.state for t in trials]
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -318,8 +318,8 @@ def write_study_summary(
         "validation_last": str(window.validation_days[-1]),
     }
     summary = {
-        "algo": algo,
-        "kind": get_entry(algo, config["training"]["extra_models"]).kind,
+        "algo": model,  # on-disk key kept for compatibility
+        "kind": get_entry(model, config["training"]["extra_models"]).kind,
         "fold": fold,  # None: the model's one study; k: fold k's own study (hyperopt.per_fold)
         "objective": OBJECTIVE,
         "direction": "maximize",
@@ -337,11 +337,11 @@ def write_study_summary(
         "seeds_per_trial": config["hyperopt"]["seeds_per_trial"],
         "sampler": {
             "name": "TPESampler",
-            "seed": derive_seed(config["seed"], "hyperopt", *study_scope(algo, fold)),
+            "seed": derive_seed(config["seed"], "hyperopt", *study_scope(model, fold)),
             "reseeded": "per trial slot k: slot_sampler_seed(seed, k)",
         },
         "tuning_window": tuning,
-        "storage": storage_label(config, algo, results_dir),
+        "storage": storage_label(config, model, results_dir),
         "workers": workers,
         "precision": workers[0]["precision"] if workers else None,
         "packages": package_versions(),

@@ -2,7 +2,7 @@
 
 One claim protocol (`work_on_study`) over two backends:
 
-- **Journal file** (default): `results/hyperopt/{algo}/journal.log`. Claims run under a `flock` on
+- **Journal file** (default): `results/hyperopt/{model}/journal.log`. Claims run under a `flock` on
   `study.lock`; a RUNNING trial whose owner process on this host is gone is recovered at the next claim.
 - **PostgreSQL** (`hyperopt.storage` or `MARKETRL_OPTUNA_STORAGE` = `postgresql://...`): Optuna's RDBStorage.
   Claims run under a transaction-level advisory lock of the study, so workers on any number of hosts need no
@@ -62,10 +62,10 @@ def storage_url(config: Mapping[str, Any]) -> str:
     return (os.environ.get(STORAGE_ENV, "").strip() or config["hyperopt"]["storage"]).strip()
 
 
-def storage_label(config: Mapping[str, Any], algo: str, results_dir: str | Path = "results") -> str:
+def storage_label(config: Mapping[str, Any], model: str, results_dir: str | Path = "results") -> str:
     """Where the study lives, safe to log and to write into outputs (the URL without its password)."""
     url = storage_url(config)
-    return redact_url(url) if url else str(study_dir(algo, results_dir) / "journal.log")
+    return redact_url(url) if url else str(study_dir(model, results_dir) / "journal.log")
 
 
 def is_postgres(url: str) -> bool:
@@ -137,14 +137,14 @@ def _advisory_key(name: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)  # advisory locks take a bigint
 
 
-def study_dir(algo: str, results_dir: str | Path = "results") -> Path:
-    """Where an algorithm's study keeps its journal and lock file (marketrl.settings.paths.STUDY_DIR under `results_dir`)."""
-    return Path(results_dir) / paths.STUDY_SUBDIR.format(algo=algo)
+def study_dir(model: str, results_dir: str | Path = "results") -> Path:
+    """Where a model's study keeps its journal and lock file (marketrl.settings.paths.STUDY_DIR under `results_dir`)."""
+    return Path(results_dir) / paths.STUDY_SUBDIR.format(model=model)
 
 
-def open_storage(config: Mapping[str, Any], algo: str, results_dir: str | Path = "results") -> Any:
+def open_storage(config: Mapping[str, Any], model: str, results_dir: str | Path = "results") -> Any:
     """The study storage: an RDB URL ($MARKETRL_OPTUNA_STORAGE or hyperopt.storage), else a JournalFileStorage
-    under results/hyperopt/{algo}/."""
+    under results/hyperopt/{model}/."""
     url = storage_url(config)
     if url:
         try:
@@ -152,7 +152,7 @@ def open_storage(config: Mapping[str, Any], algo: str, results_dir: str | Path =
                 return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
         except Exception as exc:  # SQLAlchemy and the drivers raise many types; the user needs the key
             raise storage_error(url, exc) from None
-    directory = study_dir(algo, results_dir)
+    directory = study_dir(model, results_dir)
     directory.mkdir(parents=True, exist_ok=True)
     backend = optuna.storages.journal.JournalFileBackend(
         str(directory / "journal.log"), lock_obj=JournalFlock(directory / "journal.lock")
@@ -187,9 +187,9 @@ class JournalFlock:
 
 
 @contextmanager
-def study_lock(algo: str, results_dir: str | Path = "results") -> Iterator[None]:
+def study_lock(model: str, results_dir: str | Path = "results") -> Iterator[None]:
     """An exclusive lock shared by every worker of the study (a file lock on the shared filesystem)."""
-    path = study_dir(algo, results_dir) / "study.lock"
+    path = study_dir(model, results_dir) / "study.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
@@ -292,17 +292,17 @@ def claim_trial(study: optuna.Study, n_trials: int, *, seed: int | None = None) 
 class TrialClaims:
     """How the workers of one study exclude each other while claiming, and find trials of dead workers.
 
-    The default (journal file): a `flock` on results/hyperopt/{algo}/study.lock, and a RUNNING trial counts as dead
+    The default (journal file): a `flock` on results/hyperopt/{model}/study.lock, and a RUNNING trial counts as dead
     when its owner process on this host is gone. Trials of other hosts are never judged, and nobody waits for them.
     """
 
-    def __init__(self, algo: str, results_dir: str | Path = "results") -> None:
-        self.algo = algo
+    def __init__(self, model: str, results_dir: str | Path = "results") -> None:
+        self.model = model
         self.results_dir = results_dir
 
     def lock(self, study: optuna.Study) -> AbstractContextManager[None]:
         """Held while recovering and claiming."""
-        return study_lock(self.algo, self.results_dir)
+        return study_lock(self.model, self.results_dir)
 
     def recover(self, study: optuna.Study) -> int:
         """Interrupt and re-enqueue the trials of dead workers (under the lock); return how many."""
@@ -489,7 +489,7 @@ class PostgresClaims(TrialClaims):
         return True
 
 
-def trial_claims(config: Mapping[str, Any], algo: str, results_dir: str | Path = "results") -> TrialClaims:
+def trial_claims(config: Mapping[str, Any], model: str, results_dir: str | Path = "results") -> TrialClaims:
     """The claims of the configured storage: PostgreSQL claims for a postgresql:// URL, else the file lock."""
     url = storage_url(config)
     if url and is_postgres(url):
@@ -497,7 +497,7 @@ def trial_claims(config: Mapping[str, Any], algo: str, results_dir: str | Path =
         return PostgresClaims(
             url, heartbeat_seconds=hyperopt["heartbeat_seconds"], grace_seconds=hyperopt["grace_seconds"]
         )
-    return TrialClaims(algo, results_dir)
+    return TrialClaims(model, results_dir)
 
 
 # ----------------------------------------------------------------------------------------------------- the loop
@@ -505,7 +505,7 @@ def trial_claims(config: Mapping[str, Any], algo: str, results_dir: str | Path =
 
 def work_on_study(
     study: optuna.Study,
-    algo: str,
+    model: str,
     n_trials: int,
     objective: Callable[[optuna.Trial], float],
     results_dir: str | Path = "results",
@@ -518,7 +518,7 @@ def work_on_study(
     `seed`: reseed the sampler per trial slot (see `claim_trial`). `claims`: how workers exclude each other and
     recover dead workers' trials (`trial_claims`); default the journal's file lock under `results_dir`.
     """
-    claims = claims or TrialClaims(algo, results_dir)
+    claims = claims or TrialClaims(model, results_dir)
     ran: list[int] = []
     while True:
         with claims.lock(study):

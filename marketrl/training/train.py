@@ -38,16 +38,16 @@ class HparamsError(ValueError):
     """A hyperparameter file is missing, malformed, or does not belong to the model."""
 
 
-def load_hparams(path: str | Path, algo: str) -> dict[str, Any]:
-    """Best parameters from results/hyperopt/{algo}.json, checked; names the file on any problem."""
+def load_hparams(path: str | Path, model: str) -> dict[str, Any]:
+    """Best parameters from results/hyperopt/{model}.json, checked; names the file on any problem."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise HparamsError(f"{path}: cannot read hyperparameters: {exc}".splitlines()[0]) from exc
     if not isinstance(data, dict) or not isinstance(data.get("best_params"), dict):
         raise HparamsError(f"{path}: expected a JSON object with a 'best_params' mapping")
-    if data.get("algo", algo) != algo:
-        raise HparamsError(f"{path}: hyperparameters are for {data.get('algo')!r}, not {algo!r}")
+    if data.get("algo", model) != model:
+        raise HparamsError(f"{path}: hyperparameters are for {data.get('algo')!r}, not {model!r}")
     params = data["best_params"]
     for key, value in params.items():
         if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -129,7 +129,7 @@ def _on_statistics(board: TrainingBoard | None, record: dict[str, Any]) -> None:
 
 def train_job(
     *,
-    algo: str,
+    model: str,
     fold: int,
     seed_indices: list[int],
     manifest_path: str,
@@ -141,7 +141,7 @@ def train_job(
     resume_path: str,
     tensorboard_dirs: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Train one model (`algo`: any name of training.models) on one fold with every seed of `seed_indices`, as
+    """Train one model (`model`: any name of training.models) on one fold with every seed of `seed_indices`, as
     one batch where the model can; write each seed's model.pt and train_log.json atomically.
 
     `resume_path` is the batch's resumable checkpoint: an undeclared side file (marketrl.settings.paths.RESUME),
@@ -150,16 +150,18 @@ def train_job(
     directories of its TensorBoard event files, another undeclared side output (marketrl.training.board).
     """
     if not (len(seed_indices) == len(model_paths) == len(log_paths)) or not seed_indices:
-        raise ValueError(f"{algo} fold {fold}: expected one model and log path per seed index {seed_indices}")
-    entry = get_entry(algo, config["training"]["extra_models"])
+        raise ValueError(
+            f"{model} fold {fold}: expected one model and log path per seed index {seed_indices}"
+        )
+    entry = get_entry(model, config["training"]["extra_models"])
     if getattr(entry.spec, "deterministic", False) and len(seed_indices) != 1:
-        raise ValueError(f"{algo}: a deterministic model trains one run, got seed indices {seed_indices}")
-    hparams = load_hparams(hparams_path, algo)
+        raise ValueError(f"{model}: a deterministic model trains one run, got seed indices {seed_indices}")
+    hparams = load_hparams(hparams_path, model)
     training = config["training"]
     device = resolve_device(training["device"])
     precision = detect_precision(device, training["precision"])
-    log.info("%s (%s), precision %s: %s", algo, entry.kind, precision.mode, precision.reason)
-    seeds = [derive_seed(config["seed"], "train", algo, fold, index) for index in seed_indices]
+    log.info("%s (%s), precision %s: %s", model, entry.kind, precision.mode, precision.reason)
+    seeds = [derive_seed(config["seed"], "train", model, fold, index) for index in seed_indices]
     plan = FoldPlan.load(folds_path)
     window = fold_window(load_features(manifest_path), plan, fold, config, device)
     # agents: env steps; forecasters: the cap on optimizer steps / boosting rounds
@@ -170,7 +172,7 @@ def train_job(
         Path(resume_path),
         training["checkpoint_every"],
         {
-            "algo": algo,
+            "algo": model,  # on-disk key kept for compatibility
             "seeds": seeds,
             "hparams": hparams,
             **{key: training[key] for key in run_keys},
@@ -205,7 +207,7 @@ def train_job(
         )
         wall_s = time.perf_counter() - started
         if len(runs) != len(seeds):
-            raise RuntimeError(f"{algo}: {len(runs)} trained runs for {len(seeds)} seeds")
+            raise RuntimeError(f"{model}: {len(runs)} trained runs for {len(seeds)} seeds")
         provenance = collect(dict(config), device=str(device))
         # the cost model the model was trained with: evaluation refuses a config that charges differently
         costs = cost_model_from_config(config["costs"]).to_config()
@@ -217,7 +219,7 @@ def train_job(
                 {"fold": fold, "seed_index": index, "seed": seed, "costs": costs},
             )
             train_log = {
-                "algo": algo,
+                "algo": model,  # on-disk key kept for compatibility
                 "kind": entry.kind,
                 "fold": fold,
                 "seed_index": index,

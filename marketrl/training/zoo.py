@@ -197,13 +197,13 @@ def seeds_positions(
 
 
 class _NamedBySpec:
-    """The model name of a registry entry is its spec's name (training.models, the {algo} wildcard)."""
+    """The model name of a registry entry is its spec's name (training.models, the {model} wildcard)."""
 
     spec: AgentSpec | ModelSpec
 
     @property
     def name(self) -> str:
-        """The model name (training.models, the {algo} wildcard)."""
+        """The model name (training.models, the {model} wildcard)."""
         return self.spec.name
 
 

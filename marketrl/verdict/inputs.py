@@ -81,9 +81,9 @@ class Run:
 
 @dataclass(frozen=True)
 class HyperoptSummary:
-    """One algorithm's hyperopt JSON (``results/hyperopt/{algo}.json``)."""
+    """One model's hyperopt JSON (``results/hyperopt/{model}.json``)."""
 
-    algo: str
+    model: str
     source: Path
     trials: list[dict[str, Any]]
     trial_sharpe_daily: list[float]
@@ -94,7 +94,7 @@ class HyperoptSummary:
 class TrainLog:
     """One training run's log (``train_log.json``)."""
 
-    algo: str
+    model: str
     fold: int
     seed_index: int
     source: Path
@@ -106,7 +106,7 @@ class TrainLog:
 class ReportInputs:
     """Everything the report reads, loaded and checked."""
 
-    agent_runs: list[Run]
+    model_runs: list[Run]
     baseline_runs: list[Run]
     random_seed_runs: list[Run]
     hyperopt: dict[str, HyperoptSummary]
@@ -114,29 +114,29 @@ class ReportInputs:
     plan: FoldPlan
     files: list[Path] = field(default_factory=list)
     provenance_records: list[Mapping[str, Any]] = field(default_factory=list)
-    # hyperopt.per_fold: each fold's own study, {algo: {fold: summary}}; `hyperopt` then holds their pooled trials
+    # hyperopt.per_fold: each fold's own study, {model: {fold: summary}}; `hyperopt` then holds their pooled trials
     hyperopt_folds: dict[str, dict[int, HyperoptSummary]] = field(default_factory=dict)
 
     @property
-    def algos(self) -> list[str]:
+    def models(self) -> list[str]:
         """Every model of the run (agents and forecasters), sorted by name."""
-        return sorted({run.strategy for run in self.agent_runs})
+        return sorted({run.strategy for run in self.model_runs})
 
-    def kind_of(self, algo: str) -> str:
+    def kind_of(self, model: str) -> str:
         """ "agent" or "forecaster" (load_inputs checked that every run of a model has the same kind)."""
-        return next(run.kind for run in self.agent_runs if run.strategy == algo)
+        return next(run.kind for run in self.model_runs if run.strategy == model)
 
-    def horizon_of(self, algo: str) -> int | None:
+    def horizon_of(self, model: str) -> int | None:
         """The forecast horizon in bars of a forecaster, None for an agent."""
-        return next(run.horizon for run in self.agent_runs if run.strategy == algo)
+        return next(run.horizon for run in self.model_runs if run.strategy == model)
 
     @property
     def forecasters(self) -> list[str]:
-        return [algo for algo in self.algos if self.kind_of(algo) == FORECASTER]
+        return [model for model in self.models if self.kind_of(model) == FORECASTER]
 
     @property
     def folds(self) -> list[int]:
-        return sorted({run.fold for run in self.agent_runs} | {run.fold for run in self.baseline_runs})
+        return sorted({run.fold for run in self.model_runs} | {run.fold for run in self.baseline_runs})
 
 
 def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
@@ -192,7 +192,7 @@ def _checked(run: Run) -> Run:
 
 def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
     what = "model evaluation"
-    algo = _require(data, "algo", str, path, what)
+    model = _require(data, "algo", str, path, what)
     fold = _require(data, "fold", int, path, what)
     seed_index = _require(data, "seed_index", int, path, what)
     kind = data.get("kind", AGENT)
@@ -217,7 +217,7 @@ def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
     matched = _matched_random(path, data["matched_random"]) if "matched_random" in data else None
     return _checked(
         Run(
-            algo,
+            model,
             True,
             fold,
             seed_index,
@@ -303,7 +303,7 @@ def _baseline_runs(path: Path, bars_path: Path, data: Mapping[str, Any]) -> tupl
 def _hyperopt(path: Path) -> HyperoptSummary:
     data = read_json_object(path, "hyperopt summary")
     what = "hyperopt summary"
-    algo = _require(data, "algo", str, path, what)
+    model = _require(data, "algo", str, path, what)
     trials = _require(data, "trials", list, path, what)
     sharpes = _require(data, "trial_sharpe_daily", list, path, what)
     for trial in trials:
@@ -313,26 +313,26 @@ def _hyperopt(path: Path) -> HyperoptSummary:
             )
     if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in sharpes):
         raise ReportInputError(f"{path}: 'trial_sharpe_daily' must be a list of numbers")
-    return HyperoptSummary(algo, path, trials, [float(x) for x in sharpes], data)
+    return HyperoptSummary(model, path, trials, [float(x) for x in sharpes], data)
 
 
 def _train_log(path: Path) -> TrainLog:
     data = read_json_object(path, "training log")
     what = "training log"
-    algo = _require(data, "algo", str, path, what)
+    model = _require(data, "algo", str, path, what)
     fold = _require(data, "fold", int, path, what)
     seed_index = _require(data, "seed_index", int, path, what)
     history = data.get("history") or []
     if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
         raise ReportInputError(f"{path}: training log field 'history' must be a list of objects")
-    return TrainLog(algo, fold, seed_index, path, history, data)
+    return TrainLog(model, fold, seed_index, path, history, data)
 
 
 def _check_layout(inputs: ReportInputs) -> None:
     """Every agent has the same seeds in every fold, and every fold has baselines; no duplicates."""
     seen: dict[tuple[str, int, int], Path] = {}
     kinds: dict[str, tuple[str, int | None, Path]] = {}
-    for run in inputs.agent_runs:
+    for run in inputs.model_runs:
         key = (run.strategy, run.fold, run.seed_index or 0)
         if key in seen:
             raise ReportInputError(f"{run.source}: duplicates {seen[key]} ({run.label}, fold {run.fold})")
@@ -349,25 +349,25 @@ def _check_layout(inputs: ReportInputs) -> None:
             raise ReportInputError(
                 f"{run.source}: duplicates {baseline_sources[run.fold]} (baselines, fold {run.fold})"
             )
-    if not inputs.agent_runs:
+    if not inputs.model_runs:
         raise ReportInputError(
-            "eval_files: no model evaluation (results/eval/{algo}/fold_k/seed_s/metrics.json)"
+            "eval_files: no model evaluation (results/eval/{model}/fold_k/seed_s/metrics.json)"
         )
     baseline_folds = {run.fold for run in inputs.baseline_runs}
-    agent_folds = {run.fold for run in inputs.agent_runs}
+    agent_folds = {run.fold for run in inputs.model_runs}
     if agent_folds - baseline_folds:
         missing = sorted(agent_folds - baseline_folds)
         raise ReportInputError(f"eval_files: no baseline evaluation for fold(s) {missing}")
-    for algo in inputs.algos:
+    for model in inputs.models:
         seeds_by_fold = {
             fold: sorted(
-                r.seed_index or 0 for r in inputs.agent_runs if r.strategy == algo and r.fold == fold
+                r.seed_index or 0 for r in inputs.model_runs if r.strategy == model and r.fold == fold
             )
             for fold in sorted(baseline_folds)
         }
         if len({tuple(seeds) for seeds in seeds_by_fold.values()}) != 1:
             raise ReportInputError(
-                f"eval_files: {algo} has different seeds in different folds: {seeds_by_fold}"
+                f"eval_files: {model} has different seeds in different folds: {seeds_by_fold}"
             )
     n_folds = len(inputs.plan.folds)
     for fold in inputs.folds:
@@ -396,7 +396,7 @@ def load_inputs(
         plan = FoldPlan.load(folds_path)
     except FoldError as err:
         raise ReportInputError(str(err)) from None
-    agent_runs: list[Run] = []
+    model_runs: list[Run] = []
     baseline_runs: list[Run] = []
     random_runs: list[Run] = []
     records: list[Mapping[str, Any]] = []
@@ -409,7 +409,7 @@ def load_inputs(
             baseline_runs += runs
             random_runs += seeds
         else:
-            agent_runs.append(_agent_run(path, bars_path, data))
+            model_runs.append(_agent_run(path, bars_path, data))
         files += [path, bars_path]
         records.append(data.get("provenance") or {})
     hyperopt: dict[str, HyperoptSummary] = {}
@@ -418,22 +418,22 @@ def load_inputs(
         summary = _hyperopt(Path(name))
         fold = summary.data.get("fold")
         if isinstance(fold, int) and not isinstance(fold, bool):  # a per-fold study (hyperopt.per_fold)
-            hyperopt_folds.setdefault(summary.algo, {})[fold] = summary
+            hyperopt_folds.setdefault(summary.model, {})[fold] = summary
         else:
-            hyperopt[summary.algo] = summary
+            hyperopt[summary.model] = summary
         files.append(Path(name))
-    for algo, by_fold in hyperopt_folds.items():
-        if algo in hyperopt:
+    for model, by_fold in hyperopt_folds.items():
+        if model in hyperopt:
             raise ReportInputError(
-                f"{hyperopt[algo].source}: {algo} has both one study and per-fold studies; give one kind"
+                f"{hyperopt[model].source}: {model} has both one study and per-fold studies; give one kind"
             )
-        hyperopt[algo] = pooled_fold_studies(algo, by_fold)
+        hyperopt[model] = pooled_fold_studies(model, by_fold)
     logs = [_train_log(Path(name)) for name in train_logs]
     files += [Path(name) for name in train_logs]
     records += [
         summary.data.get("provenance") or {}
         for summary in hyperopt.values()
-        if summary.algo not in hyperopt_folds
+        if summary.model not in hyperopt_folds
     ]
     records += [
         s.data.get("provenance") or {} for by_fold in hyperopt_folds.values() for s in by_fold.values()
@@ -441,13 +441,13 @@ def load_inputs(
     records += [log.data.get("provenance") or {} for log in logs]
     records = [record for record in records if isinstance(record, Mapping)]
     inputs = ReportInputs(
-        agent_runs, baseline_runs, random_runs, hyperopt, logs, plan, files, records, hyperopt_folds
+        model_runs, baseline_runs, random_runs, hyperopt, logs, plan, files, records, hyperopt_folds
     )
     _check_layout(inputs)
     return inputs
 
 
-def pooled_fold_studies(algo: str, by_fold: Mapping[int, HyperoptSummary]) -> HyperoptSummary:
+def pooled_fold_studies(model: str, by_fold: Mapping[int, HyperoptSummary]) -> HyperoptSummary:
     """One summary holding every trial of every fold's study (each trial tagged with its `fold`): what the
     selection tried in all, so the DSR's N is the sum of the folds' trials. Its best is the highest of the
     folds' choices (`best_fold`); the folds' own choices stay in `ReportInputs.hyperopt_folds`."""
@@ -466,7 +466,7 @@ def pooled_fold_studies(algo: str, by_fold: Mapping[int, HyperoptSummary]) -> Hy
 
     first = summaries[0].data
     data = {
-        "algo": algo,
+        "algo": model,  # the hyperopt JSON's on-disk key, kept for compatibility
         "kind": first.get("kind"),
         "per_fold": True,
         "folds": folds,
@@ -485,7 +485,9 @@ def pooled_fold_studies(algo: str, by_fold: Mapping[int, HyperoptSummary]) -> Hy
         "tuning_window": {},  # one per fold: ReportInputs.hyperopt_folds
     }
     sharpes = [x for s in summaries for x in s.trial_sharpe_daily]
-    return HyperoptSummary(algo, summaries[0].source.parent, trials, sharpes, data)  # results/hyperopt/{algo}
+    return HyperoptSummary(
+        model, summaries[0].source.parent, trials, sharpes, data
+    )  # results/hyperopt/{model}
 
 
 def configured_models(config: Mapping[str, Any]) -> list[str]:
@@ -505,8 +507,8 @@ def check_models(inputs: ReportInputs, config: Mapping[str, Any]) -> list[str]:
     """The configured models, checked against the evaluations given: each has one, and none is extra."""
     models = configured_models(config)
     key = "training.models" if "models" in (config.get("training") or {}) else "training.algos"
-    missing = [m for m in models if m not in inputs.algos]
-    extra = [m for m in inputs.algos if m not in models]
+    missing = [m for m in models if m not in inputs.models]
+    extra = [m for m in inputs.models if m not in models]
     if missing:
         raise ReportInputError(f"eval_files: no evaluation of {missing}, listed in config key '{key}'")
     if extra:

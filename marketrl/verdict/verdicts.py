@@ -88,14 +88,14 @@ def _trial_score(trial: Mapping[str, Any]) -> float | None:
     return scores[-1] if scores else None
 
 
-def deflation_for(inputs: ReportInputs, algo: str) -> Deflation:
-    """N, V and the DSR of the selected trial from ``results/hyperopt/{algo}.json`` and the tuning window.
+def deflation_for(inputs: ReportInputs, model: str) -> Deflation:
+    """N, V and the DSR of the selected trial from ``results/hyperopt/{model}.json`` and the tuning window.
 
     Under hyperopt.per_fold the summary pools every fold's study (`inputs.pooled_fold_studies`): N sums the folds'
     trials, V is over all their scores and the best is the highest of the folds' choices; every fold's tuning
     window has the same tuning_validation_days, so the validation length is the same."""
     n_validation = len(inputs.plan.tuning.validation_days)
-    summary = inputs.hyperopt.get(algo)
+    summary = inputs.hyperopt.get(model)
     if summary is None:
         return Deflation(
             0, 0, {}, math.nan, math.nan, n_validation, math.nan, math.nan, "no hyperopt summary"
@@ -200,10 +200,10 @@ class SeedRow:
 
 
 @dataclass
-class AgentVerdict:
-    """Headline result of one algorithm: the family-wise claims against every baseline and the sentence."""
+class ModelVerdict:
+    """Headline result of one model: the family-wise claims against every baseline and the sentence."""
 
-    algo: str
+    model: str
     n_seeds: int
     seeds: list[SeedRow]
     deterministic: bool
@@ -276,7 +276,7 @@ def _join(items: Sequence[str]) -> str:
 
 
 def verdict_sentence(
-    algo: str,
+    model: str,
     comparisons: Sequence[Comparison],
     enough: tuple[bool, str],
     detectable: float,
@@ -289,12 +289,12 @@ def verdict_sentence(
     limit = f"about {detectable:.2f}" if is_finite_number(detectable) else "an undetermined size"
     if not enough_data:
         return False, (
-            f"{algo}: not enough out-of-sample data for a verdict ({why_not}); no claim is made either way."
+            f"{model}: not enough out-of-sample data for a verdict ({why_not}); no claim is made either way."
         )
     labels = {c.baseline: BASELINE_LABELS.get(c.baseline, c.baseline) for c in comparisons}
     if comparisons and beats_every:
         return True, (
-            f"{algo} beats every baseline after costs: its smallest studentized Sharpe difference over "
+            f"{model} beats every baseline after costs: its smallest studentized Sharpe difference over "
             f"{_join(list(labels.values()))} clears the family-wise critical value (intersection–union test, "
             "Romano–Wolf across the models of this run, 5%)."
         )
@@ -313,7 +313,7 @@ def verdict_sentence(
         )
     if unclear and (worse or better):
         reasons.append(f"against {_join(unclear)} the per-baseline test cannot tell")
-    return False, f"{algo} does not beat the baselines after costs: " + "; ".join(reasons) + "."
+    return False, f"{model} does not beat the baselines after costs: " + "; ".join(reasons) + "."
 
 
 @dataclass(frozen=True)
@@ -492,9 +492,9 @@ def headline_power_note(n_days: int, power: float, layout: tuple[int, int] | Non
 
 
 def _family_sentence(
-    verdicts: Sequence[AgentVerdict], detectable: float, one_comparison: float, power: float
+    verdicts: Sequence[ModelVerdict], detectable: float, one_comparison: float, power: float
 ) -> str:
-    winners = [v.algo for v in verdicts if v.beats]
+    winners = [v.model for v in verdicts if v.beats]
     n = len(verdicts)
     if not all(v.enough_data for v in verdicts):
         return "Not enough out-of-sample data for a verdict on every model; see each model below."
@@ -519,14 +519,14 @@ def _shortfalls(n_days: int, n_seeds: int, rules: VerdictRules, deterministic: b
     return shortfalls
 
 
-def agent_verdicts(
+def model_verdicts(
     inputs: ReportInputs,
     agents: Sequence[Strategy],
     baselines: Sequence[Strategy],
     random_seeds: Sequence[Strategy],
     rules: VerdictRules,
     root_seed: int,
-) -> tuple[list[AgentVerdict], FamilySummary]:
+) -> tuple[list[ModelVerdict], FamilySummary]:
     """The primary family ("which models beat every baseline after costs?": intersection–union over the
     baselines, Romano–Wolf across models) and the secondary per-baseline families, one direction each, on the
     pooled out-of-sample days.
@@ -537,25 +537,26 @@ def agent_verdicts(
     baseline of a model is, likewise, the mean Sharpe of its seeds' matched traders (included when every agent
     run carries them).
     """
-    algos = list(inputs.algos)
+    models = list(inputs.models)
     fixed = [b for b in baselines if b.name != RANDOM_BASELINE]
     members = {
-        algo: sorted((a for a in agents if a.name == algo), key=lambda a: a.seed_index or 0) for algo in algos
+        model: sorted((a for a in agents if a.name == model), key=lambda a: a.seed_index or 0)
+        for model in models
     }
-    matched = {algo: matched_traders(members[algo]) for algo in algos}
-    with_matched = bool(algos) and all(traders is not None for traders in matched.values())
-    columns = [m for algo in algos for m in members[algo]] + fixed + list(random_seeds)
+    matched = {model: matched_traders(members[model]) for model in models}
+    with_matched = bool(models) and all(traders is not None for traders in matched.values())
+    columns = [m for model in models for m in members[model]] + fixed + list(random_seeds)
     pooled: list[ReturnSeries | DailySeries | None] = [c.pooled for c in columns]
     if any(p is None for p in pooled):
         raise ReportInputError(
             "report: a strategy has no pooled out-of-sample series (build_strategies first)"
         )
-    matched_columns: dict[str, list[list[int]]] = {}  # algo -> per seed -> matrix columns of its traders
+    matched_columns: dict[str, list[list[int]]] = {}  # model -> per seed -> matrix columns of its traders
     if with_matched:
-        for algo in algos:
-            matched_columns[algo] = []
-            for traders in matched[algo] or []:
-                matched_columns[algo].append(list(range(len(pooled), len(pooled) + len(traders))))
+        for model in models:
+            matched_columns[model] = []
+            for traders in matched[model] or []:
+                matched_columns[model].append(list(range(len(pooled), len(pooled) + len(traders))))
                 pooled += traders
     days, matrix = _aligned_matrix([p for p in pooled if p is not None])
     n_days = int(days.size)
@@ -566,25 +567,25 @@ def agent_verdicts(
         + ([MATCHED_RANDOM] if with_matched else [])
     )
 
-    def weights_for(algo: str, baseline: str | None) -> np.ndarray:
+    def weights_for(model: str, baseline: str | None) -> np.ndarray:
         """Mean of the model's seed Sharpes minus the baseline's Sharpe (or the random traders' mean)."""
         row = np.zeros(len(pooled))
-        for m in members[algo]:
-            row[column_of[id(m)]] += 1.0 / len(members[algo])
+        for m in members[model]:
+            row[column_of[id(m)]] += 1.0 / len(members[model])
         if baseline == RANDOM_BASELINE:
             for r in random_seeds:
                 row[column_of[id(r)]] -= 1.0 / len(random_seeds)
         elif baseline == MATCHED_RANDOM:
-            traders = [j for seed_columns in matched_columns[algo] for j in seed_columns]
+            traders = [j for seed_columns in matched_columns[model] for j in seed_columns]
             row[traders] -= 1.0 / len(traders)
         elif baseline is not None:
             row[column_of[id(next(b for b in fixed if b.name == baseline))]] -= 1.0
         return row
 
-    model_rows = [weights_for(algo, None) for algo in algos]
-    pairs = [(algo, name) for algo in algos for name in baseline_names]
-    pair_rows = [weights_for(algo, name) for algo, name in pairs]
-    groups = [[k for k, (a, _) in enumerate(pairs) if a == algo] for algo in algos]
+    model_rows = [weights_for(model, None) for model in models]
+    pairs = [(model, name) for model in models for name in baseline_names]
+    pair_rows = [weights_for(model, name) for model, name in pairs]
+    groups = [[k for k, (a, _) in enumerate(pairs) if a == model] for model in models]
     result = family_result(
         matrix, model_rows, pair_rows, groups, rules, derive_seed(root_seed, "report", "family")
     )
@@ -592,12 +593,12 @@ def agent_verdicts(
     random_sharpes = column_sharpes(matrix, [column_of[id(r)] for r in random_seeds])
 
     verdicts = []
-    for i, algo in enumerate(algos):
-        shortfalls = _shortfalls(n_days, len(members[algo]), rules, algo in DETERMINISTIC)
+    for i, model in enumerate(models):
+        shortfalls = _shortfalls(n_days, len(members[model]), rules, model in DETERMINISTIC)
         enough = not shortfalls
         comparisons = []
         for name in baseline_names:
-            k = pairs.index((algo, name))
+            k = pairs.index((model, name))
             row = len(model_rows) + k
             comparisons.append(
                 Comparison(
@@ -616,46 +617,46 @@ def agent_verdicts(
             ConfidenceInterval(float(result.estimate[i]), float(result.lo[i]), float(result.hi[i]))
         )
         seeds = []
-        for m in members[algo]:
+        for m in members[model]:
             assert m.pooled is not None and m.seed_index is not None
-            boot_seed = derive_seed(root_seed, "report", "sharpe", algo, m.seed_index)
+            boot_seed = derive_seed(root_seed, "report", "sharpe", model, m.seed_index)
             stats = sharpe_stats(m.pooled, m.pooled_summary, rules.n_boot, boot_seed)
             seeds.append(SeedRow(m.seed_index, stats, _percentile(stats.sharpe.point, random_sharpes)))
         if with_matched:
-            for row, seed_columns in zip(seeds, matched_columns[algo], strict=True):
+            for row, seed_columns in zip(seeds, matched_columns[model], strict=True):
                 row.matched_percentile = _percentile(
                     row.stats.sharpe.point, column_sharpes(matrix, seed_columns)
                 )
         iqm = seed_aggregate(
             np.array([s.stats.sharpe.point for s in seeds]),
             rules.n_boot,
-            derive_seed(root_seed, "report", "iqm", algo),
+            derive_seed(root_seed, "report", "iqm", model),
         )
-        if len(members[algo]) < rules.min_seeds:
+        if len(members[model]) < rules.min_seeds:
             iqm = ConfidenceInterval(iqm.point, math.nan, math.nan)  # measured coverage too low to print
         detectable = float(result.detectable[i]) * ANNUALIZER
         binding = int(result.primary.binding[i])
         beats, sentence = verdict_sentence(
-            algo,
+            model,
             comparisons,
             (enough, "; ".join(shortfalls)),
             detectable,
             enough and bool(result.primary.reject[i]),
         )
         verdicts.append(
-            AgentVerdict(
-                algo=algo,
-                n_seeds=len(members[algo]),
+            ModelVerdict(
+                model=model,
+                n_seeds=len(members[model]),
                 seeds=seeds,
-                deterministic=algo in DETERMINISTIC,
-                deflation=deflation_for(inputs, algo),
+                deterministic=model in DETERMINISTIC,
+                deflation=deflation_for(inputs, model),
                 sharpe=sharpe,
                 iqm_sharpe=iqm,
                 random_percentile=_percentile(sharpe.point, random_sharpes),
                 comparisons=comparisons,
                 matched_percentile=_percentile(
                     sharpe.point,
-                    column_sharpes(matrix, [j for cols in matched_columns.get(algo, []) for j in cols]),
+                    column_sharpes(matrix, [j for cols in matched_columns.get(model, []) for j in cols]),
                 ),
                 enough_data=enough,
                 beats=beats,
@@ -672,15 +673,15 @@ def agent_verdicts(
         * ANNUALIZER
     )
     autocorrelations = [
-        lag1_autocorrelation(matrix[:, [column_of[id(m)] for m in members[algo]]].mean(axis=1))
-        for algo in algos
+        lag1_autocorrelation(matrix[:, [column_of[id(m)] for m in members[model]]].mean(axis=1))
+        for model in models
     ]
     max_autocorrelation = max((a for a in autocorrelations if is_finite_number(a)), default=math.nan)
-    layout = (len(algos), max((len(members[algo]) for algo in algos), default=0))
+    layout = (len(models), max((len(members[model]) for model in models), default=0))
     summary = FamilySummary(
         n_days=n_days,
-        n_hypotheses=len(algos),
-        n_models=len(algos),
+        n_hypotheses=len(models),
+        n_models=len(models),
         n_random=len(random_seeds),
         alpha=rules.alpha,
         power=rules.power,

@@ -91,7 +91,7 @@ class _Job:
 
 
 def _label(rule: str, wildcards: str) -> str:
-    """``train dqn fold 0`` from rule ``train`` and ``algo=dqn, fold=0``: a name's value alone, a number with its
+    """``train dqn fold 0`` from rule ``train`` and ``model=dqn, fold=0``: a name's value alone, a number with its
     wildcard's name."""
     parts = [rule]
     for item in filter(None, (w.strip() for w in wildcards.split(","))):

@@ -144,22 +144,22 @@ def fold_indices(config: dict[str, Any]) -> list[int]:
     return list(range(config["folds"]["n"]))
 
 
-def seed_indices(config: dict[str, Any], algo: str | None = None) -> list[int]:
+def seed_indices(config: dict[str, Any], model: str | None = None) -> list[int]:
     """Seed indices 0..seeds-1 per model and fold; [0] for a deterministic model (`registry.DETERMINISTIC`),
     whose seeds could not differ."""
-    if algo is not None and algo in DETERMINISTIC:
+    if model is not None and model in DETERMINISTIC:
         return [0]
     return list(range(config["training"]["seeds"]))
 
 
 def stochastic_models(config: dict[str, Any]) -> list[str]:
     """The models of training.models trained with every seed (one train job per model x fold for them all)."""
-    return [algo for algo in config["training"]["models"] if algo not in DETERMINISTIC]
+    return [model for model in config["training"]["models"] if model not in DETERMINISTIC]
 
 
 def deterministic_models(config: dict[str, Any]) -> list[str]:
     """The models of training.models trained once per fold (seed 0)."""
-    return [algo for algo in config["training"]["models"] if algo in DETERMINISTIC]
+    return [model for model in config["training"]["models"] if model in DETERMINISTIC]
 
 
 def gpu_units(config: dict[str, Any]) -> int:
@@ -181,12 +181,12 @@ def gpu_units(config: dict[str, Any]) -> int:
 
 
 def _runs(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every (model, fold, seed) job of the fan-out; the wildcard `algo` holds the model name."""
+    """Every (model, fold, seed) job of the fan-out, as the wildcards {model}, {fold} and {seed}."""
     return [
-        {"algo": algo, "fold": fold, "seed": seed}
-        for algo in config["training"]["models"]
+        {"model": model, "fold": fold, "seed": seed}
+        for model in config["training"]["models"]
         for fold in fold_indices(config)
-        for seed in seed_indices(config, algo)
+        for seed in seed_indices(config, model)
     ]
 
 
@@ -222,33 +222,33 @@ def per_fold(config: dict[str, Any]) -> bool:
     return bool(config["hyperopt"].get("per_fold", False))
 
 
-def hyperopt_worker_files(config: dict[str, Any], algo: str, fold: int | str | None = None) -> list[str]:
+def hyperopt_worker_files(config: dict[str, Any], model: str, fold: int | str | None = None) -> list[str]:
     """Summaries of the workers of one model's study (with `fold`: of that fold's study, hyperopt.per_fold)."""
     workers = range(config["hyperopt"]["workers"])
     if fold is None:
-        return [paths.HYPEROPT_WORKER.format(algo=algo, worker=w) for w in workers]
-    return [paths.HYPEROPT_FOLD_WORKER.format(algo=algo, fold=fold, worker=w) for w in workers]
+        return [paths.HYPEROPT_WORKER.format(model=model, worker=w) for w in workers]
+    return [paths.HYPEROPT_FOLD_WORKER.format(model=model, fold=fold, worker=w) for w in workers]
 
 
-def hyperopt_best_file(config: dict[str, Any], algo: str, fold: int | str) -> str:
-    """The best hyperparameters fold `fold` of `algo` trains with: its own study's under hyperopt.per_fold,
+def hyperopt_best_file(config: dict[str, Any], model: str, fold: int | str) -> str:
+    """The best hyperparameters fold `fold` of `model` trains with: its own study's under hyperopt.per_fold,
     else the model's one study's."""
     if per_fold(config):
-        return paths.HYPEROPT_FOLD_BEST.format(algo=algo, fold=fold)
-    return paths.HYPEROPT_BEST.format(algo=algo)
+        return paths.HYPEROPT_FOLD_BEST.format(model=model, fold=fold)
+    return paths.HYPEROPT_BEST.format(model=model)
 
 
 def hyperopt_files(config: dict[str, Any]) -> list[str]:
-    """Every study's best hyperparameters (training.models; the wildcard {algo} is the model name): one per
+    """Every study's best hyperparameters (training.models, the wildcard {model}): one per
     model, or one per model x fold under hyperopt.per_fold."""
     models = config["training"]["models"]
     if per_fold(config):
         return [
-            paths.HYPEROPT_FOLD_BEST.format(algo=algo, fold=fold)
-            for algo in models
+            paths.HYPEROPT_FOLD_BEST.format(model=model, fold=fold)
+            for model in models
             for fold in fold_indices(config)
         ]
-    return [paths.HYPEROPT_BEST.format(algo=algo) for algo in models]
+    return [paths.HYPEROPT_BEST.format(model=model) for model in models]
 
 
 # ------------------------------------------------------------------------------------------------------- predict
@@ -305,7 +305,7 @@ def predict_models(config: dict[str, Any], verdict_path: str = paths.VERDICT) ->
         raise ConfigError(
             f"config key 'predict.models' is []: cannot read the winners from {verdict_path}: {exc}"
         ) from None
-    return [algo for algo in trained if algo in winners] or trained
+    return [model for model in trained if model in winners] or trained
 
 
 def predict_fold(config: dict[str, Any]) -> int:
@@ -314,16 +314,16 @@ def predict_fold(config: dict[str, Any]) -> int:
     return fold if fold >= 0 else config["folds"]["n"] - 1
 
 
-def predict_model_files(config: dict[str, Any], algo: str) -> list[str]:
-    """Every seed's checkpoint of `algo` in the fold predict applies."""
+def predict_model_files(config: dict[str, Any], model: str) -> list[str]:
+    """Every seed's checkpoint of `model` in the fold predict applies."""
     fold = predict_fold(config)
-    return [paths.MODEL.format(algo=algo, fold=fold, seed=seed) for seed in seed_indices(config, algo)]
+    return [paths.MODEL.format(model=model, fold=fold, seed=seed) for seed in seed_indices(config, model)]
 
 
 def predict_outputs(config: dict[str, Any]) -> list[str]:
     """One per-bar table per predicted model x new file (the `predict_all` target)."""
     return [
-        paths.PREDICT.format(algo=algo, stem=stem)
-        for algo in predict_models(config)
+        paths.PREDICT.format(model=model, stem=stem)
+        for model in predict_models(config)
         for stem in predict_files(config)
     ]

@@ -20,7 +20,7 @@ from marketrl.settings.config import derive_seed, validate_config
 from marketrl.training.hyperopt import SAMPLED, load_study
 from marketrl.training.study_storage import trial_claims, work_on_study
 
-ALGO = "dqn"
+MODEL = "dqn"
 HEARTBEAT_S = 0.2
 GRACE_S = 1.5
 
@@ -63,15 +63,15 @@ def run(url: str, n_trials: int, out: Path, hold: bool = False) -> list[int]:
                 time.sleep(60)
         return value
 
-    study = load_study(cfg, ALGO, 0, out.parent)
+    study = load_study(cfg, MODEL, 0, out.parent)
     ran = work_on_study(
         study,
-        ALGO,
+        MODEL,
         n_trials,
         held,
         out.parent,
-        seed=derive_seed(cfg["seed"], "hyperopt", ALGO),
-        claims=trial_claims(cfg, ALGO, out.parent),
+        seed=derive_seed(cfg["seed"], "hyperopt", MODEL),
+        claims=trial_claims(cfg, MODEL, out.parent),
     )
     out.write_text(json.dumps(ran))
     return ran

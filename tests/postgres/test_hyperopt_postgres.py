@@ -137,7 +137,7 @@ def test_summary_shows_the_storage_without_its_password(
     (tmp_path / "results").mkdir()
     pg_worker.run(url, N_TRIALS, tmp_path / "results" / "w0.json")
     summary = write_study_summary(
-        algo="dqn",
+        model="dqn",
         worker_summaries=[],
         folds_path=write_fold_plan(tmp_path / "folds.json"),
         config=pg_worker.config(url, N_TRIALS),

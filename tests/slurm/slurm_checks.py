@@ -178,8 +178,8 @@ def expected_outputs(config: dict[str, Any]) -> list[str]:
 
     files = [*pipeline.raw_data_files(config).values(), *pipeline.feature_files(config)]
     files += ["results/features/manifest.json", "results/folds.json", "results/eval_report.html"]
-    for algo in config["training"]["models"]:
-        files += [f"results/hyperopt/{algo}.json", *pipeline.hyperopt_worker_files(config, algo)]
+    for model in config["training"]["models"]:
+        files += [f"results/hyperopt/{model}.json", *pipeline.hyperopt_worker_files(config, model)]
     files += pipeline.model_files(config) + pipeline.train_log_files(config)
     for path in pipeline.eval_files(config):
         files += [path, path.replace("metrics.json", "bars.parquet")]
@@ -351,8 +351,8 @@ def _postgres_failures(
     slurm_run: Path, local_run: Path, config: dict[str, Any], password: str, evidence: list[str]
 ) -> list[str]:
     failures = []
-    for algo in config["training"]["models"]:
-        path = f"results/hyperopt/{algo}.json"
+    for model in config["training"]["models"]:
+        path = f"results/hyperopt/{model}.json"
         if not (slurm_run / path).is_file() or not (local_run / path).is_file():
             failures.append(f"PostgreSQL vs journal: {path} missing in one run")
             continue
@@ -364,7 +364,9 @@ def _postgres_failures(
                 f"{path}: local run's storage is {journal_study.get('storage')!r}, not the journal"
             )
         locks = [
-            f.name for f in (slurm_run / f"results/hyperopt/{algo}").glob("*") if not f.name.endswith(".json")
+            f.name
+            for f in (slurm_run / f"results/hyperopt/{model}").glob("*")
+            if not f.name.endswith(".json")
         ]
         if locks:
             failures.append(f"SLURM run with PostgreSQL left files beside the worker summaries: {locks}")
@@ -374,10 +376,10 @@ def _postgres_failures(
         )
         if diffs:
             failures.append(
-                f"PostgreSQL (2 SLURM workers) vs journal (local) study {algo}: {'; '.join(diffs[:5])}"
+                f"PostgreSQL (2 SLURM workers) vs journal (local) study {model}: {'; '.join(diffs[:5])}"
             )
         evidence.append(
-            f"hyperopt {algo}: PostgreSQL study of the SLURM workers equals the local journal study "
+            f"hyperopt {model}: PostgreSQL study of the SLURM workers equals the local journal study "
             f"({len(pg_study.get('trials', []))} trials, best {pg_study.get('best_value')!r}): "
             + ("yes" if not diffs else "NO")
         )
@@ -397,36 +399,36 @@ def _hyperopt_failures(
 ) -> list[str]:
     failures = []
     n_trials = config["hyperopt"]["n_trials"]
-    for algo in config["training"]["models"]:
+    for model in config["training"]["models"]:
         job_ids = {}
         trials: dict[int, list[int]] = {}
         for worker in range(HYPEROPT_WORKERS):
             matching = [
-                j.job_id for j in jobs if j.rule == "hyperopt_worker" and j.wildcards == f"{algo}_{worker}"
+                j.job_id for j in jobs if j.rule == "hyperopt_worker" and j.wildcards == f"{model}_{worker}"
             ]
             if len(matching) != 1:
-                failures.append(f"hyperopt {algo} worker {worker}: expected one SLURM job, found {matching}")
+                failures.append(f"hyperopt {model} worker {worker}: expected one SLURM job, found {matching}")
             job_ids[worker] = matching[0] if matching else None
-            summary_path = slurm_run / f"results/hyperopt/{algo}/worker_{worker}.json"
+            summary_path = slurm_run / f"results/hyperopt/{model}/worker_{worker}.json"
             if summary_path.is_file():
                 trials[worker] = list(json.loads(summary_path.read_text())["trials_run"])
         claimed = [n for ran in trials.values() for n in ran]
         if sorted(claimed) != list(range(n_trials)):
             failures.append(
-                f"hyperopt {algo}: workers ran trials {trials}, expected 0..{n_trials - 1} once each"
+                f"hyperopt {model}: workers ran trials {trials}, expected 0..{n_trials - 1} once each"
             )
         if len(set(job_ids.values())) != HYPEROPT_WORKERS or None in job_ids.values():
-            failures.append(f"hyperopt {algo}: workers did not run as separate SLURM jobs: {job_ids}")
-        study_path = slurm_run / f"results/hyperopt/{algo}.json"
+            failures.append(f"hyperopt {model}: workers did not run as separate SLURM jobs: {job_ids}")
+        study_path = slurm_run / f"results/hyperopt/{model}.json"
         if study_path.is_file():
             study = json.loads(study_path.read_text())
             numbers = sorted(trial["number"] for trial in study["trials"])
             if numbers != list(range(n_trials)):
                 failures.append(
-                    f"hyperopt {algo}: the study holds trials {numbers}, expected 0..{n_trials - 1}"
+                    f"hyperopt {model}: the study holds trials {numbers}, expected 0..{n_trials - 1}"
                 )
         evidence.append(
-            f"hyperopt {algo}: one study, workers as SLURM jobs "
+            f"hyperopt {model}: one study, workers as SLURM jobs "
             + ", ".join(f"{job_ids[w]} (worker {w}: trials {trials.get(w)})" for w in range(HYPEROPT_WORKERS))
         )
     return failures
