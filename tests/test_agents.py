@@ -32,6 +32,7 @@ from marketrl.env import EnvConfig, MarketData
 from marketrl.instruments.costs import CostModel
 from marketrl.loop.hparams import AgentConfigError
 from marketrl.splits.normalize import FeatureNormalizer
+from tests.support.one_seed import train_agent
 
 FEATURES = ["f0", "f1"]
 COSTS = CostModel(kind="bps", bps=1.0)
@@ -104,14 +105,14 @@ def train_dqn(
     data: MarketData, total_steps: int = 400, seed: int = 0, precision: object = "fp32", **hparams: object
 ):
     config = dqn.DQNConfig(total_steps=total_steps, env=env_config())
-    return dqn.train(data, config, {**DQN_SMALL, **hparams}, precision, "cpu", seed)
+    return train_agent(dqn, data, config, {**DQN_SMALL, **hparams}, precision, "cpu", seed)
 
 
 def train_ppo(
     data: MarketData, total_steps: int = 256, seed: int = 0, precision: object = "fp32", **hparams: object
 ):
     config = ppo.PPOConfig(total_steps=total_steps, env=env_config())
-    return ppo.train(data, config, {**PPO_SMALL, **hparams}, precision, "cpu", seed)
+    return train_agent(ppo, data, config, {**PPO_SMALL, **hparams}, precision, "cpu", seed)
 
 
 def weights(result) -> dict[str, torch.Tensor]:
@@ -207,7 +208,7 @@ def test_memory_footprint_by_hand_and_batch_bounds() -> None:
 
 def test_hparams_unknown_key_is_named() -> None:
     with pytest.raises(HParamError, match=r"hparams\.n_step: unknown ppo hyperparameter"):
-        ppo.train(None, ppo.PPOConfig(), {"n_step": 64}, "fp32", "cpu", 0)  # type: ignore[arg-type]
+        train_agent(ppo, None, ppo.PPOConfig(), {"n_step": 64}, "fp32", "cpu", 0)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -225,7 +226,7 @@ def test_hparams_wrong_type_or_range(algo: str, key: str, value: object, message
     module = dqn if algo == "dqn" else ppo
     config = module.DQNConfig() if algo == "dqn" else module.PPOConfig()
     with pytest.raises(HParamError, match=rf"hparams\.{key}: .*{message}"):
-        module.train(None, config, {key: value}, "fp32", "cpu", 0)
+        train_agent(module, None, config, {key: value}, "fp32", "cpu", 0)
 
 
 def test_int_accepted_for_float_and_defaults_recorded(data: MarketData) -> None:
@@ -404,7 +405,7 @@ def test_dqn_steady_state_reads_once_per_100_gradient_steps(data: MarketData) ->
         config = dqn.DQNConfig(total_steps=total_steps, env=env_config(n_envs=8), check_every=100)
         hparams = {**DQN_SMALL, "learning_starts": 0, "gradient_steps": 4}
         with SyncCounter(count_cpu=True) as counter:
-            result = dqn.train(data, config, hparams, "fp32", "cpu", 0)
+            result = train_agent(dqn, data, config, hparams, "fp32", "cpu", 0)
         return counter.count, result.log["grad_steps"]
 
     short_syncs, short_steps = count(8 * 100)  # 100 vector steps -> 400 gradient steps
@@ -418,7 +419,7 @@ def test_ppo_syncs_per_rollout_do_not_depend_on_rollout_size(data: MarketData) -
         config = ppo.PPOConfig(total_steps=updates * n_envs * n_steps, env=env_config(n_envs=n_envs))
         hparams = {**PPO_SMALL, "n_steps": n_steps}
         with SyncCounter(count_cpu=True) as counter:
-            result = ppo.train(data, config, hparams, "fp32", "cpu", 0)
+            result = train_agent(ppo, data, config, hparams, "fp32", "cpu", 0)
         assert result.log["updates"] == updates
         return counter.count
 
@@ -467,11 +468,11 @@ def test_on_eval_cadence_and_propagation(algo: str, data: MarketData) -> None:
 
     if algo == "dqn":
         config = dqn.DQNConfig(total_steps=400, env=env_config(), eval_every=100)
-        result = dqn.train(data, config, DQN_SMALL, "fp32", "cpu", 0, on_eval=on_eval)
+        result = train_agent(dqn, data, config, DQN_SMALL, "fp32", "cpu", 0, on_eval=on_eval)
         assert calls == [100, 200, 300, 400]
     else:
         config = ppo.PPOConfig(total_steps=64 * 5, env=env_config(), eval_every=128)
-        result = ppo.train(data, config, PPO_SMALL, "fp32", "cpu", 0, on_eval=on_eval)
+        result = train_agent(ppo, data, config, PPO_SMALL, "fp32", "cpu", 0, on_eval=on_eval)
         assert calls == [128, 256, 320]
     assert result.log["evals"] == [[step, float(step)] for step in calls]
 
@@ -483,7 +484,9 @@ def test_on_eval_cadence_and_propagation(algo: str, data: MarketData) -> None:
 
     module = dqn if algo == "dqn" else ppo
     with pytest.raises(Pruned):
-        module.train(data, config, DQN_SMALL if algo == "dqn" else PPO_SMALL, "fp32", "cpu", 0, on_eval=prune)
+        train_agent(
+            module, data, config, DQN_SMALL if algo == "dqn" else PPO_SMALL, "fp32", "cpu", 0, on_eval=prune
+        )
 
 
 # ------------------------------------------------------------------------------------------- replay and n-step
@@ -551,10 +554,10 @@ def test_ppo_target_kl_stops_epochs_and_reads_once_per_epoch(data: MarketData) -
     config = ppo.PPOConfig(total_steps=2 * 64, env=env_config())
     hparams = {**PPO_SMALL, "n_epochs": 4, "learning_rate": 0.05}
     with SyncCounter(count_cpu=True) as counter:
-        result = ppo.train(data, config, {**hparams, "target_kl": 1e-9}, "fp32", "cpu", 0)
+        result = train_agent(ppo, data, config, {**hparams, "target_kl": 1e-9}, "fp32", "cpu", 0)
     assert [record["epochs"] for record in result.log["history"]] == [1, 1]  # stopped after the first epoch
     assert counter.count == 2 * 3  # per update: rollout copy (2 counted calls) + one read for the one epoch
-    free = ppo.train(data, config, {**hparams, "target_kl": 10.0}, "fp32", "cpu", 0)
+    free = train_agent(ppo, data, config, {**hparams, "target_kl": 10.0}, "fp32", "cpu", 0)
     assert [record["epochs"] for record in free.log["history"]] == [4, 4]
 
 

@@ -12,6 +12,7 @@ import torch
 
 from marketrl.agents import dqn, ppo
 from marketrl.env import EnvConfig, evaluate, evaluate_positions, rule_positions
+from tests.support.one_seed import train_agent
 from tests.test_agents import planted_data
 
 ENV = EnvConfig(n_envs=16, episode_length=64, max_gap=None)
@@ -49,7 +50,7 @@ def test_agent_learns_planted_signal_net_of_costs(algo: str, splits) -> None:
     train, test = splits
     module = dqn if algo == "dqn" else ppo
     config = (dqn.DQNConfig if algo == "dqn" else ppo.PPOConfig)(total_steps=16_000, env=ENV)
-    result = module.train(train, config, SIGNAL_HPARAMS[algo], "fp32", "cpu", seed=1)
+    result = train_agent(module, train, config, SIGNAL_HPARAMS[algo], "fp32", "cpu", seed=1)
 
     agent = evaluate(result.policy, test)
     random = evaluate_positions(test, rule_positions(test, "random", seed=3))

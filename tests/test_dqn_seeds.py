@@ -12,6 +12,7 @@ from marketrl.agents import build_networks, dqn, load_policy, save_checkpoint
 from marketrl.agents.memory import footprint
 from marketrl.env import EnvConfig, MarketData, TradingEnv, evaluate
 from marketrl.loop.resume import TrainingCheckpoint
+from tests.support.one_seed import train_agent
 from tests.test_agents import DQN_SMALL, FEATURES, env_config, planted_data
 from tests.test_agents_learning import SIGNAL_HPARAMS
 
@@ -87,7 +88,9 @@ def test_seed_i_trains_as_a_single_seed_run(reference, data: MarketData) -> None
         single = torch.cat([torch.stack([env.reset()[:, 0] for _ in range(40)]) for env in alone], dim=1)
         assert torch.equal(rows, single)
     config = dqn.DQNConfig(total_steps=400, env=env_config(), eval_every=100, check_every=20)
-    single_run = dqn.train(data, config, DQN_SMALL, "fp32", "cpu", SEEDS[1], on_eval=lambda step, policy: 0.0)
+    single_run = train_agent(
+        dqn, data, config, DQN_SMALL, "fp32", "cpu", SEEDS[1], on_eval=lambda step, policy: 0.0
+    )
     for key, value in weights(single_run).items():
         assert torch.equal(value, weights(reference[1])[key]), key
     assert single_run.log["grad_steps"] == reference[1].log["grad_steps"]

@@ -36,6 +36,7 @@ from marketrl.models.supervised_data import ModelDataError, SupervisedRows, forw
 from marketrl.models.trading_rule import TradingRule
 from marketrl.scoring.metrics import daily_information_coefficients, information_coefficient_summary
 from marketrl.settings.registry import REGISTRY, spec_location
+from tests.support.one_seed import train_forecaster
 
 COSTS = CostModel(kind="bps", bps=1.0)
 MARGIN = 0.003  # planted edge per bar; the round trip costs 2 bp
@@ -96,7 +97,7 @@ def trained(splits) -> dict[str, object]:
     """Each model trained once on the planted training split (shared by the tests below)."""
     train, _ = splits
     return {
-        name: spec.train(train, None, SETTINGS, SMALL[name], "fp32", "cpu", 0)
+        name: train_forecaster(spec, train, None, SETTINGS, SMALL[name], "fp32", "cpu", 0)
         for name, spec in MODELS.items()
     }
 
@@ -209,13 +210,20 @@ def test_model_files_do_not_import_optuna() -> None:
 def test_bad_inputs_fail_in_one_line(splits) -> None:
     train, _ = splits
     with pytest.raises(HParamError, match=r"hparams\.depth: unknown mlp hyperparameter"):
-        MODELS["mlp"].train(train, None, SETTINGS, {"depth": 3}, "fp32", "cpu", 0)
+        train_forecaster(MODELS["mlp"], train, None, SETTINGS, {"depth": 3}, "fp32", "cpu", 0)
     with pytest.raises(HParamError, match=r"hparams\.n_heads: expected a divisor of hidden_dim_base"):
-        MODELS["transformer"].train(
-            train, None, SETTINGS, {"hidden_dim_base": 10, "n_heads": 4}, "fp32", "cpu", 0
+        train_forecaster(
+            MODELS["transformer"],
+            train,
+            None,
+            SETTINGS,
+            {"hidden_dim_base": 10, "n_heads": 4},
+            "fp32",
+            "cpu",
+            0,
         )
     with pytest.raises(ModelDataError, match="train_data: no row has a full window of 700 rows"):
-        MODELS["linear"].train(train, None, SETTINGS, {"window": 700}, "fp32", "cpu", 0)
+        train_forecaster(MODELS["linear"], train, None, SETTINGS, {"window": 700}, "fp32", "cpu", 0)
 
 
 # --------------------------------------------------------------------------------------------- the torch trainer
@@ -228,7 +236,7 @@ def test_torch_trainer_reads_the_host_only_at_check_boundaries(name: str, splits
     def syncs(steps: int) -> int:
         settings = dataclasses.replace(SETTINGS, epochs=100, max_steps=steps, check_every=10)
         with SyncCounter(count_cpu=True) as counter:
-            model = MODELS[name].train(train, None, settings, SMALL[name], "fp32", "cpu", 0)
+            model = train_forecaster(MODELS[name], train, None, settings, SMALL[name], "fp32", "cpu", 0)
         assert model.log["steps"] == steps
         return counter.count
 
@@ -240,7 +248,7 @@ def test_validation_costs_one_read_and_early_stopping_restores_the_best(splits) 
     inverted = planted(200, 7, sign=-1.0)  # validation rewards the opposite of what training teaches
     settings = dataclasses.replace(SETTINGS, epochs=100, max_steps=60, eval_every=10, patience=2)
     with SyncCounter(count_cpu=True) as counter:
-        model = MODELS["mlp"].train(train, inverted, settings, SMALL["mlp"], "fp32", "cpu", 0)
+        model = train_forecaster(MODELS["mlp"], train, inverted, settings, SMALL["mlp"], "fp32", "cpu", 0)
     stopped = model.log["stopped_at"]
     assert stopped is not None and stopped < 60
     assert counter.count == 2 * stopped // 10  # per 10 steps: one statistics read and one validation read
@@ -270,7 +278,7 @@ def test_validation_hook_sees_the_model_and_may_prune(splits) -> None:
     settings = dataclasses.replace(SETTINGS, epochs=100, max_steps=60, eval_every=10)
     with pytest.raises(Pruned):
         hooks = TrainHooks(on_validation=hook, log=progress.append)
-        MODELS["gru"].train(train, None, settings, SMALL["gru"], "fp32", "cpu", 0, hooks)
+        train_forecaster(MODELS["gru"], train, None, settings, SMALL["gru"], "fp32", "cpu", 0, hooks)
     assert seen == [10, 20]
     assert [record["step"] for record in progress] == [10, 20]  # progress records arrive as they are read
     assert all(math.isfinite(record["loss"]) for record in progress)
@@ -280,9 +288,9 @@ def test_torch_training_is_deterministic_and_resumes_exactly(splits, tmp_path) -
     train, test = splits
     hparams = {**SMALL["mlp"], "dropout": 0.2}
     settings = dataclasses.replace(SETTINGS, epochs=100, max_steps=60, eval_every=10)
-    first = MODELS["mlp"].train(train, None, settings, hparams, "fp32", "cpu", 3)
-    second = MODELS["mlp"].train(train, None, settings, hparams, "fp32", "cpu", 3)
-    other = MODELS["mlp"].train(train, None, settings, hparams, "fp32", "cpu", 4)
+    first = train_forecaster(MODELS["mlp"], train, None, settings, hparams, "fp32", "cpu", 3)
+    second = train_forecaster(MODELS["mlp"], train, None, settings, hparams, "fp32", "cpu", 3)
+    other = train_forecaster(MODELS["mlp"], train, None, settings, hparams, "fp32", "cpu", 4)
     weights = first.checkpoint()["state"]["state_dict"]
     assert all(
         torch.equal(weights[key], value) for key, value in second.checkpoint()["state"]["state_dict"].items()
@@ -298,7 +306,8 @@ def test_torch_training_is_deterministic_and_resumes_exactly(splits, tmp_path) -
 
     path = tmp_path / "resume.pt"
     with pytest.raises(Killed):
-        MODELS["mlp"].train(
+        train_forecaster(
+            MODELS["mlp"],
             train,
             None,
             settings,
@@ -309,7 +318,8 @@ def test_torch_training_is_deterministic_and_resumes_exactly(splits, tmp_path) -
             TrainHooks(on_validation=dies_at_50, checkpoint=TrainingCheckpoint(path, 20, {"run": 1})),
         )
     assert path.exists()  # saved at step 40
-    resumed = MODELS["mlp"].train(
+    resumed = train_forecaster(
+        MODELS["mlp"],
         train,
         None,
         settings,
@@ -325,8 +335,12 @@ def test_torch_training_is_deterministic_and_resumes_exactly(splits, tmp_path) -
 
 def test_linear_is_deterministic_and_exact(splits) -> None:
     train, _ = splits
-    one = MODELS["linear"].train(train, None, SETTINGS, {"window": 2, "alpha": 0.0}, "fp32", "cpu", 0)
-    two = MODELS["linear"].train(train, None, SETTINGS, {"window": 2, "alpha": 0.0}, "fp32", "cpu", 1)
+    one = train_forecaster(
+        MODELS["linear"], train, None, SETTINGS, {"window": 2, "alpha": 0.0}, "fp32", "cpu", 0
+    )
+    two = train_forecaster(
+        MODELS["linear"], train, None, SETTINGS, {"window": 2, "alpha": 0.0}, "fp32", "cpu", 1
+    )
     assert torch.equal(one.state["weights"], two.state["weights"])
     rows = SupervisedRows.build(train, 2, 1)
     windows, target = rows.batch(rows.rows)
@@ -342,7 +356,7 @@ def test_mixed_precision_plans_train(precision: str, splits) -> None:
     train, test = splits
     plan = cpu_fp16_plan() if precision == "fp16" else "bf16"  # fp16: autocast + GradScaler("cpu")
     settings = dataclasses.replace(SETTINGS, max_steps=20)
-    model = MODELS["tcn"].train(train, None, settings, SMALL["tcn"], plan, "cpu", 0)
+    model = train_forecaster(MODELS["tcn"], train, None, settings, SMALL["tcn"], plan, "cpu", 0)
     assert model.precision["mode"] == precision
     assert all(math.isfinite(record["loss"]) for record in model.log["history"])
     assert torch.isfinite(model.predict(test)).all()
@@ -355,8 +369,10 @@ def test_batch_size_is_capped_by_the_memory_budget(splits) -> None:
     tiny = HardwareBudget("cpu", "test", total_memory_bytes=2**20, free_memory_bytes=2**20)
     settings = dataclasses.replace(SETTINGS, max_steps=2)
     hparams = {**SMALL["lstm"], "batch_size": 512}
-    roomy = MODELS["lstm"].train(train, None, settings, hparams, "fp32", "cpu", 0)
-    capped = MODELS["lstm"].train(train, None, settings, hparams, "fp32", "cpu", 0, TrainHooks(budget=tiny))
+    roomy = train_forecaster(MODELS["lstm"], train, None, settings, hparams, "fp32", "cpu", 0)
+    capped = train_forecaster(
+        MODELS["lstm"], train, None, settings, hparams, "fp32", "cpu", 0, TrainHooks(budget=tiny)
+    )
     assert roomy.log["batch_size"] == 512
     assert capped.log["batch_size"] == capped.log["batch_size_max"] < 512
 
@@ -442,7 +458,7 @@ def test_information_coefficients_by_day() -> None:
 def test_lightgbm_validates_stops_early_and_resumes(splits, tmp_path) -> None:
     train, test = splits
     settings = dataclasses.replace(SETTINGS, check_every=5, eval_every=5)
-    full = MODELS["lightgbm"].train(train, test, settings, SMALL["lightgbm"], "fp32", "cpu", 0)
+    full = train_forecaster(MODELS["lightgbm"], train, test, settings, SMALL["lightgbm"], "fp32", "cpu", 0)
     assert [step for step, _ in full.log["evals"]] == [5, 10, 15, 20, 25, 30]
     assert [record["step"] for record in full.log["history"]] == [5, 10, 15, 20, 25, 30]
 
@@ -453,18 +469,30 @@ def test_lightgbm_validates_stops_early_and_resumes(splits, tmp_path) -> None:
         if step == 20:
             raise Killed
 
-    path = tmp_path / "lightgbm-resume.pt"
+    path = tmp_path / "lightgbm-resume.pt"  # train_seeds keeps seed 0's state in its part, resume.seed0.pt
     with pytest.raises(Killed):
         hooks = TrainHooks(on_validation=dies_at_20, checkpoint=TrainingCheckpoint(path, 10, {"run": 1}))
-        MODELS["lightgbm"].train(train, test, settings, SMALL["lightgbm"], "fp32", "cpu", 0, hooks)
+        train_forecaster(
+            MODELS["lightgbm"], train, test, settings, SMALL["lightgbm"], "fp32", "cpu", 0, hooks
+        )
     hooks = TrainHooks(checkpoint=TrainingCheckpoint(path, 10, {"run": 1}))
-    resumed = MODELS["lightgbm"].train(train, test, settings, SMALL["lightgbm"], "fp32", "cpu", 0, hooks)
-    assert hooks.checkpoint.resumed_from == 10
+    resumed = train_forecaster(
+        MODELS["lightgbm"], train, test, settings, SMALL["lightgbm"], "fp32", "cpu", 0, hooks
+    )
+    # resumed from round 10: the part saved only round 20 (a fresh run saves rounds 10 and 20), then was removed
+    assert hooks.checkpoint.total_saves == 1 and not list(tmp_path.glob("lightgbm-resume*"))
     assert torch.equal(resumed.predict(test), full.predict(test))
 
     inverted = planted(200, 7, sign=-1.0)
-    early = MODELS["lightgbm"].train(
-        train, inverted, dataclasses.replace(settings, patience=2), SMALL["lightgbm"], "fp32", "cpu", 0
+    early = train_forecaster(
+        MODELS["lightgbm"],
+        train,
+        inverted,
+        dataclasses.replace(settings, patience=2),
+        SMALL["lightgbm"],
+        "fp32",
+        "cpu",
+        0,
     )
     assert early.log["best_step"] == 5 and early.log["steps"] == 15
     kept = load_model_from(early, tmp_path)
@@ -483,7 +511,7 @@ def test_evaluation_frame_uses_the_env_fills_and_costs() -> None:
 
     train, normalizer = planted_data(400, seed=0)
     test, _ = planted_data(200, seed=1, normalizer=normalizer)
-    model = MODELS["linear"].train(train, None, SETTINGS, {"window": 1}, "fp32", "cpu", 0)
+    model = train_forecaster(MODELS["linear"], train, None, SETTINGS, {"window": 1}, "fp32", "cpu", 0)
     bars = model.evaluate(test)
     results = position_results(test, model.positions(test))
     assert bars.height == int(test.is_decision.sum())
@@ -507,7 +535,7 @@ def test_non_finite_loss_stops_training_naming_the_window(splits) -> None:
     spec = torch_model_spec("diverges", mlp.MLPHParams, mlp.search_space, Diverges)
     train, _ = splits
     with pytest.raises(NonFiniteError, match=r"non-finite 'seed 0: loss' between steps 1 and 10"):
-        spec.train(train, None, SETTINGS, SMALL["mlp"], "fp32", "cpu", 0)
+        train_forecaster(spec, train, None, SETTINGS, SMALL["mlp"], "fp32", "cpu", 0)
 
 
 def test_threshold_follows_the_run_settings_costs(splits, trained) -> None:

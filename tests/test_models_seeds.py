@@ -21,6 +21,7 @@ from marketrl.models import MODELS, TrainHooks
 from marketrl.models import mlp as mlp_module
 from marketrl.models.supervised_data import SupervisedRows
 from marketrl.models.supervised_trainer import torch_model_spec
+from tests.support.one_seed import train_forecaster
 from tests.test_models import SETTINGS, SMALL, planted
 
 SEEDS = [3, 4, 5]
@@ -234,7 +235,7 @@ def test_lightgbm_trains_its_seeds_in_turn_and_ridge_once(splits, tmp_path) -> N
     )
     models = MODELS["lightgbm"].train_seeds(train, test, SETTINGS, hparams, "fp32", "cpu", [0, 1], hooks)
     assert len(models) == 2 and seen == [1, 1]
-    alone = MODELS["lightgbm"].train(train, test, SETTINGS, hparams, "fp32", "cpu", 1)
+    alone = train_forecaster(MODELS["lightgbm"], train, test, SETTINGS, hparams, "fp32", "cpu", 1)
     assert torch.equal(models[1].predict(test), alone.predict(test))
     assert not torch.equal(models[0].predict(test), models[1].predict(test))
     assert not list(tmp_path.iterdir())  # each seed's resume file is gone once it is trained
@@ -243,7 +244,7 @@ def test_lightgbm_trains_its_seeds_in_turn_and_ridge_once(splits, tmp_path) -> N
     (ridge,) = MODELS["linear"].train_seeds(train, None, SETTINGS, SMALL["linear"], "fp32", "cpu", SEEDS)
     assert torch.equal(
         ridge.state["weights"],
-        MODELS["linear"].train(train, None, SETTINGS, SMALL["linear"]).state["weights"],
+        train_forecaster(MODELS["linear"], train, None, SETTINGS, SMALL["linear"]).state["weights"],
     )
 
 

@@ -13,6 +13,7 @@ from marketrl.agents import common as agents_common
 from marketrl.agents import load_policy, ppo, save_checkpoint
 from marketrl.env import EnvConfig, evaluate, evaluate_positions, rule_positions
 from marketrl.loop.resume import TrainingCheckpoint
+from tests.support.one_seed import train_agent
 from tests.test_agents import FEATURES, PPO_SMALL, env_config, planted_data
 from tests.test_agents_learning import SIGNAL_HPARAMS
 
@@ -78,7 +79,8 @@ def test_every_seed_learns_the_planted_signal_and_the_seeds_differ() -> None:
 
 def test_results_are_per_seed_like_single_runs(data, tmp_path: Path) -> None:
     results = train_batch(data, SEEDS, on_eval=scores)
-    single = ppo.train(
+    single = train_agent(
+        ppo,
         data,
         ppo.PPOConfig(total_steps=4 * 64, env=env_config(), eval_every=64),
         PPO_SMALL,

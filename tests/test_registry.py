@@ -34,6 +34,7 @@ from marketrl.settings.registry import (
 from marketrl.training.zoo import ZOO, check_deterministic, get_entry
 from marketrl.workflow import pipeline, stages
 from tests.conftest import REPO_ROOT
+from tests.support.one_seed import train_forecaster
 from tests.test_models import (
     check_checkpoint_round_trip,
     check_learns_planted_signal,
@@ -193,7 +194,7 @@ def test_the_throwaway_model_file_defines_everything_and_no_other_code_names_it(
     # its small sizes: the per-model checks of tests/test_models.py
     train, test = planted(600, 0), planted(300, 1)
     settings = RunSettings(costs={"kind": "bps", "bps": 1.0}, epochs=2, check_every=10)
-    model = spec.train(train, None, settings, dict(profile.small), "fp32", "cpu", 0)
+    model = train_forecaster(spec, train, None, settings, dict(profile.small), "fp32", "cpu", 0)
     check_learns_planted_signal(model, test)
     check_no_look_ahead(model)
     check_checkpoint_round_trip(model, test, tmp_path / "throwaway.pt", spec)

@@ -29,6 +29,7 @@ from marketrl.loop.schedule import EvalSchedule, seeded
 from marketrl.training.hyperopt import INTERRUPTED, SLOT
 from tests.conftest import REPO_ROOT
 from tests.faults import optuna_worker
+from tests.support.one_seed import train_agent
 from tests.test_agents import planted_data
 
 ENV = EnvConfig(n_envs=8, episode_length=64, max_gap=None)
@@ -66,7 +67,9 @@ def train(data, algo: str, checkpoint: TrainingCheckpoint | None = None, kill_at
             raise Killed(step)
         return float(step)  # the schedule records it; training never depends on it
 
-    return trainer.train(data, config, hparams, "fp32", "cpu", SEED, on_eval=on_eval, checkpoint=checkpoint)
+    return train_agent(
+        trainer, data, config, hparams, "fp32", "cpu", SEED, on_eval=on_eval, checkpoint=checkpoint
+    )
 
 
 def weights(result) -> dict[str, dict[str, torch.Tensor]]:

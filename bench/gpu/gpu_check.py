@@ -290,12 +290,12 @@ def env_config(n_envs: int, sizes: Sizes) -> Any:
 def train(
     algo: str, data: Any, n_envs: int, hparams: dict[str, Any], total_steps: int, **run: Any
 ) -> dict[str, Any]:
-    """One training run of ``marketrl.agents.<algo>.train``; returns its log."""
+    """One training run of ``marketrl.agents.<algo>.train_seeds`` (one seed); returns its log."""
     module = STACK.load(f"marketrl.agents.{algo}")
     precision, device = run.pop("precision"), run.pop("device")
     config_cls = module.DQNConfig if algo == "dqn" else module.PPOConfig
     config = config_cls(total_steps=total_steps, env=env_config(n_envs, run.pop("sizes")), **run)
-    return module.train(data, config, hparams, precision, device, 0).log
+    return module.train_seeds(data, config, hparams, precision, device, [0])[0].log
 
 
 def calibrated_steps(

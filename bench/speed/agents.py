@@ -125,7 +125,7 @@ def run_marketrl(case: Case, data: MarketData, env: EnvConfig, steps: int) -> tu
         hparams = {**COMMON, **DQN_COMMON, **case.hparams, "target_update": target_update}
         module = dqn
     started = clock()
-    result = module.train(data, config, hparams, "fp32", "cpu", 0)
+    (result,) = module.train_seeds(data, config, hparams, "fp32", "cpu", [0])
     return clock() - started, result.log
 
 

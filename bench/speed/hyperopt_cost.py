@@ -156,9 +156,8 @@ def measure(
             precision=detect_precision(device, config["training"]["precision"]),
             device=device,
             seeds=(seed,),
-            steps=config["hyperopt"]["trial_steps"],
-            updates=config["hyperopt"]["trial_updates"],
-            budget=HardwareBudget.detect(device),
+            budget=entry.trial_budget(config),
+            memory=HardwareBudget.detect(device),
         )
     )
     validation = window.splits["validation"]

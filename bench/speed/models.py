@@ -13,7 +13,7 @@ pipeline does (51 float32 features), normalized with the normalizer fit on those
 For each model, in one process, interleaved round by round (the order alternating between rounds) so that
 load spikes hit both sides:
 
-* **model**: `MODELS[name].train(...)`, the real call the pipeline makes, timed whole (rows, the budget probe,
+* **model**: `MODELS[name].train_seeds(..., [seed])`, the real call the pipeline makes, timed whole (rows, the budget probe,
   the loop, the final statistics read). Torch models run exactly `--steps` optimizer steps (`max_steps`);
   LightGBM `--rounds` boosting rounds; ridge one closed-form fit. For torch models, "loop" is the trainer's own
   `steps_per_second` (from the start of the step loop to the drained device: no row building, no probe).
@@ -221,7 +221,7 @@ def bench_torch(
     settings = RunSettings(epochs=args.steps, max_steps=args.steps, check_every=args.check_every)
 
     def train() -> dict[str, Any]:
-        return spec.train(data, None, settings, hparams, plan, device, args.seed).log
+        return spec.train_seeds(data, None, settings, hparams, plan, device, [args.seed])[0].log
 
     model_syncs, log = counted(device, train)
     if log["steps"] != args.steps:
@@ -267,7 +267,7 @@ def bench_lightgbm(data: MarketData, args: argparse.Namespace) -> Result:
     cpu = torch.device("cpu")
 
     def train() -> Any:
-        return spec.train(data, None, settings, hparams, "fp32", "cpu", args.seed)
+        return spec.train_seeds(data, None, settings, hparams, "fp32", "cpu", [args.seed])[0]
 
     def floor() -> Any:
         return lightgbm.train(params, lightgbm.Dataset(x, y), num_boost_round=args.rounds)
@@ -308,7 +308,7 @@ def bench_ridge(data: MarketData, args: argparse.Namespace, device: torch.device
     target = rows.target.index_select(0, rows.rows)
 
     def train() -> Any:
-        return spec.train(data, None, settings, {}, "fp32", device, args.seed)
+        return spec.train_seeds(data, None, settings, {}, "fp32", device, [args.seed])[0]
 
     model = train()  # also the warm-up
     weights, _ = ridge_floor(flat, target, hp.alpha)

@@ -1,5 +1,5 @@
 """DQN's part of bench/speed/seeds.py: S seeds batched in one `dqn.train_seeds` call vs the same S seeds trained one
-after another with `dqn.train`, the same env steps per seed, in one process (CPU, torch at 1 thread). A module
+after another with `dqn.train_seeds` of one seed, the same env steps per seed, in one process (CPU, torch at 1 thread). A module
 of seeds.py, not run alone:
 
     python bench/speed/seeds.py --only dqn --seeds 1 2 5
@@ -48,7 +48,7 @@ def _timed(fn: Callable[[], list[Any]]) -> tuple[list[Any], float, float]:
 
 
 def _one_by_one(data: MarketData, config: dqn.DQNConfig, seeds: Sequence[int]) -> list[Any]:
-    return [dqn.train(data, config, HPARAMS, "fp32", "cpu", seed) for seed in seeds]
+    return [dqn.train_seeds(data, config, HPARAMS, "fp32", "cpu", [seed])[0] for seed in seeds]
 
 
 def bench_dqn(S_values: Sequence[int], steps: int) -> list[dict[str, Any]]:
@@ -56,8 +56,8 @@ def bench_dqn(S_values: Sequence[int], steps: int) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     data = _market_data()
     config = dqn.DQNConfig(total_steps=steps, env=EnvConfig(n_envs=N_ENVS, episode_length=256, max_gap=None))
-    dqn.train(
-        data, dqn.DQNConfig(total_steps=N_ENVS * 20, env=config.env), HPARAMS, "fp32", "cpu", 0
+    dqn.train_seeds(
+        data, dqn.DQNConfig(total_steps=N_ENVS * 20, env=config.env), HPARAMS, "fp32", "cpu", [0]
     )  # warm-up
     rows = []
     for n_seeds in S_values:

@@ -5,7 +5,7 @@ single-seed calls (issue 24). A module of seeds.py, not run alone:
 
 Side by side in one process, at demo sizes (hidden_dim_base 64, window 16, batch 256, 51 features), on the CPU
 with `torch.set_num_threads(1)`: for each model and S, **batched** is one `MODELS[name].train_seeds(..., seeds)`
-call (the S seeds as one vmapped computation) and **sequential** is S `MODELS[name].train(..., seed)` calls, both
+call (the S seeds as one vmapped computation) and **sequential** is S `MODELS[name].train_seeds(..., [seed])` calls, both
 the real calls the pipeline makes, each running exactly ``steps`` optimizer steps per seed (``max_steps``, no
 validation). The two sides alternate (sequential first at even S positions) so that load drifts hit both.
 
@@ -78,7 +78,10 @@ def bench_forecasters(
                 def sequential(seeds: list[int] = seeds, spec: Any = spec) -> None:
                     for seed in seeds:
                         assert (
-                            spec.train(data, None, settings, DEMO, "fp32", "cpu", seed).log["steps"] == steps
+                            spec.train_seeds(data, None, settings, DEMO, "fp32", "cpu", [seed])[0].log[
+                                "steps"
+                            ]
+                            == steps
                         )
 
                 if position % 2 == 0:

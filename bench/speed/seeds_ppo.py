@@ -51,20 +51,20 @@ def bench_ppo(
     hparams: dict[str, Any] | None = None,
     repeats: int = 3,
 ) -> list[dict[str, Any]]:
-    """For each S: wall and CPU seconds of one `train_seeds` over S seeds and of S `train` calls in a row, each
+    """For each S: wall and CPU seconds of one `train_seeds` over S seeds and of S one-seed `train_seeds` calls in a row, each
     seed ``steps`` env steps (rounded up to whole rollouts), the two alternated ``repeats`` times and the fastest
     of each kept (on a shared machine the minimum is the least disturbed); ``ratio`` = sequential / batched."""
     torch.set_num_threads(1)
     data = data or market_data()
     hparams = {**HPARAMS, **(hparams or {})}
     config = ppo.PPOConfig(total_steps=steps, env=EnvConfig(n_envs=N_ENVS, max_gap=None))
-    ppo.train(
+    ppo.train_seeds(
         data,
         ppo.PPOConfig(total_steps=64, env=EnvConfig(n_envs=4, max_gap=None)),
         {**hparams, "n_steps": 16, "batch_size": 64},
         "fp32",
         "cpu",
-        0,
+        [0],
     )  # warm-up: lazy initialisation
     rows = []
     for n_seeds in s_values:
@@ -76,7 +76,9 @@ def bench_ppo(
             )
             sequential.append(
                 _timed(
-                    lambda seeds=seeds: [ppo.train(data, config, hparams, "fp32", "cpu", s) for s in seeds]
+                    lambda seeds=seeds: [
+                        ppo.train_seeds(data, config, hparams, "fp32", "cpu", [s])[0] for s in seeds
+                    ]
                 )
             )
         results, singles = batched[0][2], sequential[0][2]

@@ -184,7 +184,7 @@ def evaluated(library: str, clock: QualityClock, every: int) -> Iterator[None]:
     runs are exactly those of the throughput benchmark (same hyperparameter mapping, no copy of it here)."""
     if library == "marketrl":
         patches = [
-            mock.patch.object(module, "train", _with_on_eval(module.train, clock, every))
+            mock.patch.object(module, "train_seeds", _with_on_eval(module.train_seeds, clock, every))
             for module in (ppo, dqn)
         ]
     else:
@@ -200,9 +200,15 @@ def evaluated(library: str, clock: QualityClock, every: int) -> Iterator[None]:
         yield
 
 
-def _with_on_eval(train: Callable[..., Any], clock: QualityClock, every: int) -> Callable[..., Any]:
+def _with_on_eval(train_seeds: Callable[..., Any], clock: QualityClock, every: int) -> Callable[..., Any]:
+    """``train_seeds`` of one seed with the clock as its ``on_eval`` (a batch of one: one policy, one score)."""
+
+    def on_eval(env_steps: int, policies: list[Policy]) -> list[float]:
+        (policy,) = policies
+        return [clock(env_steps, policy)]
+
     def train_evaluated(data: MarketData, config: Any, *args: Any) -> Any:
-        return train(data, dataclasses.replace(config, eval_every=every), *args, on_eval=clock)
+        return train_seeds(data, dataclasses.replace(config, eval_every=every), *args, on_eval=on_eval)
 
     return train_evaluated
 

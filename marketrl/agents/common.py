@@ -19,8 +19,8 @@ from marketrl.env import EnvConfig, MarketData, TradingEnv
 from marketrl.loop.hparams import (
     parse_hparams,
 )
-from marketrl.loop.resume import Run, TrainingCheckpoint
-from marketrl.loop.schedule import EvalCallback, EvalSchedule, seeded
+from marketrl.loop.resume import Run
+from marketrl.loop.schedule import EvalSchedule, seeded
 
 __all__ = [
     "GreedyPolicies",
@@ -35,7 +35,6 @@ __all__ = [
     "finish_seeds",
     "set_up",
     "set_up_seeds",
-    "single_seed",
 ]
 
 #: Offset of the trainer's own generator seed (exploration, Gumbel noise, minibatch order) from the run seed.
@@ -78,7 +77,7 @@ def _seed_stack(nets: Sequence[nn.Module]) -> SeedStack | None:
 
 
 class Setup(NamedTuple):
-    """What every agent's ``train`` starts from (see `set_up`)."""
+    """What every agent's ``train_seeds`` starts from (see `set_up`)."""
 
     hp: Any
     device: torch.device
@@ -216,27 +215,6 @@ class SeedStack(nn.Module):
         own = dict(module.named_parameters())
         for name, stacked in zip(self.names, self.stacked, strict=True):
             own[name].copy_(stacked[index])
-
-
-def single_seed(train_seeds: Callable[..., list[TrainResult]]) -> Callable[..., TrainResult]:
-    """The single-seed entry point of an agent's batched trainer: the batch of the one seed, its `EvalCallback`
-    adapted to the batch's `SeedsEvalCallback`; one loop serves both."""
-
-    def train(
-        train_data: MarketData,
-        config: RunConfig,
-        hparams: Mapping[str, Any] | None,
-        precision: PrecisionPlan | str,
-        device: torch.device | str,
-        seed: int,
-        on_eval: EvalCallback | None = None,
-        checkpoint: TrainingCheckpoint | None = None,
-    ) -> TrainResult:
-        on_evals = None if on_eval is None else (lambda steps, policies: [on_eval(steps, policies[0])])
-        return train_seeds(train_data, config, hparams, precision, device, [seed], on_evals, checkpoint)[0]
-
-    train.__doc__ = f"Train one agent: `{train_seeds.__module__}.train_seeds` with ``seeds=[seed]``."
-    return train
 
 
 def finish(

@@ -9,7 +9,7 @@ The seed axis (`train_seeds`): the S seeds' Q-networks are one `StackedQNetwork`
 matmuls), their target networks a frozen copy of it, their Adam one `SeedOptimStep` (per-seed clipping); the env
 holds S blocks of n_envs envs (block i draws its episode starts from seed i's RNG), the replay buffer is
 [S, capacity, ...], and each seed draws its exploration noise and its minibatch indices from its own generator.
-Nothing mixes seeds, so seed i ends as it would in a batch of other seeds. `train` is the batch of one seed.
+Nothing mixes seeds, so seed i ends as it would in a batch of other seeds.
 
 Hyperparameters (``hparams`` dict, see `DQNHyperparams` and docs/AGENTS.md) follow Stable-Baselines3's names
 where they exist.
@@ -37,7 +37,6 @@ from marketrl.agents.common import (
     TrainResult,
     finish_seeds,
     set_up_seeds,
-    single_seed,
 )
 from marketrl.agents.networks import QNetwork
 from marketrl.agents.spec import (
@@ -66,7 +65,6 @@ __all__ = [
     "StackedQNetwork",
     "search_space",
     "td_loss",
-    "train",
     "train_seeds",
 ]
 
@@ -584,10 +582,6 @@ def run_config(*, total_steps: int, env: EnvConfig, eval_every: int, check_every
     return DQNConfig(total_steps=total_steps, env=env, eval_every=eval_every, check_every=check_every)
 
 
-#: the single-seed entry point: the batch of one seed
-train = single_seed(train_seeds)
-
-
 #: A trial's fixed work in `ModelProfile.trial_cost` units: the env steps trial_steps times and validates ten
 #: times whatever the network (hidden_dim_base=64, batch 64, one gradient step per vector step: 8.4 CPU-s, of which
 #: ~0.2 s of training work; bench/speed/hyperopt_cost.py)
@@ -623,7 +617,6 @@ SPEC = AgentSpec(
         obs_per_row=2, extra_fields=REPLAY_EXTRA_FIELDS, forward_passes=FORWARD_PASSES, frozen_copy=True
     ),
     run_config=run_config,
-    train=train,
     architecture_options=architecture_options,
     train_seeds=train_seeds,
     profile=PROFILE,

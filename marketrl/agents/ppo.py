@@ -5,7 +5,7 @@ leading seed axis (`SeedStack`: one batched matmul per layer), the env holds S b
 optimizer steps the stacked weights (`SeedOptimStep`: per-seed clipping, per-seed masks), and every tensor of the
 loop below carries the seed on dim 0 (rollout tables [S, T·N, ...]). Each seed keeps what it would have alone: its
 initial weights, its generator (Gumbel noise, minibatch order), its env blocks' episode starts, its advantage
-normalization, losses, gradient clipping, KL stop and statistics. `train` is `train_seeds` with one seed.
+normalization, losses, gradient clipping, KL stop and statistics.
 
 Per update:
 1. rollout: T vector steps of S·N envs on the device; actions by Gumbel-max on the policy logits (each seed's
@@ -45,7 +45,6 @@ from marketrl.agents.common import (
     TrainResult,
     finish_seeds,
     set_up_seeds,
-    single_seed,
 )
 from marketrl.agents.networks import mlp, orthogonal_init
 from marketrl.agents.spec import (
@@ -73,7 +72,6 @@ __all__ = [
     "compute_gae",
     "ppo_loss",
     "search_space",
-    "train",
     "train_seeds",
 ]
 
@@ -537,10 +535,6 @@ def run_config(*, total_steps: int, env: EnvConfig, eval_every: int, check_every
     return PPOConfig(total_steps=total_steps, env=env, eval_every=eval_every)
 
 
-#: the single-seed entry point: the batch of one seed
-train = single_seed(train_seeds)
-
-
 #: A trial's fixed work in `ModelProfile.trial_cost` units (the env's steps and ten validations; PPO's rollouts cost
 #: less than DQN's acting), and the price of each update (GAE on the host, statistics, the evaluation check: 8
 #: updates of 2,048 steps cost 2.7 s more than 2 of 8,192 at the same epochs; bench/speed/hyperopt_cost.py)
@@ -582,7 +576,6 @@ SPEC = AgentSpec(
     batch_limits=(64, 65536),  # the minibatch size
     memory=MemoryModel(obs_per_row=1, extra_fields=ROLLOUT_EXTRA_FIELDS),
     run_config=run_config,
-    train=train,
     train_seeds=train_seeds,
     profile=PROFILE,
 )

@@ -1,4 +1,5 @@
-"""What an agent's training run takes and gives back: `RunConfig`, `TrainResult` and its `GreedyPolicy`.
+"""What an agent's training run takes and gives back: `RunConfig`, `TrainResult` and its `GreedyPolicy` (and
+`AgentPolicy`, the acting network as a position function, what `marketrl.training.export` traces).
 
 Apart from `marketrl.agents.common` so that `marketrl.agents.spec` can name them without importing the trainers'
 machinery (the spec sits below it).
@@ -15,9 +16,10 @@ from torch import nn
 
 from gpu_utils import PrecisionPlan
 from marketrl.env import EnvConfig
+from marketrl.env.config import ACTION_POSITIONS
 from marketrl.loop.hparams import check_run_setting
 
-__all__ = ["GreedyPolicy", "RunConfig", "TrainResult", "env_settings"]
+__all__ = ["AgentPolicy", "GreedyPolicy", "RunConfig", "TrainResult", "env_settings"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,23 @@ class GreedyPolicy:
         with self.plan.autocast():
             scores = self.net(obs)
         return scores.float().argmax(dim=1)
+
+
+class AgentPolicy(nn.Module):
+    """An agent's acting network as a position function: (windows [B, W, F] of normalized features, position [B]
+    held into the bar in {-1, 0, 1}) -> target position [B] float32 in {-1, 0, 1}: the observation
+    ``[window flattened oldest row first, position]`` the env builds, the greedy action (argmax), mapped through
+    ``ACTION_POSITIONS``."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("action_positions", torch.tensor(ACTION_POSITIONS, dtype=torch.float32))
+
+    def forward(self, windows: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Target positions [B] float32."""
+        obs = torch.cat([windows.reshape(windows.shape[0], -1), position.reshape(-1, 1).float()], dim=1)
+        return self.action_positions[self.net(obs).float().argmax(dim=1)]
 
 
 @dataclass

@@ -87,7 +87,7 @@ def _no_options(hparams: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """One RL agent: hyperparameters, search space, networks, acting network, batch limits and train (its
+    """One RL agent: hyperparameters, search space, networks, acting network, batch limits and train_seeds (its
     checkpoints load through `marketrl.agents.checkpoint.load_policy`).
 
     search_space(trial, batch_bounds): batch sizes within the device's (min, max) for the widest network.
@@ -95,11 +95,10 @@ class AgentSpec:
     network_widths(hidden_dim_base): their hidden widths; build_networks(architecture): fresh modules for them
       (CPU, float32, torch's global RNG).
     run_config(total_steps, env, eval_every, check_every): the trainer's run settings.
-    train: ``train(train_data, run_config, hparams, precision, device, seed, on_eval=, checkpoint=)``.
-    train_seeds: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=, on_log=)
-      -> list[TrainResult]``: the S seeds trained as one batched computation (None: the agent has no batched
-      form); result i is seeds[i]'s, shaped as ``train``'s; ``on_eval`` is a `loop.schedule.SeedsEvalCallback`
-      and ``checkpoint`` one `loop.resume.TrainingCheckpoint` for the whole batch.
+    train_seeds: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=,
+      on_log=) -> list[TrainResult]``, the agent's only training entry: the S seeds trained as one batched
+      computation (one seed is a batch of one); result i is seeds[i]'s; ``on_eval`` is a
+      `loop.schedule.SeedsEvalCallback` and ``checkpoint`` one `loop.resume.TrainingCheckpoint` for the whole batch.
     """
 
     name: str
@@ -113,11 +112,10 @@ class AgentSpec:
     batch_limits: tuple[int, int]
     memory: MemoryModel
     run_config: Callable[..., RunConfig]
-    train: Callable[..., TrainResult]
-    architecture_options: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_options
     #: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=, on_log=)`` -> one
-    #: TrainResult per seed, the seeds trained as one batch; None: the seeds train one after another
-    train_seeds: Callable[..., list[TrainResult]] | None = None
+    #: TrainResult per seed, the seeds trained as one batch
+    train_seeds: Callable[..., list[TrainResult]]
+    architecture_options: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_options
     #: what tests and benchmarks read of the agent (`marketrl.loop.profile`): cost-driving bounds and trial cost;
     #: every registered agent has one
     profile: ModelProfile | None = None

@@ -151,8 +151,8 @@ def _tune_fold(
 
     def objective(trial: optuna.Trial) -> float:
         seed = derive_seed(world["seed"], "calibration-trial", model, fold, trial.number)
-        trained = zoo_model.train(
-            train, validation, run_settings, zoo_model.search_space(trial), "fp32", "cpu", seed
+        (trained,) = zoo_model.train_seeds(
+            train, validation, run_settings, zoo_model.search_space(trial), "fp32", "cpu", [seed]
         )
         return positions_sharpe(validation, trained.positions(validation), env_config)
 
@@ -255,7 +255,9 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
             # a deterministic model has one distinct run, as in the pipeline (registry.DETERMINISTIC)
             for seed_index in range(1 if zoo_model.deterministic else settings.seeds):
                 seed = derive_seed(world["seed"], "train", model, fold, seed_index)
-                trained = zoo_model.train(train, validation, run_settings, hparams, "fp32", "cpu", seed)
+                (trained,) = zoo_model.train_seeds(
+                    train, validation, run_settings, hparams, "fp32", "cpu", [seed]
+                )
                 positions = trained.positions(test)
                 bars = evaluate_positions(test, positions, env_config).select(BAR_COLUMNS)
                 matched = _matched_traders(test, positions, world, (model, fold, seed_index))

@@ -4,9 +4,9 @@ data and a trained model that turns a split's bars into target positions for the
 A model is one `ModelSpec` (see `marketrl.models.MODELS`):
 
     spec.search_space(trial) -> hparams dict      # trial: anything with suggest_int/_float/_categorical (optuna)
-    spec.train(train_data, validation_data, settings, hparams, precision, device, seed, hooks) -> TrainedModel
     spec.train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds, hooks)
-        -> [TrainedModel per seed]                # one job, S seeds (torch: one vectorized computation)
+        -> [TrainedModel per seed]                # the only training entry: S seeds (one seed is a batch of one;
+                                                  # torch: one vectorized computation)
     spec.load(checkpoint_dict, device) -> TrainedModel
 
 ``spec.deterministic``: the seeds cannot differ (ridge); ``train_seeds`` then trains once and returns one model.
@@ -84,7 +84,7 @@ class CommonHParams:
 
 @dataclass(frozen=True)
 class NeuralHParams(CommonHParams):
-    """Hyperparameters of every torch model trained by `supervised_trainer.train_torch`."""
+    """Hyperparameters of every torch model trained by `supervised_trainer.train_torch_seeds`."""
 
     hidden_dim_base: int = 32
     learning_rate: float = 1e-3
@@ -180,8 +180,6 @@ class RunSettings:
         return {**dataclasses.asdict(self), "costs": dict(self.costs)}
 
 
-#: on_validation(step, model) -> score or None; may raise (optuna.TrialPruned) to stop training.
-ValidationCallback = Callable[[int, "TrainedModel"], float | None]
 #: on_validation(step, models) -> one score per seed, or None; may raise to stop the whole batch.
 SeedsValidationCallback = Callable[[int, list["TrainedModel"]], list[float | None] | None]
 
@@ -192,9 +190,8 @@ class TrainHooks:
 
     log: receives each statistics record as it is read (progress logging); records also land in the result log.
       In a run of several seeds (``train_seeds``) it gets one record per seed, each with a ``"seed"`` key.
-    on_validation: called at every periodic validation with the model as it stands; may raise to prune.
-      ``train``: ``on_validation(step, model) -> score | None`` (`ValidationCallback`).
-      ``train_seeds``: ``on_validation(step, models) -> [score per seed] | None`` (`SeedsValidationCallback`):
+    on_validation: called at every periodic validation with the models as they stand; may raise to prune:
+      ``on_validation(step, models) -> [score per seed] | None`` (`SeedsValidationCallback`):
       ``models`` holds one snapshot per seed, in the order of ``seeds``, and the scores come back in that order.
       A trainer that runs its seeds one after another (lightgbm) calls it per seed with a one-element list.
     checkpoint: the resume file of this run (`marketrl.loop.resume.TrainingCheckpoint`, cadence in steps); one
@@ -203,34 +200,9 @@ class TrainHooks:
     """
 
     log: Callable[[dict[str, Any]], None] | None = None
-    on_validation: ValidationCallback | SeedsValidationCallback | None = None
+    on_validation: SeedsValidationCallback | None = None
     checkpoint: TrainingCheckpoint | None = None
     budget: Any = None
-
-    def as_batch_of_one(self) -> TrainHooks:
-        """These single-seed hooks for ``train_seeds([seed])``: ``on_validation`` takes and returns lists of one."""
-        single = self.on_validation
-        if single is None:
-            return self
-
-        def on_validation(step: int, models: list[TrainedModel]) -> list[float | None]:
-            (model,) = models
-            return [single(step, model)]  # type: ignore[arg-type]
-
-        return dataclasses.replace(self, on_validation=on_validation)
-
-    def one_at_a_time(self) -> TrainHooks:
-        """These ``train_seeds`` hooks for a single-seed ``train`` call of a trainer that runs its seeds one after
-        another: ``on_validation(step, model)`` calls the batched hook with ``[model]`` and returns its one score."""
-        batched = self.on_validation
-        if batched is None:
-            return self
-
-        def on_validation(step: int, model: TrainedModel) -> float | None:
-            scores = batched(step, [model])  # type: ignore[arg-type]
-            return None if scores is None else scores[0]  # type: ignore[index]
-
-        return dataclasses.replace(self, on_validation=on_validation)
 
 
 #: windows [N, window, F] float32 -> predicted forward returns [N] float32 (same device)
@@ -313,7 +285,6 @@ class TrainedModel:
         }
 
 
-TrainFn = Callable[..., TrainedModel]
 #: train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds: Sequence[int],
 #:             hooks: TrainHooks | None = None) -> one TrainedModel per seed, in the order of ``seeds``
 TrainSeedsFn = Callable[..., list[TrainedModel]]
@@ -322,18 +293,19 @@ LoadFn = Callable[[Mapping[str, Any], torch.device | str], TrainedModel]
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One zoo entry: name, hyperparameter dataclass, search space, train (one seed), train_seeds (S seeds in one
-    call) and load. ``deterministic``: the seeds cannot differ (ridge); the pipeline trains it once."""
+    """One zoo entry: name, hyperparameter dataclass, search space, train_seeds (S seeds in one call, the only
+    training entry) and load. ``deterministic``: the seeds cannot differ (ridge); the pipeline trains it once.
+
+    train_seeds: ``train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds, hooks)``
+    -> one TrainedModel per seed, in the order of ``seeds`` (a deterministic model: one model whatever the seeds).
+    """
 
     name: str
     hparams_class: type
     search_space: Callable[[Trial], dict[str, Any]]
-    train: TrainFn
+    train_seeds: TrainSeedsFn
     load: LoadFn
     neural: bool
-    #: ``train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds, hooks)`` -> one
-    #: TrainedModel per seed, the seeds trained as one batch; None: the seeds train one after another
-    train_seeds: TrainSeedsFn | None = None
     #: seeds cannot differ (a closed form): the pipeline trains and scores one run, not copies; its registry line
     #: says so too (`marketrl.settings.registry.deterministic`), for the workflow, which imports no spec
     deterministic: bool = False

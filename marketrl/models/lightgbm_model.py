@@ -134,7 +134,7 @@ def _trained(
     )
 
 
-def train(
+def _train_one(
     train_data: MarketData,
     validation_data: MarketData | None,
     settings: RunSettings,
@@ -144,7 +144,8 @@ def train(
     seed: int = 0,
     hooks: TrainHooks | None = None,
 ) -> TrainedModel:
-    """Boost ``n_estimators`` rounds (capped by ``settings.max_steps``) on the CPU; ``precision`` does not apply."""
+    """One seed of `train_seeds`: boost ``n_estimators`` rounds (capped by ``settings.max_steps``) on the CPU;
+    ``precision`` does not apply; ``hooks.on_validation(step, [model]) -> [score]``."""
     import lightgbm
 
     hooks = hooks or TrainHooks()
@@ -187,9 +188,10 @@ def train(
                 state["bad"] += 1
             score = None
             if hooks.on_validation is not None:
-                score = hooks.on_validation(
-                    step, _trained(hp, n_features, env.model, step, settings_dict, {})
+                scores = hooks.on_validation(
+                    step, [_trained(hp, n_features, env.model, step, settings_dict, {})]
                 )
+                score = None if scores is None else scores[0]
             state["evals"].append([step, score])
             if settings.patience and state["bad"] >= settings.patience:
                 raise lightgbm.callback.EarlyStopException(
@@ -231,18 +233,21 @@ def train_seeds(
     seeds: Sequence[int] = (0,),
     hooks: TrainHooks | None = None,
 ) -> list[TrainedModel]:
-    """`train` for each seed in turn (one process); ``hooks.on_validation(step, [model]) -> [score]`` per seed.
+    """`_train_one` for each seed in turn (one process); ``hooks.on_validation(step, [model]) -> [score]`` per
+    seed.
 
     The batch's resume checkpoint gets one part per seed next to it (`TrainingCheckpoint.part`,
     ``resume.seed{i}.pt``), removed once that seed is trained: a killed batch retrains its finished seeds and resumes
     the one it was training.
     """
-    hooks = (hooks or TrainHooks()).one_at_a_time()
+    hooks = hooks or TrainHooks()
     models = []
     for position, seed in enumerate(distinct_seeds(seeds)):
         checkpoint = hooks.checkpoint.part(f"seed{position}") if hooks.checkpoint is not None else None
         one = dataclasses.replace(hooks, checkpoint=checkpoint)
-        models.append(train(train_data, validation_data, settings, hparams, precision, device, seed, one))
+        models.append(
+            _train_one(train_data, validation_data, settings, hparams, precision, device, seed, one)
+        )
         if checkpoint is not None:
             checkpoint.remove()
     return models
@@ -291,9 +296,8 @@ SPEC = ModelSpec(
     "lightgbm",
     LightGBMHParams,
     search_space,
-    train,
+    train_seeds,
     load,
     neural=False,
-    train_seeds=train_seeds,
     profile=PROFILE,
 )

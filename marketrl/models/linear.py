@@ -127,36 +127,6 @@ def _trained(
     )
 
 
-def train(
-    train_data: MarketData,
-    validation_data: MarketData | None,
-    settings: RunSettings,
-    hparams: Mapping[str, Any] | None,
-    precision: Any = "fp32",
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-    hooks: TrainHooks | None = None,
-) -> TrainedModel:
-    """Fit the ridge regression (``precision`` and ``seed`` do not apply: it is a float64 closed form)."""
-    hooks = hooks or TrainHooks()
-    hp = parse_hparams(RidgeHParams, hparams, "linear")
-    rows = training_rows(train_data.to(device), hp.window, settings.horizon)
-    weights, intercept = fit_ridge(rows, hp.alpha)
-    model = _trained(hp, train_data.n_features, weights, intercept, settings.to_dict(), {})
-    record = {"step": 1, "train_rows": rows.n_rows}
-    if hooks.log is not None:
-        hooks.log(record)
-    score = hooks.on_validation(1, model) if hooks.on_validation is not None else None
-    model.log = {
-        "model": "linear",
-        "steps": 1,
-        "train_rows": rows.n_rows,
-        "evals": [[1, score]],
-        "history": [record],
-    }
-    return model
-
-
 def train_seeds(
     train_data: MarketData,
     validation_data: MarketData | None,
@@ -167,10 +137,26 @@ def train_seeds(
     seeds: Sequence[int] = (0,),
     hooks: TrainHooks | None = None,
 ) -> list[TrainedModel]:
-    """One fit for all ``seeds`` (they cannot differ): a list of one model, trained with the first seed."""
-    first = distinct_seeds(seeds)[0]
-    hooks = (hooks or TrainHooks()).one_at_a_time()
-    return [train(train_data, validation_data, settings, hparams, precision, device, first, hooks)]
+    """One ridge fit for all ``seeds`` (they cannot differ): a list of one model (``precision`` and the seeds do not
+    apply: it is a float64 closed form); ``hooks.on_validation(1, [model]) -> [score]``."""
+    distinct_seeds(seeds)
+    hooks = hooks or TrainHooks()
+    hp = parse_hparams(RidgeHParams, hparams, "linear")
+    rows = training_rows(train_data.to(device), hp.window, settings.horizon)
+    weights, intercept = fit_ridge(rows, hp.alpha)
+    model = _trained(hp, train_data.n_features, weights, intercept, settings.to_dict(), {})
+    record = {"step": 1, "train_rows": rows.n_rows}
+    if hooks.log is not None:
+        hooks.log(record)
+    scores = hooks.on_validation(1, [model]) if hooks.on_validation is not None else None
+    model.log = {
+        "model": "linear",
+        "steps": 1,
+        "train_rows": rows.n_rows,
+        "evals": [[1, None if scores is None else scores[0]]],
+        "history": [record],
+    }
+    return [model]
 
 
 def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> TrainedModel:
@@ -201,10 +187,9 @@ SPEC = ModelSpec(
     "linear",
     RidgeHParams,
     search_space,
-    train,
+    train_seeds,
     load,
     neural=False,
-    train_seeds=train_seeds,
     deterministic=True,
     profile=PROFILE,
 )

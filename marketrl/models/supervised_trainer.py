@@ -1,6 +1,6 @@
 """The supervised loop every torch model of the zoo trains with: minimise the squared error of the forward return.
 
-It trains S seeds of one model as one computation (`train_torch_seeds`; `train_torch` is the batch of one): the
+It trains S seeds of one model as one computation (`train_torch_seeds`; one seed is a batch of one): the
 seeds' modules are stacked on a leading seed axis (`ForecasterSeeds`, `gpu_utils.stack_modules`) and run through
 `torch.func.functional_call` under `torch.vmap` (on the CPU, where that only pays for the MLP, the seeds' forward
 passes run one after another instead: `vectorize_seeds`); one `gpu_utils.SeedOptimStep` (Adam over the stacked leaves, clip
@@ -76,7 +76,6 @@ __all__ = [
     "bytes_per_sample",
     "torch_model_spec",
     "torch_trial_cost",
-    "train_torch",
     "train_torch_seeds",
     "validation_losses",
     "vectorize_seeds",
@@ -217,36 +216,6 @@ def validation_losses(stack: ForecasterSeeds, plan: PrecisionPlan, rows: Supervi
     finally:
         stack.train(was_training)
     return [value / rows.n_rows for value in total.tolist()]
-
-
-def train_torch(
-    name: str,
-    hparams_class: type,
-    build: ModelBuilder,
-    train_data: MarketData,
-    validation_data: MarketData | None,
-    settings: RunSettings,
-    hparams: Mapping[str, Any] | None,
-    precision: PrecisionPlan | str,
-    device: torch.device | str,
-    seed: int,
-    hooks: TrainHooks | None = None,
-) -> TrainedModel:
-    """Train one torch model of the zoo: `train_torch_seeds` with one seed."""
-    hooks = (hooks or TrainHooks()).as_batch_of_one()
-    return train_torch_seeds(
-        name,
-        hparams_class,
-        build,
-        train_data,
-        validation_data,
-        settings,
-        hparams,
-        precision,
-        device,
-        [seed],
-        hooks,
-    )[0]
 
 
 def train_torch_seeds(
@@ -626,9 +595,6 @@ def torch_model_spec(
     if not issubclass(hparams_class, NeuralHParams):
         raise TypeError(f"{name}: hyperparameters must extend NeuralHParams")
 
-    def train(*args: Any, **kwargs: Any) -> TrainedModel:
-        return train_torch(name, hparams_class, build, *args, **kwargs)
-
     def train_seeds(*args: Any, **kwargs: Any) -> list[TrainedModel]:
         return train_torch_seeds(name, hparams_class, build, *args, **kwargs)
 
@@ -639,10 +605,9 @@ def torch_model_spec(
         name,
         hparams_class,
         search_space,
-        train,
+        train_seeds,
         load,
         neural=True,
-        train_seeds=train_seeds,
         profile=profile,
         build_module=build,
     )

@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from marketrl.env.config import ACTION_POSITIONS
+from marketrl.agents.results import AgentPolicy
 from marketrl.runtime.io import json_text
 from marketrl.runtime.provenance import collect, sha256_file
-from marketrl.training.zoo import LoadedModel, get_entry
+from marketrl.training.zoo import Exportable, LoadedModel, get_entry
 
 __all__ = ["FORMAT", "VERSION", "AgentPolicy", "ExportError", "export_job", "export_model", "read_export"]
 
@@ -56,23 +56,6 @@ class ExportError(ValueError):
     """A checkpoint cannot be exported (one line naming the file)."""
 
 
-class AgentPolicy(nn.Module):
-    """An agent's acting network as a position function: (windows [B, W, F] of normalized features, position [B]
-    held into the bar in {-1, 0, 1}) -> target position [B] float32 in {-1, 0, 1}: the observation
-    ``[window flattened oldest row first, position]`` the env builds, the greedy action (argmax), mapped through
-    ``ACTION_POSITIONS``."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-        self.register_buffer("action_positions", torch.tensor(ACTION_POSITIONS, dtype=torch.float32))
-
-    def forward(self, windows: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """Target positions [B] float32."""
-        obs = torch.cat([windows.reshape(windows.shape[0], -1), position.reshape(-1, 1).float()], dim=1)
-        return self.action_positions[self.net(obs).float().argmax(dim=1)]
-
-
 # ------------------------------------------------------------------------------------------------- the JSON
 
 
@@ -85,53 +68,14 @@ def _normalizer(state: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _round_trip_cost(costs: Mapping[str, Any]) -> dict[str, Any]:
-    """A cost record (`CostModel.to_config` or `InstrumentCosts.to_config`) as the numbers of the round-trip
-    cost fraction at a close price: futures 2·cost_per_contract / (close·point_value), bps 2·fraction."""
-
-    def one(spec: Mapping[str, Any]) -> dict[str, Any]:
-        if spec["kind"] == "bps":
-            return {"kind": "bps", "fraction_per_side": float(spec["bps"]) * 1e-4}
-        per_contract = spec["commission_per_contract"] + spec["half_spread_ticks"] * spec["tick_value"]
-        return {
-            "kind": "futures",
-            "cost_per_contract": float(per_contract),
-            "point_value": float(spec["tick_value"] / spec["tick_size"]),
-        }
-
-    if "instruments" in costs:
-        return {"per_symbol_root": {root: one(spec) for root, spec in costs["instruments"].items()}}
-    return one(costs)
-
-
-AGENT_HOW_TO_USE = (
-    "Normalize each raw feature row with `normalizer` (columns in `feature_names` order). At the close of bar t "
-    "build windows [1, window, F]: rows t-window+1..t of the same session (segment), oldest first; rows before the "
-    "session's first row repeat that first row. Call the model with (windows, position), position [1] = the unit "
-    "position held into bar t (start each session flat, 0; then the previous output). The output is the target "
-    "unit position in {-1, 0, 1} to hold over bar t+1; multiply by `observation.contracts` for contracts. Step "
-    "bar by bar: each output is the next call's position."
-)
-FORECASTER_HOW_TO_USE = (
-    "Normalize each raw feature row with `normalizer` (columns in `feature_names` order). For bar t with a full "
-    "window (rows t-window+1..t of the same session, oldest first) the model maps windows [B, window, F] to the "
-    "predicted forward return p_t over `trading_rule.horizon` bars; bars without a full window get p_t = 0. "
-    "Position rule at the close of bar t: threshold_t = threshold_multiplier * round-trip cost fraction at close_t "
-    "(`trading_rule.round_trip_cost`); |p_t| > threshold_t -> sign(p_t); else if |p_t| > hold_band * threshold_t "
-    "and the position held into t equals sign(p_t) -> keep it; else flat. Start each session flat. Positions are "
-    "unit positions in {-1, 0, 1}; multiply by `observation.contracts` for contracts."
-)
-
-
-def _meta(
-    model: str, kind: str, loaded: LoadedModel, checkpoint: Mapping[str, Any], window: int
-) -> dict[str, Any]:
-    """export.json without the files, the ONNX outcome and provenance."""
+def _meta(model: str, kind: str, loaded: LoadedModel, exportable: Exportable) -> dict[str, Any]:
+    """export.json without the files, the ONNX outcome and provenance: what every model records, then what its
+    zoo entry describes (`Exportable`: the observation's own entries, inputs, output, trading rule, how to use)."""
     extra = loaded.meta.get("extra") or {}
     env = loaded.meta["env"]
     normalizer = loaded.meta["normalizer"]
     feature_names = list(normalizer["feature_names"])
-    meta: dict[str, Any] = {
+    return {
         "format": FORMAT,
         "version": VERSION,
         "model": model,
@@ -141,52 +85,25 @@ def _meta(
         "seed": extra.get("seed"),
         "feature_names": feature_names,
         "normalizer": _normalizer(normalizer),
-        "window": window,
+        "window": exportable.window,
         "observation": {
             "contracts": env["contracts"],
             "fill": env["fill"],
             "max_gap_seconds": env["max_gap"],
+            **exportable.observation,
         },
         "precision": loaded.meta.get("precision"),
         "costs": extra.get("costs"),
+        **exportable.fields,
     }
-    if kind == "agent":
-        meta["observation"].update(
-            layout="[window * F normalized features (oldest row first), unit position held into the bar]",
-            window_padding="rows before the session's first row repeat that first row",
-            action_positions=list(ACTION_POSITIONS),
-        )
-        meta["inputs"] = {
-            "windows": "[batch, window, F] float32",
-            "position": "[batch] float32 in {-1, 0, 1}",
-        }
-        meta["output"] = "target unit position [batch] float32 in {-1, 0, 1}"
-        meta["how_to_use"] = AGENT_HOW_TO_USE
-    else:
-        hparams = loaded.info["hparams"]
-        meta["observation"].update(window_padding="none: a bar without a full window predicts 0 (flat)")
-        meta["inputs"] = {"windows": "[batch, window, F] float32"}
-        meta["output"] = "predicted forward return [batch] float32"
-        meta["trading_rule"] = {
-            "threshold_multiplier": float(hparams["threshold_multiplier"]),
-            "hold_band": float(hparams["hold_band"]),
-            "horizon": int(loaded.horizon or checkpoint["settings"]["horizon"]),
-            "round_trip_cost": _round_trip_cost(extra["costs"]),
-            "round_trip_cost_formula": (
-                "futures: 2 * cost_per_contract / (close * point_value) in float64, then float32; "
-                "bps: 2 * fraction_per_side"
-            ),
-        }
-        meta["how_to_use"] = FORECASTER_HOW_TO_USE
-    return meta
 
 
 # ---------------------------------------------------------------------------------------------- the exports
 
 
-def _example_inputs(module_kind: str, window: int, n_features: int) -> tuple[torch.Tensor, ...]:
-    windows = torch.zeros(2, window, n_features)
-    return (windows, torch.zeros(2)) if module_kind == "agent" else (windows,)
+def _example_inputs(names: Sequence[str], window: int, n_features: int) -> tuple[torch.Tensor, ...]:
+    """Tracing inputs: ``windows`` [2, window, F], then [2] for each further input (an agent's ``position``)."""
+    return (torch.zeros(2, window, n_features), *(torch.zeros(2) for _ in names[1:]))
 
 
 def _torchscript(module: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path) -> None:
@@ -197,13 +114,12 @@ def _torchscript(module: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path
     traced.save(str(path))
 
 
-def _onnx(module: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path) -> str | None:
+def _onnx(module: nn.Module, inputs: tuple[torch.Tensor, ...], names: list[str], path: Path) -> str | None:
     """Write the ONNX graph; return None, or why the model cannot be exported (recorded in export.json).
 
     The TorchScript-based exporter first (no extra dependency at run time); where it lacks an operator (the
     transformer's fused encoder layer) the `torch.export` one (``dynamo=True``, needs onnxscript).
     """
-    names = ["windows", "position"][: len(inputs)]
     reasons = []
     for dynamo in (False, True):
         try:
@@ -255,33 +171,25 @@ def export_model(
     entry = get_entry(model, extra_models)
     out = Path(out_dir)
     loaded = entry.load(str(model_path), torch.device("cpu"))
-    checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
     if loaded.meta.get("env") is None or loaded.meta.get("normalizer") is None:
         raise ExportError(
             f"{model_path}: the checkpoint records no env settings or normalizer; retrain the model"
         )
     n_features = len(loaded.meta["normalizer"]["feature_names"])
-    if entry.kind == "agent":
-        window = int(loaded.meta["env"]["window"])
-        module: nn.Module | None = AgentPolicy(loaded.policy.net)
-        booster = None
-    else:
-        forecaster = entry.spec.load(checkpoint, "cpu")
-        window = forecaster.window
-        module = forecaster.module
-        booster = forecaster.state.get("booster") if module is None else None
-        if module is None and booster is None:
-            raise ExportError(
-                f"{model_path}: {model} has neither a torch module nor a LightGBM booster to export"
-            )
-    meta = _meta(model, entry.kind, loaded, checkpoint, window)
+    try:
+        exportable = entry.exportable(loaded, str(model_path))
+    except ValueError as error:
+        raise ExportError(str(error)) from None
+    meta = _meta(model, entry.kind, loaded, exportable)
+    module, booster = exportable.module, exportable.booster
     files: dict[str, str | None] = {"torchscript": None, "onnx": None, "lightgbm": None}
     if module is not None:
         module = module.cpu().eval().requires_grad_(False)  # outputs without grad: `.numpy()` works on them
-        inputs = _example_inputs(entry.kind, window, n_features)
+        names = exportable.input_names
+        inputs = _example_inputs(names, exportable.window, n_features)
         _torchscript(module, inputs, out / TORCHSCRIPT)
         files["torchscript"] = TORCHSCRIPT
-        reason = _onnx(module, inputs, out / ONNX)
+        reason = _onnx(module, inputs, names, out / ONNX)
         files["onnx"] = None if reason else ONNX
         meta["onnx_unavailable"] = reason
     else:

@@ -135,8 +135,8 @@ def run_trial(
     budget: HardwareBudget | None = None,
     fold: int | None = None,
 ) -> float:
-    """Train one configuration on the tuning train rows with hyperopt.seeds_per_trial seeds (one batch where the
-    model can); report the median of the seeds' validation scores for pruning; return the median of the seeds'
+    """Train one configuration on the tuning train rows with hyperopt.seeds_per_trial seeds (one `train_seeds`
+    batch); report the median of the seeds' validation scores for pruning; return the median of the seeds'
     final validation Sharpe ratios.
 
     The per-seed scores are the trial's user attribute ``seed_scores``; `space` is the model's search space
@@ -180,10 +180,9 @@ def run_trial(
             precision=precision,
             device=device,
             seeds=seeds,
-            steps=config["hyperopt"]["trial_steps"],
-            updates=config["hyperopt"]["trial_updates"],
+            budget=entry.trial_budget(config),
             on_score=on_score,
-            budget=budget,
+            memory=budget,
         )
     )
     validation = window.splits["validation"]

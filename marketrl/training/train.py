@@ -96,32 +96,14 @@ class ProgressLog:
 
 
 def train_log_record(trained: Trained, total_steps: int) -> dict[str, Any]:
-    """The model-specific part of train_log.json: the trainer's log, ``total_steps`` (steps actually run for a
-    forecaster), ``steps_per_s`` and ``history`` keyed by ``step`` with the validation scores merged in
-    (docs/OUTPUTS.md)."""
-    result = trained.log
-    evals = [{"step": int(step), "val_sharpe": score} for step, score in result.get("evals", [])]
-    if trained.kind == "agent":
-        # env steps: the agents' statistics records count them as env_steps
-        history = [{**record, "step": record["env_steps"]} for record in result["history"]]
-        return {
-            **result,
-            "total_steps": total_steps,
-            "history": history + evals,
-            "steps_per_s": result["steps_per_second"],
-        }
-    return {
-        **result,
-        "total_steps": int(result.get("steps", 0)),
-        "max_steps": total_steps,
-        "history": [dict(record) for record in result.get("history", [])] + evals,
-        "steps_per_s": result.get("steps_per_second"),
-    }
+    """The model-specific part of train_log.json (`Trained.log_record`: the trainer's log, ``total_steps``,
+    ``steps_per_s`` and ``history`` keyed by ``step`` with the validation scores merged in; docs/OUTPUTS.md)."""
+    return trained.log_record(total_steps)
 
 
 def _on_statistics(board: TrainingBoard | None, record: dict[str, Any]) -> None:
-    """A statistics record of one seed (a forecaster's, or one seed's share of an agent's batch record): into
-    the job log at debug level and onto the board."""
+    """A statistics record of one seed (keyed by ``seed`` and ``step``, whichever the model): into the job log at
+    debug level and onto the board."""
     log.debug("statistics: %s", record)
     if board is not None:
         board.record(record)
@@ -142,7 +124,7 @@ def train_job(
     tensorboard_dirs: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Train one model (`model`: any name of training.models) on one fold with every seed of `seed_indices`, as
-    one batch where the model can; write each seed's model.pt and train_log.json atomically.
+    one `train_seeds` batch; write each seed's model.pt and train_log.json atomically.
 
     `resume_path` is the batch's resumable checkpoint: an undeclared side file (marketrl.settings.paths.RESUME),
     removed once every model.pt is written. A deterministic model (ridge) is given one seed index.
@@ -154,7 +136,7 @@ def train_job(
             f"{model} fold {fold}: expected one model and log path per seed index {seed_indices}"
         )
     entry = get_entry(model, config["training"]["extra_models"])
-    if getattr(entry.spec, "deterministic", False) and len(seed_indices) != 1:
+    if entry.deterministic and len(seed_indices) != 1:
         raise ValueError(f"{model}: a deterministic model trains one run, got seed indices {seed_indices}")
     hparams = load_hparams(hparams_path, model)
     training = config["training"]
@@ -164,9 +146,8 @@ def train_job(
     seeds = [derive_seed(config["seed"], "train", model, fold, index) for index in seed_indices]
     plan = FoldPlan.load(folds_path)
     window = fold_window(load_features(manifest_path), plan, fold, config, device)
-    # agents: env steps; forecasters: the cap on optimizer steps / boosting rounds
-    budget_steps = training["total_steps"] if entry.kind == "agent" else training["max_updates"]
-    run_keys = ("total_steps",) if entry.kind == "agent" else ("horizon", "epochs", "max_updates", "patience")
+    # the run's length in the model's own steps (agents: env steps; forecasters: a cap on optimizer steps)
+    budget_steps = entry.train_budget(config)
     # Only a state saved by this very run (same settings, seeds and inputs) is resumed.
     checkpoint = TrainingCheckpoint(
         Path(resume_path),
@@ -175,7 +156,7 @@ def train_job(
             "algo": model,  # on-disk key kept for compatibility
             "seeds": seeds,
             "hparams": hparams,
-            **{key: training[key] for key in run_keys},
+            **entry.run_settings(config),
             "check_every": training["check_every"],
             "env": dict(config["env"]),
             "n_envs": training["n_envs"],
@@ -197,12 +178,11 @@ def train_job(
                 precision=precision,
                 device=device,
                 seeds=tuple(seeds),
-                steps=training["total_steps"],
-                updates=training["max_updates"],
+                budget=budget_steps,
                 on_score=progress,
                 on_log=functools.partial(_on_statistics, board),
                 checkpoint=checkpoint,
-                budget=HardwareBudget.detect(device) if entry.kind == "forecaster" else None,
+                memory=HardwareBudget.detect(device),
             )
         )
         wall_s = time.perf_counter() - started
@@ -224,7 +204,7 @@ def train_job(
                 "fold": fold,
                 "seed_index": index,
                 "seed": seed,
-                "deterministic": bool(getattr(entry.spec, "deterministic", False)),
+                "deterministic": entry.deterministic,
                 "batch": {"seed_indices": list(seed_indices), "position": position, "wall_s": wall_s},
                 "hparams": hparams,
                 "precision": precision.to_dict(),

@@ -1,25 +1,31 @@
 """The zoo: every model the pipeline runs, the RL agents (`marketrl.agents`) and the forecasters
-(`marketrl.models`), behind one protocol, so that hyperopt, training and evaluation dispatch by name.
+(`marketrl.models`), behind one protocol, so that hyperopt, training, export and evaluation dispatch by name and
+no job tests a model's kind.
 
 `ZOO` is built from the specs `marketrl.settings.registry.REGISTRY` names: an `AgentSpec` becomes an `AgentEntry`,
-a `ModelSpec` a `ForecasterEntry`; nothing here tests a model's name. ``training.extra_models`` (a config's
-``name: "module:SPEC"`` entries) adds models from outside marketrl the same way (`get_entry(name, extra)`).
+a `ModelSpec` a `ForecasterEntry`, both a `ZooEntry` (the base holds what the kinds do the same way, each kind only
+what differs); nothing here tests a model's name. ``training.extra_models`` (a config's ``name: "module:SPEC"``
+entries) adds models from outside marketrl the same way (`get_entry(name, extra)`).
 
     entry = ZOO[name]                               # or get_entry(name, extra): one-line error naming the known
     space = entry.search_space(budget, window, config)  # once per hyperopt worker; space(trial) -> hparams
-    runs = entry.train(request)                     # TrainRequest: splits, config slice, hparams, seeds, hooks
+    steps = entry.train_budget(config)              # or trial_budget: the run's length in the model's own steps
+    runs = entry.train(request)                     # TrainRequest: splits, config slice, hparams, seeds, budget, hooks
     runs[i].save(path, window, extra)               # one Trained per seed; a checkpoint torch.load reads back
+    runs[i].log_record(steps)                       # its part of train_log.json, one shape for both kinds
     loaded = entry.load(path, device)               # -> LoadedModel: positions(data, env_config), predictions
+    entry.exportable(loaded, path)                  # -> Exportable: what the export job writes
 
-The seeds of a request train as one batch where the model's spec has a batched loop (``train_seeds``: the S copies
-are one vectorized computation with a seed axis; docs/ARCHITECTURE.md), else one after another in the same process.
+The seeds of a request train through the spec's one training entry, ``train_seeds`` (the S copies one vectorized
+computation with a seed axis where the model has one, docs/ARCHITECTURE.md; lightgbm runs them one after another).
 A deterministic forecaster (``ModelSpec.deterministic``, ridge) trains once whatever the seeds: one `Trained`.
 
 Both kinds report each periodic validation Sharpe (annualized, of daily net returns of the model's positions on
 the validation split, the objective hyperopt maximizes), one per seed, to `TrainRequest.on_score`, which may raise
-(`optuna.TrialPruned`) to stop the run. Agents act through the env's observation (`policy_positions`), forecasters
-through their trading rule (`TrainedModel.positions`); both are then scored by `evaluate_positions` with the same
-fills and costs.
+(`optuna.TrialPruned`) to stop the run; each statistics record goes to `TrainRequest.on_log` in one shape, one per
+seed keyed by ``seed`` and ``step`` (an agent's env steps). Agents act through the env's observation
+(`policy_positions`), forecasters through their trading rule (`TrainedModel.positions`); both are then scored by
+`evaluate_positions` with the same fills and costs.
 """
 
 from __future__ import annotations
@@ -28,14 +34,16 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
+from torch import nn
 
 from gpu_utils import HardwareBudget, PrecisionPlan
 from marketrl.agents.checkpoint import load_policy, save_checkpoint
 from marketrl.agents.common import GreedyPolicies, GreedyPolicy, TrainResult, env_settings
 from marketrl.agents.memory import batch_size_bounds
+from marketrl.agents.results import AgentPolicy
 from marketrl.agents.spec import HIDDEN_DIM_BASES, AgentSpec
 from marketrl.env import (
     EnvConfig,
@@ -45,6 +53,7 @@ from marketrl.env import (
     policy_positions,
     tabulated_policies_positions,
 )
+from marketrl.env.config import ACTION_POSITIONS
 from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models import RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
 from marketrl.models.base import CHECKPOINT_FORMAT, ModelSpec, Trial
@@ -57,15 +66,18 @@ __all__ = [
     "EVALS_PER_RUN",
     "ZOO",
     "AgentEntry",
+    "Exportable",
     "ForecasterEntry",
     "Kind",
     "LoadedModel",
     "TrainRequest",
     "Trained",
+    "ZooEntry",
     "check_deterministic",
     "entry_from_spec",
     "get_entry",
     "positions_sharpe",
+    "round_trip_cost",
     "run_settings",
     "seeds_positions",
 ]
@@ -94,12 +106,14 @@ class TrainRequest:
     """Everything one training run needs, whichever the model.
 
     config: a stage's config slice with `env`, `costs` and the `training` run settings (check_every, n_envs, and
-      for forecasters horizon, epochs, patience). steps: env steps of an agent's run; updates: a forecaster's
-      cap on optimizer steps / boosting rounds (each kind ignores the other's budget).
-    seeds: the training seeds, one run each (trained as one batch where the model can).
+      for forecasters horizon, epochs, patience).
+    budget: the run's length in the model's own steps, as its entry reads it from the config slice
+      (`ZooEntry.train_budget` / `ZooEntry.trial_budget`): an agent's env steps, a forecaster's cap on optimizer
+      steps / boosting rounds.
+    seeds: the training seeds, one run each (trained as one batch).
     on_score: each periodic validation Sharpe on `validation_data`, one per seed (EVALS_PER_RUN per run); on_log:
-      each statistics record of a forecaster; checkpoint: the batch's resume file; budget: the device's memory
-      budget.
+      each statistics record, one per seed with its ``seed`` and ``step``; checkpoint: the batch's resume file;
+      memory: the device's memory budget (forecasters cap their batch by it).
     """
 
     train_data: MarketData
@@ -109,12 +123,11 @@ class TrainRequest:
     precision: PrecisionPlan
     device: torch.device
     seeds: tuple[int, ...]
-    steps: int
-    updates: int
+    budget: int
     on_score: ScoreHook | None = None
     on_log: Callable[[dict[str, Any]], None] | None = None
     checkpoint: TrainingCheckpoint | None = None
-    budget: HardwareBudget | None = None
+    memory: HardwareBudget | None = None
 
     @functools.cached_property
     def env_config(self) -> EnvConfig:
@@ -133,19 +146,14 @@ class TrainRequest:
             self.on_score(step, scores)
         return scores
 
-    def checkpoint_of(self, position: int) -> TrainingCheckpoint | None:
-        """The resume file of seed ``position`` when the seeds train one after another (the batch's own file
-        for a single seed)."""
-        if self.checkpoint is None or len(self.seeds) == 1:
-            return self.checkpoint
-        return self.checkpoint.part(f"seed{position}")
-
 
 @dataclass
 class Trained:
     """A trained model of either kind, as the stages use it.
 
-    log: the trainer's log (`evals` [[step, score], ...], `history` of statistics records, steps, ...).
+    log: the trainer's log in the one shape of both kinds (`evals` [[step, score], ...], `history` of statistics
+      records each keyed by ``step``, ``steps_per_second``, ...); steps_run: the steps the run made where its
+      budget is only a cap (a forecaster's early stopping), None where it always runs its budget (an agent).
     """
 
     name: str
@@ -155,11 +163,30 @@ class Trained:
     positions: Callable[[MarketData, EnvConfig], torch.Tensor]
     _save: Callable[[str, WindowData, Mapping[str, Any]], None]
     predictions: Callable[[MarketData], torch.Tensor] | None = None
+    steps_run: int | None = None
 
     def save(self, path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
         """Write the checkpoint atomically with the window's normalizer and feature names and ``extra``
         (plain data: fold, seed, costs...)."""
         self._save(path, window, extra)
+
+    def log_record(self, budget: int) -> dict[str, Any]:
+        """The model-specific part of train_log.json: the trainer's log, ``total_steps`` (the steps run, and
+        ``max_steps`` the ``budget``, where the budget is a cap; else the budget), ``steps_per_s`` and ``history``
+        keyed by ``step`` with the validation scores merged in (docs/OUTPUTS.md)."""
+        log = self.log
+        evals = [{"step": int(step), "val_sharpe": score} for step, score in log.get("evals", [])]
+        steps = (
+            {"total_steps": budget}
+            if self.steps_run is None
+            else {"total_steps": self.steps_run, "max_steps": budget}
+        )
+        return {
+            **log,
+            **steps,
+            "history": [dict(record) for record in log.get("history", [])] + evals,
+            "steps_per_s": log.get("steps_per_second"),
+        }
 
 
 @dataclass
@@ -184,6 +211,28 @@ class LoadedModel:
     policy: GreedyPolicy | None = None
 
 
+@dataclass
+class Exportable:
+    """What `marketrl.training.export` writes of one checkpoint, as the model's entry describes it.
+
+    window: rows per input window; module: the torch module to trace (inputs named by ``inputs``, in order:
+      ``windows`` [B, window, F], then any [B] input), or None; booster: a LightGBM model string instead;
+    observation: entries added to export.json's ``observation``; fields: export.json's ``inputs``, ``output`` and
+      the model's own entries (``trading_rule``, ``how_to_use``), in order.
+    """
+
+    window: int
+    module: nn.Module | None
+    booster: str | None
+    observation: dict[str, Any]
+    fields: dict[str, Any]
+
+    @property
+    def input_names(self) -> list[str]:
+        """The traced module's input names, in order."""
+        return list(self.fields["inputs"])
+
+
 def seeds_positions(
     runs: list[LoadedModel], data: MarketData, env_config: EnvConfig
 ) -> list[torch.Tensor] | None:
@@ -196,27 +245,108 @@ def seeds_positions(
     return list(tabulated_policies_positions(stacked, len(runs), data, env_config))
 
 
-class _NamedBySpec:
-    """The model name of a registry entry is its spec's name (training.models, the {model} wildcard)."""
+@dataclass(frozen=True)
+class ZooEntry:
+    """What every zoo entry does the same way, whichever its kind: its name and determinism, its budget and
+    resume settings read from the config slice, and a training run (the seeds as one ``train_seeds`` batch, each
+    validation scored and reported, one `Trained` per run). A kind supplies what differs: its class attributes
+    and `_train_seeds`, `_scores`, `_trained`, `load`, `exportable` and `search_space`.
+    """
 
-    spec: AgentSpec | ModelSpec
+    spec: Any
+    #: "agent" | "forecaster", recorded in the logs and JSONs
+    kind: ClassVar[Kind]
+    #: the ``training`` key of a train job's budget, and the ``hyperopt`` key of a trial's
+    budget_key: ClassVar[str]
+    trial_budget_key: ClassVar[str]
+    #: the ``training`` keys of the run settings a resume file's fingerprint holds (besides check_every)
+    run_keys: ClassVar[tuple[str, ...]]
 
     @property
     def name(self) -> str:
         """The model name (training.models, the {model} wildcard)."""
         return self.spec.name
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether the seeds cannot differ (one run trains, whatever the seeds)."""
+        return bool(getattr(self.spec, "deterministic", False))
+
+    def train_budget(self, config: Mapping[str, Any]) -> int:
+        """A train job's budget in the model's own steps (training.total_steps or training.max_updates)."""
+        return int(config["training"][self.budget_key])
+
+    def trial_budget(self, config: Mapping[str, Any]) -> int:
+        """A hyperopt trial's budget in the model's own steps (hyperopt.trial_steps or hyperopt.trial_updates)."""
+        return int(config["hyperopt"][self.trial_budget_key])
+
+    def run_settings(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The run settings of ``config["training"]`` a resume file's fingerprint records."""
+        return {key: config["training"][key] for key in self.run_keys}
+
+    def train(self, request: TrainRequest) -> list[Trained]:
+        """Train one run per seed on the training split, the seeds as one ``train_seeds`` batch (one run in all
+        for a deterministic model); each validation's Sharpe, one per seed, goes to ``on_score`` (when there is a
+        validation split)."""
+        validating = request.validation_data is not None
+
+        def on_batch(step: int, runs: list[Any]) -> list[float]:
+            return request.report(step, self._scores(request, runs))
+
+        results = self._train_seeds(request, on_batch if validating else None)
+        return [self._trained(result, request) for result in results]
+
+    def search_space(
+        self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
+    ) -> SearchSpace:
+        """The model's search space on this device and window."""
+        raise NotImplementedError
+
+    def load(self, path: str, device: torch.device) -> LoadedModel:
+        """A checkpoint read back for evaluation."""
+        raise NotImplementedError
+
+    def exportable(self, loaded: LoadedModel, path: str) -> Exportable:
+        """What the export job writes of the checkpoint at ``path`` (``loaded`` from it on the CPU)."""
+        raise NotImplementedError
+
+    def _train_seeds(self, request: TrainRequest, on_batch: Callable | None) -> list[Any]:
+        raise NotImplementedError
+
+    def _scores(self, request: TrainRequest, runs: list[Any]) -> list[float]:
+        raise NotImplementedError
+
+    def _trained(self, result: Any, request: TrainRequest) -> Trained:
+        raise NotImplementedError
+
 
 # ------------------------------------------------------------------------------------------------------ agents
 
+AGENT_HOW_TO_USE = (
+    "Normalize each raw feature row with `normalizer` (columns in `feature_names` order). At the close of bar t "
+    "build windows [1, window, F]: rows t-window+1..t of the same session (segment), oldest first; rows before the "
+    "session's first row repeat that first row. Call the model with (windows, position), position [1] = the unit "
+    "position held into bar t (start each session flat, 0; then the previous output). The output is the target "
+    "unit position in {-1, 0, 1} to hold over bar t+1; multiply by `observation.contracts` for contracts. Step "
+    "bar by bar: each output is the next call's position."
+)
+
+
+def _stepped(record: Mapping[str, Any]) -> dict[str, Any]:
+    """An agent's statistics record in the one log shape: keyed by ``step``, its env steps."""
+    return {**record, "step": record["env_steps"]}
+
 
 @dataclass(frozen=True)
-class AgentEntry(_NamedBySpec):
-    """An RL agent (`marketrl.agents.spec.AgentSpec`): trained on the TradingEnv for `TrainRequest.steps` env
+class AgentEntry(ZooEntry):
+    """An RL agent (`marketrl.agents.spec.AgentSpec`): trained on the TradingEnv for `TrainRequest.budget` env
     steps."""
 
     spec: AgentSpec
-    kind: Kind = "agent"
+    kind: ClassVar[Kind] = "agent"
+    budget_key: ClassVar[str] = "total_steps"
+    trial_budget_key: ClassVar[str] = "trial_steps"
+    run_keys: ClassVar[tuple[str, ...]] = ("total_steps",)
 
     def search_space(
         self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
@@ -226,43 +356,32 @@ class AgentEntry(_NamedBySpec):
         bounds = batch_size_bounds(budget, self.spec, obs_dim, max(HIDDEN_DIM_BASES))
         return lambda trial: self.spec.search_space(trial, bounds)
 
-    def train(self, request: TrainRequest) -> list[Trained]:
-        """Train one run per seed on the training split (one batch where the agent has ``train_seeds``);
-        validation Sharpe EVALS_PER_RUN times (when there is a validation split)."""
-        env_config = request.env_config
+    def _scores(self, request: TrainRequest, runs: list[GreedyPolicy]) -> list[float]:
+        # the seeds' greedy policies step the validation split in lockstep as one stacked forward
+        positions = policies_positions(
+            GreedyPolicies(runs), len(runs), request.validation_data, request.env_config
+        )
+        return [request.score(lambda data, row=row: row) for row in positions]
 
-        def scores(policies: list[GreedyPolicy]) -> list[float]:
-            # the seeds' greedy policies step the validation split in lockstep as one stacked forward
-            positions = policies_positions(
-                GreedyPolicies(policies), len(policies), request.validation_data, env_config
-            )
-            return [request.score(lambda data, row=row: row) for row in positions]
-
-        validating = request.validation_data is not None
-        eval_every = max(1, request.steps // EVALS_PER_RUN) if validating else 0
+    def _train_seeds(self, request: TrainRequest, on_batch: Callable | None) -> list[TrainResult]:
+        eval_every = max(1, request.budget // EVALS_PER_RUN) if on_batch is not None else 0
         run_config = self.spec.make_run_config(
-            total_steps=request.steps,
-            env=env_config,
+            total_steps=request.budget,
+            env=request.env_config,
             eval_every=eval_every,
             check_every=request.config["training"]["check_every"],
         )
-        common = (request.train_data, run_config, dict(request.hparams), request.precision, request.device)
-        if self.spec.train_seeds is not None:
-            on_batch = (lambda step, policies: request.report(step, scores(policies))) if validating else None
-            results: list[TrainResult] = self.spec.train_seeds(
-                *common,
-                request.seeds,
-                on_eval=on_batch,
-                checkpoint=request.checkpoint,
-                on_log=_per_seed_records(request.seeds, request.on_log),
-            )
-        else:
-            on_one = (lambda step, policy: request.report(step, scores([policy]))[0]) if validating else None
-            results = [
-                self.spec.train(*common, seed, on_eval=on_one, checkpoint=request.checkpoint_of(position))
-                for position, seed in enumerate(request.seeds)
-            ]
-        return [self._trained(result, request) for result in results]
+        return self.spec.train_seeds(
+            request.train_data,
+            run_config,
+            dict(request.hparams),
+            request.precision,
+            request.device,
+            request.seeds,
+            on_eval=on_batch,
+            checkpoint=request.checkpoint,
+            on_log=_per_seed_records(request.seeds, request.on_log),
+        )
 
     def _trained(self, result: TrainResult, request: TrainRequest) -> Trained:
         def save(path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
@@ -282,7 +401,7 @@ class AgentEntry(_NamedBySpec):
             name=self.name,
             kind=self.kind,
             hparams=dict(request.hparams),
-            log=dict(result.log),
+            log={**result.log, "history": [_stepped(record) for record in result.log["history"]]},
             positions=lambda data, env: policy_positions(result.policy, data, env),
             _save=save,
         )
@@ -299,23 +418,74 @@ class AgentEntry(_NamedBySpec):
             policy=policy,
         )
 
+    def exportable(self, loaded: LoadedModel, path: str) -> Exportable:
+        """The acting network as a position function (`AgentPolicy`) over the env's observation."""
+        assert loaded.policy is not None
+        return Exportable(
+            window=int(loaded.meta["env"]["window"]),
+            module=AgentPolicy(loaded.policy.net),
+            booster=None,
+            observation={
+                "layout": "[window * F normalized features (oldest row first), unit position held into the bar]",
+                "window_padding": "rows before the session's first row repeat that first row",
+                "action_positions": list(ACTION_POSITIONS),
+            },
+            fields={
+                "inputs": {
+                    "windows": "[batch, window, F] float32",
+                    "position": "[batch] float32 in {-1, 0, 1}",
+                },
+                "output": "target unit position [batch] float32 in {-1, 0, 1}",
+                "how_to_use": AGENT_HOW_TO_USE,
+            },
+        )
+
 
 def _per_seed_records(
     seeds: Sequence[int], on_log: Callable[[dict[str, Any]], None] | None
 ) -> Callable[[dict[str, Any]], None] | None:
     """An agent's batch statistics record (``{"seeds": [one record per seed]}``) handed to ``on_log`` as one
-    record per seed with its ``seed`` and ``step`` (env steps), the shape a forecaster's loop logs."""
+    record per seed with its ``seed``, in the one log shape (`_stepped`: keyed by ``step``, its env steps)."""
     if on_log is None:
         return None
 
     def split(record: dict[str, Any]) -> None:
         for seed, one in zip(seeds, record["seeds"], strict=True):
-            on_log({**one, "seed": int(seed), "step": one["env_steps"]})
+            on_log(_stepped({**one, "seed": int(seed)}))
 
     return split
 
 
 # ------------------------------------------------------------------------------------------------- forecasters
+
+FORECASTER_HOW_TO_USE = (
+    "Normalize each raw feature row with `normalizer` (columns in `feature_names` order). For bar t with a full "
+    "window (rows t-window+1..t of the same session, oldest first) the model maps windows [B, window, F] to the "
+    "predicted forward return p_t over `trading_rule.horizon` bars; bars without a full window get p_t = 0. "
+    "Position rule at the close of bar t: threshold_t = threshold_multiplier * round-trip cost fraction at close_t "
+    "(`trading_rule.round_trip_cost`); |p_t| > threshold_t -> sign(p_t); else if |p_t| > hold_band * threshold_t "
+    "and the position held into t equals sign(p_t) -> keep it; else flat. Start each session flat. Positions are "
+    "unit positions in {-1, 0, 1}; multiply by `observation.contracts` for contracts."
+)
+
+
+def round_trip_cost(costs: Mapping[str, Any]) -> dict[str, Any]:
+    """A cost record (`CostModel.to_config` or `InstrumentCosts.to_config`) as the numbers of the round-trip
+    cost fraction at a close price: futures 2·cost_per_contract / (close·point_value), bps 2·fraction."""
+
+    def one(spec: Mapping[str, Any]) -> dict[str, Any]:
+        if spec["kind"] == "bps":
+            return {"kind": "bps", "fraction_per_side": float(spec["bps"]) * 1e-4}
+        per_contract = spec["commission_per_contract"] + spec["half_spread_ticks"] * spec["tick_value"]
+        return {
+            "kind": "futures",
+            "cost_per_contract": float(per_contract),
+            "point_value": float(spec["tick_value"] / spec["tick_size"]),
+        }
+
+    if "instruments" in costs:
+        return {"per_symbol_root": {root: one(spec) for root, spec in costs["instruments"].items()}}
+    return one(costs)
 
 
 def run_settings(config: Mapping[str, Any], updates: int) -> RunSettings:
@@ -338,12 +508,15 @@ def run_settings(config: Mapping[str, Any], updates: int) -> RunSettings:
 
 
 @dataclass(frozen=True)
-class ForecasterEntry(_NamedBySpec):
+class ForecasterEntry(ZooEntry):
     """A forecaster (`marketrl.models.base.ModelSpec`): it learns the forward return; its trading rule makes the
-    positions."""
+    positions; `TrainRequest.budget` caps its optimizer steps (boosting rounds)."""
 
     spec: ModelSpec
-    kind: Kind = "forecaster"
+    kind: ClassVar[Kind] = "forecaster"
+    budget_key: ClassVar[str] = "max_updates"
+    trial_budget_key: ClassVar[str] = "trial_updates"
+    run_keys: ClassVar[tuple[str, ...]] = ("horizon", "epochs", "max_updates", "patience")
 
     def search_space(
         self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
@@ -351,39 +524,23 @@ class ForecasterEntry(_NamedBySpec):
         """The model's own space (the trainer caps the batch size by the memory budget itself)."""
         return self.spec.search_space
 
-    def train(self, request: TrainRequest) -> list[Trained]:
-        """Train with the config's run settings, one run per seed (one batch where the model has
-        ``train_seeds``; one run in all for a deterministic model); each validation's Sharpe goes to
-        ``on_score``."""
-        validating = request.validation_data is not None
+    def _scores(self, request: TrainRequest, runs: list[TrainedModel]) -> list[float]:
+        return [request.score(model.positions) for model in runs]
 
-        def scores(models: list[TrainedModel]) -> list[float]:
-            return [request.score(model.positions) for model in models]
-
-        def hooks(on_validation: Callable | None, checkpoint: TrainingCheckpoint | None) -> TrainHooks:
-            return TrainHooks(
-                log=request.on_log, on_validation=on_validation, checkpoint=checkpoint, budget=request.budget
-            )
-
-        common = (
+    def _train_seeds(self, request: TrainRequest, on_batch: Callable | None) -> list[TrainedModel]:
+        hooks = TrainHooks(
+            log=request.on_log, on_validation=on_batch, checkpoint=request.checkpoint, budget=request.memory
+        )
+        return self.spec.train_seeds(
             request.train_data,
             request.validation_data,
-            run_settings(request.config, request.updates),
+            run_settings(request.config, request.budget),
             dict(request.hparams),
             request.precision,
             request.device,
+            request.seeds[:1] if self.deterministic else request.seeds,
+            hooks,
         )
-        seeds = request.seeds[:1] if self.spec.deterministic else request.seeds
-        if self.spec.train_seeds is not None:
-            on_batch = (lambda step, models: request.report(step, scores(models))) if validating else None
-            models = self.spec.train_seeds(*common, seeds, hooks(on_batch, request.checkpoint))
-        else:
-            on_one = (lambda step, model: request.report(step, scores([model]))[0]) if validating else None
-            models = [
-                self.spec.train(*common, seed, hooks(on_one, request.checkpoint_of(position)))
-                for position, seed in enumerate(seeds)
-            ]
-        return [self._trained(model, request) for model in models]
 
     def _trained(self, model: TrainedModel, request: TrainRequest) -> Trained:
         def save(path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
@@ -405,6 +562,7 @@ class ForecasterEntry(_NamedBySpec):
             positions=lambda data, env: model.positions(data),
             _save=save,
             predictions=model.predict,
+            steps_run=int(model.log.get("steps", 0)),
         )
 
     def load(self, path: str, device: torch.device) -> LoadedModel:
@@ -434,13 +592,47 @@ class ForecasterEntry(_NamedBySpec):
             horizon=int(model.settings["horizon"]),
         )
 
+    def exportable(self, loaded: LoadedModel, path: str) -> Exportable:
+        """The predictor (its torch module, or LightGBM's booster) and the trading rule as plain numbers."""
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        forecaster = self.spec.load(checkpoint, "cpu")
+        module = forecaster.module
+        booster = forecaster.state.get("booster") if module is None else None
+        if module is None and booster is None:
+            raise ValueError(
+                f"{path}: {self.name} has neither a torch module nor a LightGBM booster to export"
+            )
+        hparams = loaded.info["hparams"]
+        extra = loaded.meta.get("extra") or {}
+        return Exportable(
+            window=forecaster.window,
+            module=module,
+            booster=booster,
+            observation={"window_padding": "none: a bar without a full window predicts 0 (flat)"},
+            fields={
+                "inputs": {"windows": "[batch, window, F] float32"},
+                "output": "predicted forward return [batch] float32",
+                "trading_rule": {
+                    "threshold_multiplier": float(hparams["threshold_multiplier"]),
+                    "hold_band": float(hparams["hold_band"]),
+                    "horizon": int(loaded.horizon or checkpoint["settings"]["horizon"]),
+                    "round_trip_cost": round_trip_cost(extra["costs"]),
+                    "round_trip_cost_formula": (
+                        "futures: 2 * cost_per_contract / (close * point_value) in float64, then float32; "
+                        "bps: 2 * fraction_per_side"
+                    ),
+                },
+                "how_to_use": FORECASTER_HOW_TO_USE,
+            },
+        )
 
-Entry = AgentEntry | ForecasterEntry
+
+Entry = ZooEntry
 
 
 def entry_from_spec(name: str, spec: Any) -> Entry:
-    """The zoo entry of a registered spec; its type is the model's kind (`RegistryError` for anything else, or
-    for a spec named other than its registry name)."""
+    """The zoo entry of a registered spec; its type is the model's kind (`RegistryError` for anything else, for a
+    spec named other than its registry name, or for one without a callable ``train_seeds``)."""
     if isinstance(spec, AgentSpec):
         entry: Entry = AgentEntry(spec)
     elif isinstance(spec, ModelSpec):
@@ -449,6 +641,8 @@ def entry_from_spec(name: str, spec: Any) -> Entry:
         raise RegistryError(f"{name}: {type(spec).__name__} is neither an AgentSpec nor a ModelSpec")
     if entry.name != name:
         raise RegistryError(f"{name}: the spec is named {entry.name!r}")
+    if not callable(spec.train_seeds):
+        raise RegistryError(f"{name}: the spec's train_seeds (its only training entry) is not callable")
     return entry
 
 
