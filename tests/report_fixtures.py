@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
@@ -344,6 +344,28 @@ def _train_log(model: str, fold: int, seed_index: int, rng: np.random.Generator)
     }
 
 
+def _gate_record(set_flat: bool) -> dict[str, Any]:
+    """A validation gate's record (marketrl.scoring.gate.GateDecision.to_dict) that sets the run flat or not."""
+    return {
+        "set_flat": set_flat,
+        "t_stat": 0.2 if set_flat else 2.5,
+        "min_t": 1.0,
+        "net_sharpe": -1.5 if set_flat else 2.0,
+        "gross_sharpe": 0.5 if set_flat else 2.6,
+        "turnover": 4.0,
+        "n_bars": 240,
+        "n_days": 2,
+    }
+
+
+def _validation_curve(trend: float, rng: np.random.Generator) -> list[dict[str, float]]:
+    """EVALS_PER_RUN validation records as train.ProgressLog writes them: {step, val_sharpe, elapsed_s}."""
+    return [
+        {"step": 1000 * i, "val_sharpe": float(trend * i + rng.normal(0.0, 0.02)), "elapsed_s": 1.5 * i}
+        for i in range(1, 6)
+    ]
+
+
 def write_pipeline_outputs(
     root: str | Path,
     *,
@@ -365,13 +387,24 @@ def write_pipeline_outputs(
     seed: int = 0,
     matched_random: bool = True,
     per_fold: bool = False,
+    flat_models: Sequence[str] = (),
+    gated: Mapping[str, Collection[tuple[int, int]]] | None = None,
+    validation_trend: Mapping[str, float] | None = None,
 ) -> PipelineOutputs:
     """Write a complete set of the fan-out's outputs under `root` (see the module docstring); `per_fold`: one
-    hyperopt summary per model x fold (hyperopt.per_fold) instead of one per model."""
+    hyperopt summary per model x fold (hyperopt.per_fold) instead of one per model.
+
+    Degenerate models for the "did it learn?" diagnostics (none by default; the other draws stay as they are):
+    `flat_models` never leave flat; every run of a model in `gated` carries a validation gate record
+    (metrics.json `flat_gate`), which sets its (fold, seed index) pairs flat (no position on any test bar);
+    a model in `validation_trend` logs EVALS_PER_RUN validation Sharpes (train_log.json `validation`) that
+    change by that much per evaluation, with a little noise."""
     root = Path(root)
     rng = np.random.default_rng(seed)
     skill = dict(skill or {})
     forecast_ic = dict(forecast_ic or {})
+    gated = {model: set(pairs) for model, pairs in (gated or {}).items()}
+    validation_trend = dict(validation_trend or {})
     fold_config = FoldConfig(
         n=n_folds,
         scheme="expanding",
@@ -410,6 +443,13 @@ def write_pipeline_outputs(
                     positions = _agent_positions(market, skill.get(model, 0.5), hold_bars, rng)
                     bars = _bars(market, positions, cost_per_side)
                     kind = {"kind": "agent"}
+                set_flat = (fold.index, seed_index) in gated.get(model, set())
+                if model in flat_models or set_flat:
+                    positions = np.zeros_like(positions)
+                    flat = _bars(market, positions, cost_per_side)
+                    bars = flat.with_columns(*(bars[c] for c in bars.columns if c not in flat.columns))
+                if model in gated:
+                    kind["flat_gate"] = _gate_record(set_flat)
                 folder = root / "results" / "eval" / model / f"fold_{fold.index}" / f"seed_{seed_index}"
                 folder.mkdir(parents=True, exist_ok=True)
                 bars.write_parquet(folder / "bars.parquet")
@@ -500,7 +540,12 @@ def write_pipeline_outputs(
                     / f"seed_{seed_index}"
                     / "train_log.json"
                 )
-                write_json_atomic(path, _train_log(model, fold.index, seed_index, rng))
+                log = _train_log(model, fold.index, seed_index, rng)
+                if model in validation_trend:
+                    log["validation"] = _validation_curve(
+                        validation_trend[model], np.random.default_rng((seed, fold.index, seed_index))
+                    )
+                write_json_atomic(path, log)
                 train_logs.append(str(path))
 
     config = load_config(REPO_ROOT / "config.yaml")

@@ -52,6 +52,7 @@ QUICK_TESTS = {
     "studies/calibration.py": "test_calibration_quick_summarizes_both_arms",
     "studies/coverage.py": "test_coverage_quick_prints_every_table",
     "studies/demo_detectable.py": "test_demo_detectable_quick_on_a_synthetic_run",
+    "studies/sanity.py": "test_sanity_quick_runs_the_pipeline_and_checks_the_targets",
     "studies/verdict_size.py": "test_verdict_size_quick_fills_every_column",
     "gpu/gpu_check.py": "tests/test_gpu_check.py",
 }
@@ -59,6 +60,7 @@ QUICK_TESTS = {
 
 #: The arguments of each run `quick` starts ({out}: the module's temp dir), the longest first (they run two at a time).
 RUNS: dict[str, tuple[str, ...]] = {
+    "studies/sanity.py": ("--cores", "1", "--json", "{out}/sanity.json"),
     "speed/hyperopt_cost.py": ("--json", "{out}/cost.json"),
     "speed/features.py": (),
     "speed/models.py": ("--clock", "cpu", "--rounds", "4", "--json", "{out}/models.json"),
@@ -344,3 +346,23 @@ def test_demo_detectable_quick_on_a_synthetic_run(quick: QuickRuns) -> None:
     rows = [line.split(" | ") for line in out.splitlines()[2:]]
     assert [row[0] for row in rows] == ["| 3", "| 6 (all)"]
     assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
+
+
+@pytest.mark.bench
+def test_sanity_quick_runs_the_pipeline_and_checks_the_targets(quick: QuickRuns) -> None:
+    """The real workflow on the tests' fast tiny config (world clear, one root seed, linear and dqn), then the
+    report's figures of the run, the oracle's and the clear world's target: the table and the JSON agree."""
+    out = quick.stdout("studies/sanity.py")
+    report = json.loads((quick.out / "sanity.json").read_text())
+    (run,) = report["runs"]
+    assert (run["world"], run["error"], sorted(run["models"])) == ("clear", "", ["dqn", "linear"])
+    assert run["test_days"] == 2 and math.isfinite(run["oracle_sharpe"])
+    for model, figures in run["models"].items():
+        assert figures["cost_drag"] == pytest.approx(figures["gross_sharpe"] - figures["net_sharpe"]), model
+        assert figures["turnover"] >= 0 and figures["below_flat"] is None, model  # one seed: no claim
+    assert "### clear: data.demo.edge 10, edge_kind reversion" in out and "oracle (−sign(ret_5)" in out
+    rows = [line for line in out.splitlines() if line.startswith(("| dqn |", "| linear |", "| **"))]
+    assert len(rows) == 4, out  # per model: its root seed's row and its mean row
+    (target,) = report["targets"]
+    assert target["world"] == "clear" and target["result"] in ("PASS", "FAIL")
+    assert f"| clear | {target['target']} |" in out

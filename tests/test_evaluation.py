@@ -39,7 +39,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("evaluation")
     _, manifest, folds, config = synthetic_job_inputs(root, n_instruments=1)
     config["env"] = dict(TRAINED_ENV)
-    config["training"].update(total_steps=256, n_envs=4, checkpoint_every=10_000)
+    # these tests check how evaluation scores a policy that trades (the gate's own tests: tests/test_gate.py)
+    config["training"].update(total_steps=256, n_envs=4, checkpoint_every=10_000, gate_min_t=None)
     hparams = root / "dqn.json"
     hparams.write_text(json.dumps({"algo": "dqn", "best_params": HPARAMS}), encoding="utf-8")
     model = root / "model.pt"

@@ -128,7 +128,15 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     _, manifest, folds, config = synthetic_job_inputs(root, n_instruments=2)
     config["env"].update(window=2, episode_length=16)
     config["training"].update(
-        total_steps=256, n_envs=4, checkpoint_every=10_000, horizon=2, max_updates=20, check_every=5
+        total_steps=256,
+        n_envs=4,
+        checkpoint_every=10_000,
+        horizon=2,
+        max_updates=20,
+        check_every=5,
+        # the export must reproduce what each model learned: tiny runs would mostly be set flat by the gate
+        # (its record in export.json is checked by test_a_gated_run_exports_its_gate)
+        gate_min_t=None,
     )
     return {"root": root, "config": config, "manifest_path": str(manifest), "folds_path": str(folds)}
 

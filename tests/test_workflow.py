@@ -217,7 +217,7 @@ def test_config_error_is_one_line_on_stderr_and_exit_1(tmp_path: Path) -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(framing)]
     assert lines == [
         "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: "
-        "check_every, checkpoint_every, device, epochs, extra_models, gpu_jobs, horizon, max_updates, models, n_envs, "
+        "check_every, checkpoint_every, device, epochs, extra_models, gate_min_t, gpu_jobs, horizon, max_updates, models, n_envs, "
         "patience, precision, seeds, total_steps"
     ]
     assert "Traceback" not in result.stderr and result.stdout.strip() == ""

@@ -76,6 +76,11 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     return validate_config(raw)
 
 
+def _number(value: float | None, spec: str) -> str:
+    """A table cell: the number, or a dash where it is undefined (every run flat: no variance, no figure)."""
+    return "—" if value is None else format(value, spec)
+
+
 def _tables(result: Mapping[str, Any]) -> str:
     summary = result["summary"]
     models = result["settings"]["models"]
@@ -93,8 +98,8 @@ def _tables(result: Mapping[str, Any]) -> str:
             f"| {arm['edge']:g} | {arm['kind']} | {arm['test_days']} | {arm['worlds']} | {100 * rate['rate']:.1f}% "
             f"[{100 * rate['ci'][0]:.1f}, {100 * rate['ci'][1]:.1f}] | {arm['outcomes']['worse']} | "
             f"{arm['outcomes']['none']} | "
-            + " | ".join(f"{arm['mean_sharpe'][m]:.2f}" for m in models)
-            + f" | {arm['mean_formula_detectable']:.1f} |"
+            + " | ".join(_number(arm["mean_sharpe"][m], ".2f") for m in models)
+            + f" | {_number(arm['mean_formula_detectable'], '.1f')} |"
         )
     fp = summary["false_positive"]
     if fp:

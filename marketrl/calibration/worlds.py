@@ -43,7 +43,7 @@ from marketrl.calibration.plan import (
 )
 from marketrl.data.demo import generate_demo_files
 from marketrl.data.file_order import CONTEXT_FILES
-from marketrl.env import MarketData, evaluate_positions
+from marketrl.env import EnvConfig, MarketData, evaluate_positions
 from marketrl.evaluation.evaluate import BAR_COLUMNS, baseline_positions, matched_trader_positions
 from marketrl.features import MAX_LOOKBACK, build_feature_file
 from marketrl.models import MODELS, RunSettings
@@ -52,6 +52,7 @@ from marketrl.report.build import template_environment
 from marketrl.report.tables import baseline_order
 from marketrl.runtime.io import atomic_write, write_json_atomic
 from marketrl.scoring.batched import score_positions
+from marketrl.scoring.gate import GateDecision, flat_gates, gated_positions
 from marketrl.scoring.metrics import to_json_safe
 from marketrl.settings.config import derive_seed
 from marketrl.splits.datasets import env_config_from_config, fold_window, load_feature_tables, tuning_window
@@ -216,6 +217,16 @@ def _classify(verdicts: Sequence[ModelVerdict]) -> str:
     return "none"
 
 
+def _gate(
+    trained: Any, validation: MarketData, env_config: EnvConfig, min_t: float | None
+) -> GateDecision | None:
+    """A trained model's validation gate as the train job decides it (None: no gate configured)."""
+    if min_t is None:
+        return None
+    (gate,) = flat_gates(validation, trained.positions(validation)[None], env_config, min_t)
+    return gate
+
+
 def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: WorldSpec) -> dict[str, Any]:
     """Run one world end to end and score it with the report's verdict; returns its outcome and, per model,
     the mean seed Sharpe, the claims and the smallest Sharpe difference to a baseline (all annualised)."""
@@ -258,7 +269,9 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
                 (trained,) = zoo_model.train_seeds(
                     train, validation, run_settings, hparams, "fp32", "cpu", [seed]
                 )
-                positions = trained.positions(test)
+                # the train job's validation gate (`marketrl.scoring.gate`), on the fold's validation tail
+                gate = _gate(trained, validation, env_config, world["training"]["gate_min_t"])
+                positions = gated_positions(trained.positions(test), gate)
                 bars = evaluate_positions(test, positions, env_config).select(BAR_COLUMNS)
                 matched = _matched_traders(test, positions, world, (model, fold, seed_index))
                 source = Path(f"<calibration {model} fold {fold} seed {seed_index}>")

@@ -36,6 +36,7 @@ from marketrl.instruments.costs import Costs, costs_from_record
 from marketrl.runtime.io import atomic_writes, json_text
 from marketrl.runtime.provenance import collect
 from marketrl.scoring.batched import score_positions
+from marketrl.scoring.gate import gated_positions
 from marketrl.scoring.metrics import average_strategies, performance_summary, to_json_safe
 from marketrl.settings.config import derive_seed
 from marketrl.splits.datasets import (
@@ -160,7 +161,7 @@ def runs_positions(
     """Every run's positions [T] (float32) on the feature rows `rows`, and a forecaster's predictions (None for
     an agent). Each run's rows are normalized with its own checkpoint's statistics (never refit here); agents that
     share them step in lockstep together. Returns the first run's MarketData too: its rows, prices and costs are
-    the same whatever the normalizer."""
+    the same whatever the normalizer. A run its validation gate set flat has all-flat positions."""
     data_of: dict[str, MarketData] = {}  # per distinct normalizer (the seeds of a fold normally share one)
 
     def data_for(meta: Mapping[str, Any]) -> MarketData:
@@ -188,6 +189,8 @@ def runs_positions(
             ).to(torch.float32)
             for run, predicted in zip(runs, predictions, strict=True)
         ]
+    # a run its validation set flat trades nothing (`marketrl.scoring.gate`); its predictions stay as they are
+    positions = [gated_positions(p, run.gate) for p, run in zip(positions, runs, strict=True)]
     return data_for(runs[0].meta), positions, predictions
 
 
@@ -259,6 +262,7 @@ def evaluate_job(
                 **_test_span(bars),
                 **scored,
                 "model": {"path": str(model_path), **run.info},
+                **({} if run.gate is None else {"flat_gate": run.gate.to_dict()}),
                 "provenance": provenance,
             }
         )

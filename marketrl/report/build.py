@@ -25,6 +25,7 @@ from marketrl.scoring.metrics import to_json_safe
 from marketrl.scoring.stats import is_finite_number
 from marketrl.settings.config import derive_seed
 from marketrl.settings.registry import DETERMINISTIC
+from marketrl.verdict import diagnostics
 from marketrl.verdict.inputs import (
     AGENT,
     BASELINES,
@@ -470,6 +471,7 @@ def build_context(
     random_fold_sharpe = {k: v[np.isfinite(v)] for k, v in random_fold_sharpe.items()}
     cost_rows = tables.cost_sensitivity(strategies, multipliers)
     profile = tables.position_profile(strategies, random_seeds)
+    learning = diagnostics.learning_diagnostics(inputs, agents)
     warnings = tables.stored_metric_warnings(strategies)
     for warning in warnings:
         log.warning(warning)
@@ -485,6 +487,15 @@ def build_context(
         "horizons": {model: inputs.horizon_of(model) for model in models},
         "forecaster_kind": FORECASTER,
         "leaderboard": board,
+        "learning": [learning[model] for model in models],
+        "learning_rules": {
+            "always_flat": diagnostics.ALWAYS_FLAT_SHARE,
+            "in_market": diagnostics.IN_MARKET_FLAT_SHARE,
+            "churn_drag": diagnostics.MIN_CHURN_DRAG,
+            "curve_tolerance": diagnostics.CURVE_TOLERANCE,
+            "converged_share": diagnostics.CONVERGED_SHARE,
+            "flag_labels": diagnostics.FLAG_LABELS,
+        },
         "forecasts": [
             {
                 "quality": q,
@@ -549,12 +560,14 @@ def verdict_record(
     family: FamilySummary,
     config: Mapping[str, Any],
     eval_files: Sequence[str],
+    learning: Sequence[diagnostics.LearningDiagnostics] = (),
 ) -> dict[str, Any]:
     """The report's verdict as plain data (``results/verdict.json``): the models that beat every baseline at the
     family-wise level (``winners``; the predict stage's default models), each model's claim, adjusted p-value,
-    binding baseline and annualised Sharpe with its interval, what the run could detect, the report's headline
-    (``sentence``: the family sentence the verdict section opens with, which `make run` prints last) and
-    provenance."""
+    binding baseline and annualised Sharpe with its interval and, from `learning`, whether it learned
+    (``diagnostics``: docs/OUTPUTS.md), what the run could detect, the report's headline (``sentence``: the
+    family sentence the verdict section opens with, which `make run` prints last) and provenance."""
+    learned = {d.model: d.to_record() for d in learning}
     return {
         "sentence": family.sentence,
         "winners": [v.model for v in verdicts if v.beats],
@@ -574,6 +587,7 @@ def verdict_record(
                     "hi": _finite(v.sharpe.hi),
                 },
                 "deterministic": v.deterministic,
+                **({"diagnostics": learned[v.model]} if v.model in learned else {}),
             }
             for v in verdicts
         },
@@ -609,7 +623,9 @@ def build_report(
     with atomic_writes(outputs) as tmps:
         tmps[0].write_text(html, encoding="utf-8")
         if verdict_path is not None:
-            record = verdict_record(context["verdicts"], context["family"], config, eval_files)
+            record = verdict_record(
+                context["verdicts"], context["family"], config, eval_files, context["learning"]
+            )
             tmps[1].write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     log.info("report: %s (%.0f kB)", out_path, len(html.encode()) / 1024)
     # the job log is where a person watches a long run: the build time goes there, never into the report

@@ -13,6 +13,7 @@ import numpy as np
 from marketrl.report.forecast import ForecastQuality
 from marketrl.scoring.stats import ConfidenceInterval, interquartile_mean, is_finite_number
 from marketrl.settings.config import derive_seed
+from marketrl.verdict.diagnostics import mean_gross_and_net
 from marketrl.verdict.inputs import (
     BASELINES,
     MATCHED_RANDOM,
@@ -21,9 +22,9 @@ from marketrl.verdict.inputs import (
 )
 from marketrl.verdict.strategies import (
     BASELINE_LABELS,
-    ReturnSeries,
     Strategy,
     annualized_sharpe,
+    gross_and_net_sharpe,
     matched_traders,
     seed_aggregate,
 )
@@ -214,10 +215,6 @@ def _finite_median(values: Any) -> float:
     return float(np.median(values)) if values.size else math.nan
 
 
-def _gross_and_net(series: ReturnSeries) -> tuple[float, float]:
-    return annualized_sharpe(series.daily(0.0)[1]), annualized_sharpe(series.daily(1.0)[1])
-
-
 def leaderboard(
     inputs: ReportInputs,
     verdicts: Sequence[ModelVerdict],
@@ -235,9 +232,7 @@ def leaderboard(
     rows: list[LeaderboardRow] = []
     for verdict in verdicts:
         members = [a for a in agents if a.name == verdict.model]
-        pairs = [_gross_and_net(m.pooled) for m in members if m.pooled is not None]
-        gross = float(np.mean([g for g, _ in pairs]))
-        net = float(np.mean([n for _, n in pairs]))
+        gross, net = mean_gross_and_net(members)
         kind = inputs.kind_of(verdict.model)
         ic = quality[verdict.model].pooled_mean if verdict.model in quality else {}
         claims = tuple(
@@ -270,7 +265,7 @@ def leaderboard(
     for baseline in baselines:
         if baseline.name == RANDOM_BASELINE or baseline.pooled is None:
             continue
-        gross, net = _gross_and_net(baseline.pooled)
+        gross, net = gross_and_net_sharpe(baseline.pooled)
         rows.append(
             LeaderboardRow(
                 name=baseline.name,
@@ -283,7 +278,7 @@ def leaderboard(
             )
         )
     if random_seeds:
-        pairs = np.array([_gross_and_net(r.pooled) for r in random_seeds if r.pooled is not None])
+        pairs = np.array([gross_and_net_sharpe(r.pooled) for r in random_seeds if r.pooled is not None])
         turnover = np.array([r.pooled_summary["avg_daily_turnover"] for r in random_seeds])
         rows.append(
             LeaderboardRow(

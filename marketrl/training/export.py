@@ -38,6 +38,7 @@ from torch import nn
 from marketrl.agents.results import AgentPolicy
 from marketrl.runtime.io import json_text
 from marketrl.runtime.provenance import collect, sha256_file
+from marketrl.scoring.metrics import to_json_safe
 from marketrl.training.zoo import Exportable, LoadedModel, get_entry
 
 __all__ = ["FORMAT", "VERSION", "AgentPolicy", "ExportError", "export_job", "export_model", "read_export"]
@@ -95,6 +96,18 @@ def _meta(model: str, kind: str, loaded: LoadedModel, exportable: Exportable) ->
         "precision": loaded.meta.get("precision"),
         "costs": extra.get("costs"),
         **exportable.fields,
+        # the validation gate (marketrl.scoring.gate): set_flat means the pipeline trades this run flat
+        **(
+            {}
+            if loaded.gate is None
+            else {
+                "flat_gate": {
+                    **to_json_safe(loaded.gate.to_dict()),
+                    "meaning": "set_flat true: the pipeline holds this run flat on every bar (its validation "
+                    "days showed no edge after costs); the module's own output is then not used",
+                }
+            }
+        ),
     }
 
 

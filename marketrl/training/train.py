@@ -183,6 +183,7 @@ def train_job(
                 on_log=functools.partial(_on_statistics, board),
                 checkpoint=checkpoint,
                 memory=HardwareBudget.detect(device),
+                gate_min_t=training["gate_min_t"],
             )
         )
         wall_s = time.perf_counter() - started

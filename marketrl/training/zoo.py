@@ -30,6 +30,7 @@ seed keyed by ``seed`` and ``step`` (an agent's env steps). Agents act through t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +59,7 @@ from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models import RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
 from marketrl.models.base import CHECKPOINT_FORMAT, ModelSpec, Trial
 from marketrl.models.supervised_data import CPU_EVAL_PREDICT_CHUNK
+from marketrl.scoring.gate import GateDecision, flat_gates, gated_positions
 from marketrl.scoring.metrics import performance_summary
 from marketrl.settings.registry import DETERMINISTIC, REGISTRY, RegistryError, load_spec
 from marketrl.splits.datasets import WindowData, env_config_from_config
@@ -128,6 +130,9 @@ class TrainRequest:
     on_log: Callable[[dict[str, Any]], None] | None = None
     checkpoint: TrainingCheckpoint | None = None
     memory: HardwareBudget | None = None
+    #: the validation gate's threshold (`marketrl.scoring.gate`, training.gate_min_t): each run's final positions
+    #: on the validation split decide whether it may trade; None: no gate (hyperopt trials)
+    gate_min_t: float | None = None
 
     @functools.cached_property
     def env_config(self) -> EnvConfig:
@@ -160,15 +165,22 @@ class Trained:
     kind: Kind
     hparams: dict[str, Any]
     log: dict[str, Any]
-    positions: Callable[[MarketData, EnvConfig], torch.Tensor]
+    _positions: Callable[[MarketData, EnvConfig], torch.Tensor]
     _save: Callable[[str, WindowData, Mapping[str, Any]], None]
     predictions: Callable[[MarketData], torch.Tensor] | None = None
     steps_run: int | None = None
+    #: the validation gate's decision (None: no gate ran); a run set flat trades nothing
+    gate: GateDecision | None = None
+
+    def positions(self, data: MarketData, env_config: EnvConfig) -> torch.Tensor:
+        """Target positions [T] on ``data``, as the validation gate lets the run trade them."""
+        return gated_positions(self._positions(data, env_config), self.gate)
 
     def save(self, path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
         """Write the checkpoint atomically with the window's normalizer and feature names and ``extra``
-        (plain data: fold, seed, costs...)."""
-        self._save(path, window, extra)
+        (plain data: fold, seed, costs...) and the gate's decision (``flat_gate``)."""
+        gate = {} if self.gate is None else {"flat_gate": self.gate.to_dict()}
+        self._save(path, window, {**extra, **gate})
 
     def log_record(self, budget: int) -> dict[str, Any]:
         """The model-specific part of train_log.json: the trainer's log, ``total_steps`` (the steps run, and
@@ -186,6 +198,7 @@ class Trained:
             **steps,
             "history": [dict(record) for record in log.get("history", [])] + evals,
             "steps_per_s": log.get("steps_per_second"),
+            **({} if self.gate is None else {"flat_gate": self.gate.to_dict()}),
         }
 
 
@@ -209,6 +222,11 @@ class LoadedModel:
     positions_from_predictions: Callable[[MarketData, torch.Tensor], torch.Tensor] | None = None
     #: an agent's greedy policy (evaluation steps the seeds of a model x fold in lockstep together)
     policy: GreedyPolicy | None = None
+
+    @property
+    def gate(self) -> GateDecision | None:
+        """The validation gate's decision the checkpoint records (None: a run from before the gate)."""
+        return GateDecision.from_dict((self.meta.get("extra") or {}).get("flat_gate"))
 
 
 @dataclass
@@ -294,7 +312,12 @@ class ZooEntry:
             return request.report(step, self._scores(request, runs))
 
         results = self._train_seeds(request, on_batch if validating else None)
-        return [self._trained(result, request) for result in results]
+        trained = [self._trained(result, request) for result in results]
+        if request.gate_min_t is None or request.validation_data is None:
+            return trained
+        positions = torch.stack(self._validation_positions(request, results))
+        gates = flat_gates(request.validation_data, positions, request.env_config, request.gate_min_t)
+        return [dataclasses.replace(run, gate=gate) for run, gate in zip(trained, gates, strict=True)]
 
     def search_space(
         self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
@@ -314,6 +337,13 @@ class ZooEntry:
         raise NotImplementedError
 
     def _scores(self, request: TrainRequest, runs: list[Any]) -> list[float]:
+        """Validation Sharpe of each run as a periodic validation hands them (an agent's greedy policies, a
+        forecaster's models)."""
+        return [request.score(lambda data, row=row: row) for row in self._validation_positions(request, runs)]
+
+    def _validation_positions(self, request: TrainRequest, runs: list[Any]) -> list[torch.Tensor]:
+        """Each run's positions on the validation split (runs as `_scores` gets them, or `_train_seeds`'s
+        results)."""
         raise NotImplementedError
 
     def _trained(self, result: Any, request: TrainRequest) -> Trained:
@@ -356,12 +386,16 @@ class AgentEntry(ZooEntry):
         bounds = batch_size_bounds(budget, self.spec, obs_dim, max(HIDDEN_DIM_BASES))
         return lambda trial: self.spec.search_space(trial, bounds)
 
-    def _scores(self, request: TrainRequest, runs: list[GreedyPolicy]) -> list[float]:
+    def _validation_positions(
+        self, request: TrainRequest, runs: list[GreedyPolicy] | list[TrainResult]
+    ) -> list[torch.Tensor]:
         # the seeds' greedy policies step the validation split in lockstep as one stacked forward
-        positions = policies_positions(
-            GreedyPolicies(runs), len(runs), request.validation_data, request.env_config
+        policies = [run.policy if isinstance(run, TrainResult) else run for run in runs]
+        return list(
+            policies_positions(
+                GreedyPolicies(policies), len(policies), request.validation_data, request.env_config
+            )
         )
-        return [request.score(lambda data, row=row: row) for row in positions]
 
     def _train_seeds(self, request: TrainRequest, on_batch: Callable | None) -> list[TrainResult]:
         eval_every = max(1, request.budget // EVALS_PER_RUN) if on_batch is not None else 0
@@ -402,7 +436,7 @@ class AgentEntry(ZooEntry):
             kind=self.kind,
             hparams=dict(request.hparams),
             log={**result.log, "history": [_stepped(record) for record in result.log["history"]]},
-            positions=lambda data, env: policy_positions(result.policy, data, env),
+            _positions=lambda data, env: policy_positions(result.policy, data, env),
             _save=save,
         )
 
@@ -524,8 +558,9 @@ class ForecasterEntry(ZooEntry):
         """The model's own space (the trainer caps the batch size by the memory budget itself)."""
         return self.spec.search_space
 
-    def _scores(self, request: TrainRequest, runs: list[TrainedModel]) -> list[float]:
-        return [request.score(model.positions) for model in runs]
+    def _validation_positions(self, request: TrainRequest, runs: list[TrainedModel]) -> list[torch.Tensor]:
+        assert request.validation_data is not None
+        return [model.positions(request.validation_data) for model in runs]
 
     def _train_seeds(self, request: TrainRequest, on_batch: Callable | None) -> list[TrainedModel]:
         hooks = TrainHooks(
@@ -559,7 +594,7 @@ class ForecasterEntry(ZooEntry):
             kind=self.kind,
             hparams=dict(model.hparams),
             log=dict(model.log),
-            positions=lambda data, env: model.positions(data),
+            _positions=lambda data, env: model.positions(data),
             _save=save,
             predictions=model.predict,
             steps_run=int(model.log.get("steps", 0)),

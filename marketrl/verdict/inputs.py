@@ -8,6 +8,7 @@ hyperopt trials, no training history) is kept as empty and reported by its secti
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,8 @@ class Run:
     kind: str = AGENT  # model runs: "agent" or "forecaster"
     horizon: int | None = None  # forecasters: bars ahead that `prediction` forecasts
     forecasts: pl.DataFrame | None = None  # forecasters: trading_day, prediction, forward_return per bar
+    # model runs: the validation gate's record (metrics.json "flat_gate"); None where the run has none (not gated)
+    flat_gate: Mapping[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -215,6 +218,7 @@ def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
             raise ReportInputError(f"{bars_path}: column 'prediction' holds infinite values")
     stored = data.get("metrics") if isinstance(data.get("metrics"), Mapping) else None
     matched = _matched_random(path, data["matched_random"]) if "matched_random" in data else None
+    gate = _flat_gate(path, data["flat_gate"]) if data.get("flat_gate") is not None else None
     return _checked(
         Run(
             model,
@@ -228,8 +232,28 @@ def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
             kind,
             horizon,
             forecasts,
+            gate,
         )
     )
+
+
+#: the validation gate's statistics in metrics.json "flat_gate" (marketrl.scoring.gate.GateDecision): numbers or
+#: null (undefined), beside the boolean "set_flat"
+FLAT_GATE_NUMBERS = ("t_stat", "min_t", "net_sharpe", "gross_sharpe", "turnover", "n_bars", "n_days")
+
+
+def _flat_gate(path: Path, block: Any) -> dict[str, Any]:
+    """The `flat_gate` block of a model's metrics.json, checked: a boolean `set_flat` and its statistics."""
+    expected = f"an object with a boolean 'set_flat' and numbers (or null) {list(FLAT_GATE_NUMBERS)}"
+    if not isinstance(block, Mapping) or not isinstance(block.get("set_flat"), bool):
+        raise ReportInputError(f"{path}: field 'flat_gate' must be {expected}")
+    gate: dict[str, Any] = {"set_flat": block["set_flat"]}
+    for key in FLAT_GATE_NUMBERS:
+        value = block.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ReportInputError(f"{path}: field 'flat_gate' must be {expected}; {key!r} is {value!r}")
+        gate[key] = None if value is None or not math.isfinite(value) else float(value)
+    return gate
 
 
 def _matched_random(path: Path, block: Any) -> MatchedRandom:

@@ -162,6 +162,11 @@ def annualized_sharpe(daily: np.ndarray) -> float:
     return float(sharpe_ratio(daily)) * ANNUALIZER if daily.size >= 2 else math.nan
 
 
+def gross_and_net_sharpe(series: ReturnSeries) -> tuple[float, float]:
+    """Annualised Sharpe of the daily returns before costs (``gross_return``) and at 1× costs (``net_return``)."""
+    return annualized_sharpe(series.daily(0.0)[1]), annualized_sharpe(series.daily(1.0)[1])
+
+
 def annualized_ci(ci: ConfidenceInterval) -> ConfidenceInterval:
     return ConfidenceInterval(ci.point * ANNUALIZER, ci.lo * ANNUALIZER, ci.hi * ANNUALIZER)
 

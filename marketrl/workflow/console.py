@@ -399,10 +399,17 @@ class Console:
             return
         self._write(f"Report: {paths.REPORT}", False)
         try:
-            sentence = json.loads((self._cwd / paths.VERDICT).read_text(encoding="utf-8")).get("sentence")
+            verdict = json.loads((self._cwd / paths.VERDICT).read_text(encoding="utf-8"))
+            sentence = verdict.get("sentence")
+            models = verdict.get("models") or {}
         except (OSError, ValueError, AttributeError):
-            sentence = None
+            sentence, models = None, {}
         self._write(f"Verdict: {sentence}" if sentence else f"Verdict: see {paths.REPORT}", False)
+        # one line per model: did it learn to trade, stay flat, get set flat by its validation, or churn?
+        for model, record in models.items() if isinstance(models, dict) else ():
+            summary = (record.get("diagnostics") or {}).get("summary") if isinstance(record, dict) else None
+            if summary:
+                self._write(f"  {model}: {summary}", False)
 
 
 # ---------------------------------------------------------------------------------------------------- runner

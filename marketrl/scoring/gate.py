@@ -1,0 +1,92 @@
+"""The validation gate: a trained run trades on the test days only where its own validation days show an edge
+after costs; otherwise it is set flat.
+
+With costs and no edge the best policy is flat, yet a model fitted to noise trades it and pays the costs every
+bar (a churning agent's cost drag is ten times a real edge). Flat is always available and costs nothing, so a
+run must earn the right to trade: at the end of training, its positions on the fold's validation tail (rows
+inside the training window, never a test day) are scored net of costs, and the run keeps its policy only when
+the t-statistic of its mean net bar return reaches ``min_t``:
+
+    t = bar_sharpe x sqrt(n_bars)      (the portfolio's net return per bar, as `performance_summary` has it)
+
+A net Sharpe S (annualised) over n validation days gives t ~ S x sqrt(n / 252) on average, whatever the bar
+size: with ``min_t = 1`` a run that only pays costs (S < 0) passes rarely, one with a validation edge of
+S = 2 x sqrt(252 / n) passes five times in six. A run flat on every validation bar has no evidence either way
+(t is undefined) and is set flat too. The decision is made per run (seed) and recorded in its checkpoint, its
+train log and its evaluation metrics (``flat_gate``), so the report says which runs were set flat and which
+learned to stay flat by themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from marketrl.env import EnvConfig, MarketData
+from marketrl.scoring.batched import score_positions
+
+__all__ = ["GateDecision", "flat_gates", "gated_positions"]
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """One run's validation gate: ``set_flat`` when ``t_stat`` < ``min_t`` (or undefined); the validation
+    statistics it was decided on (annualised net and gross Sharpe, contracts per day per instrument, bars)."""
+
+    set_flat: bool
+    t_stat: float
+    min_t: float
+    net_sharpe: float
+    gross_sharpe: float
+    turnover: float
+    n_bars: int
+    n_days: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for a checkpoint or a JSON (NaN where a statistic is undefined)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: Any) -> GateDecision | None:
+        """The decision a checkpoint or JSON recorded, or None where it has none (a run from before the gate)."""
+        if not isinstance(record, dict) or "set_flat" not in record:
+            return None
+        return cls(**{key: record[key] for key in cls.__dataclass_fields__})
+
+
+def _number(value: Any) -> float:
+    return float(value) if value is not None and math.isfinite(float(value)) else math.nan
+
+
+def flat_gates(
+    validation: MarketData, positions: torch.Tensor, env_config: EnvConfig, min_t: float
+) -> list[GateDecision]:
+    """The gate of K runs from their target positions [K, T] on the validation split, scored in one batch."""
+    scores = score_positions(validation, positions.to(torch.float32), env_config)
+    assert scores.summaries is not None
+    decisions = []
+    for summary in scores.summaries:
+        n_bars = int(summary["n_bars"])
+        bar_sharpe = _number(summary["bar_sharpe"])
+        t_stat = bar_sharpe * math.sqrt(n_bars) if summary["avg_daily_turnover"] > 0 else math.nan
+        decisions.append(
+            GateDecision(
+                set_flat=not (t_stat >= min_t),  # NaN (never traded, or no variation) sets it flat
+                t_stat=t_stat,
+                min_t=float(min_t),
+                net_sharpe=_number(summary["sharpe"]),
+                gross_sharpe=_number(summary["gross_sharpe"]),
+                turnover=float(summary["avg_daily_turnover"]),
+                n_bars=n_bars,
+                n_days=int(summary["n_days"]),
+            )
+        )
+    return decisions
+
+
+def gated_positions(positions: torch.Tensor, gate: GateDecision | None) -> torch.Tensor:
+    """A run's positions as the gate lets it trade them: all flat when it was set flat, else unchanged."""
+    return torch.zeros_like(positions) if gate is not None and gate.set_flat else positions
