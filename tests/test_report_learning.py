@@ -107,6 +107,33 @@ def test_set_flat_by_its_validation() -> None:
     assert _flags(flat_share=1.0, turnover=0.0, n_set_flat=6) == [ALWAYS_FLAT, SET_FLAT]
 
 
+def _diagnosis(flags: list[str], turnover: float, flat_share: float, n_set_flat: int) -> str:
+    return diagnostics.LearningDiagnostics(
+        model="m",
+        gross_sharpe=5.1,
+        net_sharpe=4.75,
+        turnover=turnover,
+        short_share=(1 - flat_share) / 2,
+        flat_share=flat_share,
+        long_share=(1 - flat_share) / 2,
+        n_runs=3,
+        n_gate_recorded=3,
+        n_set_flat=n_set_flat,
+        gates=(),
+        convergence=diagnostics.Convergence(()),
+        flags=tuple(flags),
+    ).summary
+
+
+def test_a_model_flat_on_almost_every_bar_that_still_trades_is_not_called_flat() -> None:
+    """A rare trader earns something: the summary says what, not "stays flat" (linear on a clear-edge demo)."""
+    rare = _diagnosis([ALWAYS_FLAT, SET_FLAT], turnover=7.0, flat_share=0.995, n_set_flat=2)
+    assert rare.startswith("trades rarely (0.5% of bars in the market): gross 5.1, cost drag 0.3")
+    assert "set flat by its validation on 2 of 3 seed-folds" in rare
+    never = _diagnosis([ALWAYS_FLAT], turnover=0.0, flat_share=1.0, n_set_flat=0)
+    assert never.startswith("did not learn to trade: it stays flat")
+
+
 # ------------------------------------------------------------------------------- report and verdict.json
 
 

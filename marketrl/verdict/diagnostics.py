@@ -275,11 +275,13 @@ def learning_summary(d: LearningDiagnostics) -> str:
     gated = f"set flat by its validation on {_seed_folds(d.n_set_flat, d.n_runs)}"
     if d.n_set_flat and d.n_set_flat == d.n_runs:
         head = f"did not learn to trade: {gated}"
-    elif ALWAYS_FLAT in d.flags:
+    elif ALWAYS_FLAT in d.flags and not d.turnover > 0:
         head = "did not learn to trade: it stays flat" + (f" ({gated})" if d.n_set_flat else "")
     else:
         numbers = f"gross {d.gross_sharpe:.1f}, cost drag {d.cost_drag:.1f}"
-        if CHURNS in d.flags:
+        if ALWAYS_FLAT in d.flags:  # flat on almost every bar, yet some runs trade: say what those earn
+            head = f"trades rarely ({100 * (1 - d.flat_share):.1f}% of bars in the market): {numbers}"
+        elif CHURNS in d.flags:
             head = f"churns: cost drag {d.cost_drag:.1f} above gross edge {d.gross_sharpe:.1f}"
         elif IN_MARKET in d.flags:
             head = f"trades, always in the market: {numbers}"
