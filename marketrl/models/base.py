@@ -1,13 +1,18 @@
 """The model protocol every zoo model follows: its hyperparameter space, a `train` call, a checkpoint of plain
 data and a trained model that turns a split's bars into target positions for the existing evaluation.
 
-A model is one `ModelSpec` (see `marketrl.models.MODELS`):
+`ModelSpec` is the one spec type of every model: a forecaster is one (see `marketrl.models.MODELS`), an RL agent
+its subclass `marketrl.agents.spec.AgentSpec`. A forecaster's:
 
     spec.search_space(trial) -> hparams dict      # trial: anything with suggest_int/_float/_categorical (optuna)
     spec.train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds, hooks)
         -> [TrainedModel per seed]                # the only training entry: S seeds (one seed is a batch of one;
                                                   # torch: one vectorized computation)
     spec.load(checkpoint_dict, device) -> TrainedModel
+    spec.save(path, model, *, hparams, precision, normalizer, feature_names, env, extra)   # every model's pair
+    spec.load_path(path, device) -> (model, meta)                                          # by path
+
+`TrainedRun` is the one result type (an agent's `TrainResult` and a forecaster's `TrainedModel` both have it).
 
 ``spec.deterministic``: the seeds cannot differ (ridge); ``train_seeds`` then trains once and returns one model.
 
