@@ -28,6 +28,7 @@ from marketrl.agents import (
 )
 from marketrl.agents.memory import batch_size_bounds, footprint
 from marketrl.agents.networks import make_architecture
+from marketrl.agents.results import TrainResult
 from marketrl.env import EnvConfig, MarketData
 from marketrl.instruments.costs import CostModel
 from marketrl.loop.hparams import AgentConfigError
@@ -346,6 +347,45 @@ def test_checkpoint_refuses_non_plain_extra_and_foreign_files(data: MarketData, 
     torch.save({**raw, "algo": "linear"}, path)  # a registered name, but not an agent
     with pytest.raises(CheckpointError, match=r"algo: expected an agent \('dqn', 'ppo'\), got 'linear'"):
         load_policy(path)
+
+
+@pytest.mark.parametrize("algo", ["dqn", "ppo"])
+def test_spec_save_and_load_path_are_the_agent_checkpoint(
+    algo: str, data: MarketData, tmp_path: Path
+) -> None:
+    # the one save/load pair by path of every spec: an agent's writes the same bytes as save_checkpoint and reads
+    # back the one result type, a TrainResult whose positions are the trained policy's
+    result = train_dqn(data) if algo == "dqn" else train_ppo(data)
+    spec = (dqn if algo == "dqn" else ppo).SPEC
+    normalizer = FeatureNormalizer().fit(planted_frame(1500), FEATURES).state_dict()
+    hparams = {"hidden_dim_base": 64}  # what the run was asked for (recorded as given)
+    spec.save(
+        tmp_path / "spec.pt",
+        result,
+        hparams=hparams,
+        precision=result.precision,
+        normalizer=normalizer,
+        feature_names=FEATURES,
+        env={"ignored": "an agent records its result's env settings"},
+        extra={"fold": 2, "seed": 0},
+    )
+    save_checkpoint(
+        tmp_path / "direct.pt",
+        result,
+        algo=algo,
+        normalizer_state=normalizer,
+        feature_names=FEATURES,
+        precision=result.precision.to_dict(),
+        hparams=hparams,
+        extra={"fold": 2, "seed": 0},
+    )
+    assert (tmp_path / "spec.pt").read_bytes() == (tmp_path / "direct.pt").read_bytes()
+    loaded, meta = spec.load_path(tmp_path / "spec.pt", "cpu")
+    assert isinstance(loaded, TrainResult) and loaded.hparams == hparams and loaded.steps_run is None
+    assert meta["extra"] == {"fold": 2, "seed": 0} and meta["env"] == result.log["env"]
+    assert torch.equal(loaded.run_positions(data, env_config()), result.run_positions(data, env_config()))
+    with pytest.raises(CheckpointError, match=f"a {algo!r} checkpoint, expected"):
+        (ppo if algo == "dqn" else dqn).SPEC.load_path(tmp_path / "spec.pt", "cpu")
 
 
 # ----------------------------------------------------------------------------------------- determinism, precision

@@ -18,7 +18,7 @@ import torch
 from scipy import stats
 
 from gpu_utils import SyncCounter
-from marketrl.env import MarketData, position_results, rule_positions
+from marketrl.env import EnvConfig, MarketData, position_results, rule_positions
 from marketrl.instruments.costs import CostModel
 from marketrl.loop.hparams import HParamError
 from marketrl.loop.resume import TrainingCheckpoint
@@ -131,6 +131,17 @@ def check_no_look_ahead(model: TrainedModel) -> None:
     assert not base[80 : 80 + window - 1].any()  # rows without a full window get no prediction (flat)
 
 
+def same_data(a: object, b: object) -> bool:
+    """Plain data (dicts, lists, tensors, scalars) equal, dict keys in the same order."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(same_data(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same_data, a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
 def check_checkpoint_round_trip(
     model: TrainedModel, test: MarketData, path: Path, spec: ModelSpec | None = None
 ) -> None:
@@ -143,6 +154,31 @@ def check_checkpoint_round_trip(
     loaded = load_model(path) if spec is None else model_from_checkpoint(raw, spec=spec)
     assert torch.equal(loaded.predict(test), model.predict(test))
     assert torch.equal(model_from_checkpoint(raw, spec=spec).positions(test), model.positions(test))
+    # the one save/load pair by path of every spec: a forecaster's writes the same checkpoint dict, with the
+    # normalizer, feature names and env settings first in ``extra``, and reads back the model and its meta
+    own = spec or MODELS[model.name]
+    normalizer = {"mean": [0.0], "std": [1.0]}
+    own.save(
+        path.with_suffix(".spec.pt"),
+        model,
+        hparams={"ignored": "a forecaster records its own"},
+        precision="ignored",
+        normalizer=normalizer,
+        feature_names=["f0"],
+        env={"fill": "close"},
+        extra={"fold": 0, "seed": 0},
+    )
+    save_model(
+        path, model, normalizer=normalizer, feature_names=["f0"], env={"fill": "close"}, fold=0, seed=0
+    )
+    by_spec, direct = (torch.load(p, weights_only=True) for p in (path.with_suffix(".spec.pt"), path))
+    assert list(by_spec) == list(direct) and list(by_spec["extra"]) == list(direct["extra"])
+    assert same_data(by_spec, direct)
+    again, meta = own.load_path(path.with_suffix(".spec.pt"))
+    assert (
+        meta["normalizer"] == normalizer and meta["env"] == {"fill": "close"} and meta["extra"]["fold"] == 0
+    )
+    assert torch.equal(again.run_positions(test, EnvConfig()), model.positions(test))
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -7,6 +7,7 @@ tiny pipeline run, with no other code naming it."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from marketrl.agents.spec import AgentSpec
+from marketrl.agents.spec import AgentSpec, ArchitectureError
 from marketrl.loop.profile import models_table
 from marketrl.models import MODELS, RunSettings
 from marketrl.models.base import ModelSpec
@@ -71,6 +72,8 @@ def test_every_list_of_model_names_is_the_registry() -> None:
     assert all(isinstance(load_spec(REGISTRY[name]), AgentSpec) for name in agents)
     assert all(isinstance(spec, ModelSpec) for spec in MODELS.values())
     assert {name for name, entry in ZOO.items() if entry.kind == "agent"} == set(agents)
+    # one spec type: every registered spec is a ModelSpec, its kind its zoo entry's
+    assert all(isinstance(entry.spec, ModelSpec) and entry.spec.kind == entry.kind for entry in ZOO.values())
     # the config default is the registry, and the schema keeps no copy of the names
     assert validate_config({})["training"]["models"] == list(MODEL_NAMES)
     models_schema = load_schema()["properties"]["training"]["properties"]["models"]
@@ -155,6 +158,15 @@ def test_bad_registry_locations_fail_in_one_line() -> None:
         get_entry("renamed", {"renamed": THROWAWAY["throwaway"]})
     with pytest.raises(KeyError, match=r"unknown model 'throwaway' \(known: dqn, ppo, linear"):
         get_entry("throwaway")  # not registered unless the config says so
+
+
+def test_a_spec_without_its_save_load_pair_does_not_construct() -> None:
+    # an agent's spec carries its checkpoint functions (set in its own file); a forecaster's its dict loader
+    dqn_spec = load_spec(REGISTRY["dqn"])
+    with pytest.raises(ArchitectureError, match=r"dqn: an agent's spec needs saver and loader"):
+        dataclasses.replace(dqn_spec, loader=None)
+    with pytest.raises(TypeError, match=r"linear: a forecaster's ModelSpec needs load"):
+        dataclasses.replace(MODELS["linear"], load=None)
 
 
 def test_extra_models_are_config_checked_and_reach_only_their_own_jobs() -> None:

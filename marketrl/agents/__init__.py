@@ -1,8 +1,9 @@
 """DQN and PPO agents on the tensor-resident TradingEnv (see docs/AGENTS.md).
 
-``dqn.train`` and ``ppo.train`` share one signature and return a `TrainResult`; each file ends in its `SPEC`, an
-`AgentSpec` (the registry entry: hparams, search space, networks, acting network, batch limits, train, load).
-`save_checkpoint` / `load_policy` store and rebuild a trained agent from plain data. Both loops use the same shared hooks — gpu_utils'
+``dqn.train_seeds`` and ``ppo.train_seeds`` share one signature and return one `TrainResult` per seed; each file
+ends in its `SPEC`, an `AgentSpec` (a `marketrl.models.base.ModelSpec`, the registry entry: hparams, search space,
+train_seeds, networks, acting network, batch limits, and its save/load pair by path, `SPEC.save` /
+`SPEC.load_path`). `save_checkpoint` / `load_policy` store and rebuild a trained agent from plain data. Both loops use the same shared hooks — gpu_utils'
 `OptimStep` and `DeviceMetrics`, `common.EvalSchedule` and `resume.resume_or_start` — which know nothing of
 environments, so a supervised trainer can use them too (docs/AGENTS.md, "Loop anatomy").
 """

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ from marketrl.agents.networks import build_networks
 from marketrl.agents.spec import AgentSpec, ArchitectureError, agent_spec
 from marketrl.runtime.io import atomic_open
 
-__all__ = ["CheckpointError", "load_checkpoint", "load_policy", "save_checkpoint"]
+__all__ = ["CheckpointError", "load_agent", "load_checkpoint", "load_policy", "save_agent", "save_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,51 @@ def load_policy(
     meta = {key: value for key, value in checkpoint.items() if key != "state_dicts"}
     meta.update(networks=networks, plan=plan)
     return GreedyPolicy(networks[spec.acting_network], plan), meta
+
+
+def save_agent(
+    spec: AgentSpec,
+    path: str | os.PathLike[str],
+    result: TrainResult,
+    *,
+    hparams: Mapping[str, Any],
+    precision: PrecisionPlan | Mapping[str, Any],
+    normalizer: Mapping[str, Any],
+    feature_names: Sequence[str],
+    env: Mapping[str, Any],
+    extra: Mapping[str, Any],
+) -> None:
+    """An agent's `ModelSpec.save` (``AgentSpec.saver``): `save_checkpoint` of ``spec``'s networks with the
+    run's ``hparams`` and ``precision``; the env settings come from the result's log (``env`` is the same run's)."""
+    save_checkpoint(
+        path,
+        result,
+        algo=spec.name,
+        normalizer_state=normalizer,
+        feature_names=list(feature_names),
+        precision=precision,
+        hparams=dict(hparams),
+        extra=dict(extra),
+        spec=spec,
+    )
+
+
+def load_agent(
+    spec: Any, path: str | os.PathLike[str], device: torch.device
+) -> tuple[TrainResult, dict[str, Any]]:
+    """An agent's `ModelSpec.load_path` (``AgentSpec.loader``): `load_policy` as a `TrainResult` (the rebuilt
+    networks, the greedy policy, the stored architecture, hyperparameters and the inference precision plan;
+    an empty log) and its metadata."""
+    policy, meta = load_policy(path, device, spec=spec)
+    result = TrainResult(
+        algo=spec.name,
+        networks=meta["networks"],
+        policy=policy,
+        architecture=meta["architecture"],
+        hparams=dict(meta["hparams"]),
+        precision=meta["plan"],
+    )
+    return result, meta
 
 
 def _inference_plan(device: torch.device, mode: str, where: str) -> PrecisionPlan:

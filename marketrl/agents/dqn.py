@@ -30,6 +30,7 @@ from torch import nn
 
 from gpu_utils import DeviceMetrics, NonFiniteError, PrecisionPlan
 from gpu_utils.seeds import SeedOptimStep
+from marketrl.agents.checkpoint import load_agent, save_agent
 from marketrl.agents.common import (
     GreedyPolicy,
     RunConfig,
@@ -620,4 +621,6 @@ SPEC = AgentSpec(
     architecture_options=architecture_options,
     train_seeds=train_seeds,
     profile=PROFILE,
+    saver=save_agent,
+    loader=load_agent,
 )

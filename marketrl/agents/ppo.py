@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_utils import DeviceMetrics, NonFiniteError, PrecisionPlan, SeedOptimStep
+from marketrl.agents.checkpoint import load_agent, save_agent
 from marketrl.agents.common import (
     GreedyPolicy,
     RunConfig,
@@ -578,4 +579,6 @@ SPEC = AgentSpec(
     run_config=run_config,
     train_seeds=train_seeds,
     profile=PROFILE,
+    saver=save_agent,
+    loader=load_agent,
 )

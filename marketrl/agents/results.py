@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from gpu_utils import PrecisionPlan
-from marketrl.env import EnvConfig
+from marketrl.env import EnvConfig, MarketData, policy_positions
 from marketrl.env.config import ACTION_POSITIONS
 from marketrl.loop.hparams import check_run_setting
 
-__all__ = ["AgentPolicy", "GreedyPolicy", "RunConfig", "TrainResult", "env_settings"]
+__all__ = ["AGENT_HOW_TO_USE", "AgentPolicy", "GreedyPolicy", "RunConfig", "TrainResult", "env_settings"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,17 @@ class AgentPolicy(nn.Module):
         return self.action_positions[self.net(obs).float().argmax(dim=1)]
 
 
+#: export.json's ``how_to_use`` of an agent's `AgentPolicy` (`marketrl.training.export`)
+AGENT_HOW_TO_USE = (
+    "Normalize each raw feature row with `normalizer` (columns in `feature_names` order). At the close of bar t "
+    "build windows [1, window, F]: rows t-window+1..t of the same session (segment), oldest first; rows before the "
+    "session's first row repeat that first row. Call the model with (windows, position), position [1] = the unit "
+    "position held into bar t (start each session flat, 0; then the previous output). The output is the target "
+    "unit position in {-1, 0, 1} to hold over bar t+1; multiply by `observation.contracts` for contracts. Step "
+    "bar by bar: each output is the next call's position."
+)
+
+
 @dataclass
 class TrainResult:
     """What a trainer returns: the trained networks (on the training device), a greedy act function and a log.
@@ -92,3 +103,13 @@ class TrainResult:
     hparams: dict[str, Any]
     precision: PrecisionPlan
     log: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps_run(self) -> None:
+        """None: an agent always runs its budget of env steps (`marketrl.models.base.TrainedRun`)."""
+        return None
+
+    def run_positions(self, data: MarketData, env_config: EnvConfig) -> torch.Tensor:
+        """Target positions [T] the greedy policy chooses on ``data`` (`marketrl.env.policy_positions`), the
+        one result type's positions (`marketrl.models.base.TrainedRun`)."""
+        return policy_positions(self.policy, data, env_config)

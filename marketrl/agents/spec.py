@@ -1,5 +1,6 @@
 """What an RL agent registers: its `AgentSpec`, the `SPEC` at the end of its own file (`dqn.py`, `ppo.py`), as a
-forecaster's file ends in a `marketrl.models.base.ModelSpec`.
+forecaster's file ends in a `marketrl.models.base.ModelSpec`; an `AgentSpec` is a `ModelSpec` (the one spec type)
+with the agent's own parts.
 
 The shared agent machinery (`networks`, `memory`, `checkpoint`, `common.set_up`) reads everything that differs
 between agents from the spec — network names and widths, builder, acting network, batch limits, memory per
@@ -11,15 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from marketrl.models.base import ModelSpec
 
 if TYPE_CHECKING:
     from torch import nn
 
     from marketrl.agents.results import RunConfig, TrainResult
     from marketrl.env import EnvConfig
-    from marketrl.loop.profile import ModelProfile
-    from marketrl.models.base import Trial
 
 __all__ = [
     "HIDDEN_DIM_BASES",
@@ -85,10 +86,12 @@ def _no_options(hparams: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
-@dataclass(frozen=True)
-class AgentSpec:
-    """One RL agent: hyperparameters, search space, networks, acting network, batch limits and train_seeds (its
-    checkpoints load through `marketrl.agents.checkpoint.load_policy`).
+@dataclass(frozen=True, kw_only=True)
+class AgentSpec(ModelSpec):
+    """One RL agent: the one spec type (`marketrl.models.base.ModelSpec`: name, hparams_class, search_space,
+    train_seeds, profile, and its save/load pair by path, ``saver`` / ``loader`` from
+    `marketrl.agents.checkpoint`, set in the agent's own file) plus its networks, acting network, batch limits,
+    memory and run settings.
 
     search_space(trial, batch_bounds): batch sizes within the device's (min, max) for the widest network.
     networks: the outputs of each network the agent builds and a checkpoint saves (action scores or a value);
@@ -101,9 +104,8 @@ class AgentSpec:
       `loop.schedule.SeedsEvalCallback` and ``checkpoint`` one `loop.resume.TrainingCheckpoint` for the whole batch.
     """
 
-    name: str
-    hparams_class: type
-    search_space: Callable[[Trial, tuple[int, int]], dict[str, Any]]
+    kind: ClassVar[str] = "agent"
+
     networks: Mapping[str, int]
     network_widths: Callable[[int], dict[str, list[int]]]
     activation: str
@@ -116,14 +118,17 @@ class AgentSpec:
     #: TrainResult per seed, the seeds trained as one batch
     train_seeds: Callable[..., list[TrainResult]]
     architecture_options: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_options
-    #: what tests and benchmarks read of the agent (`marketrl.loop.profile`): cost-driving bounds and trial cost;
-    #: every registered agent has one
-    profile: ModelProfile | None = None
+    neural: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.acting_network not in self.networks:
             raise ArchitectureError(
                 f"{self.name}: acting network {self.acting_network!r} is none of {', '.join(self.networks)}"
+            )
+        if self.saver is None or self.loader is None:
+            raise ArchitectureError(
+                f"{self.name}: an agent's spec needs saver and loader (marketrl.agents.checkpoint's)"
             )
 
     def make_run_config(

@@ -1,8 +1,10 @@
 """The supervised model zoo: forecasters of the forward return behind one protocol (docs/MODELS.md).
 
 `MODELS[name]` is a `ModelSpec` (hyperparameter dataclass, search space, train, load): every entry of the model
-registry (`marketrl.settings.registry.REGISTRY`) whose spec lives in this package. `save_model` / `load_model`
-write and read a model checkpoint (plain data, `torch.load(weights_only=True)`).
+registry (`marketrl.settings.registry.REGISTRY`) whose spec lives in this package. A trained model's file is
+written and read by its spec's one save/load pair by path (`ModelSpec.save`, `ModelSpec.load_path`, as for every
+model); `save_model` / `load_model` are the same format for the callers that hold a bare `TrainedModel` or path
+(plain data, `torch.load(weights_only=True)`).
 """
 
 from __future__ import annotations
@@ -14,14 +16,13 @@ from typing import Any
 import torch
 
 from marketrl.models.base import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_VERSION,
     ModelSpec,
     RunSettings,
     TrainedModel,
     TrainHooks,
+    check_checkpoint,
+    save_model,
 )
-from marketrl.runtime.io import atomic_write
 from marketrl.settings.registry import REGISTRY, load_spec, names_under
 
 __all__ = [
@@ -46,19 +47,12 @@ def get_model(name: str) -> ModelSpec:
     return MODELS[name]
 
 
-def save_model(path: str | os.PathLike[str], model: TrainedModel, **extra: Any) -> None:
-    """Write the model's checkpoint dict atomically; ``extra`` is plain data (normalizer state, fold, seed...)."""
-    with atomic_write(path) as tmp:
-        torch.save(model.checkpoint(**extra), tmp)
-
-
 def model_from_checkpoint(
     checkpoint: Mapping[str, Any], device: torch.device | str = "cpu", spec: ModelSpec | None = None
 ) -> TrainedModel:
     """Rebuild a trained model from a checkpoint dict (as `TrainedModel.checkpoint` makes it), with ``spec``
     (default: the model of this package its ``model`` names)."""
-    if checkpoint.get("format") != CHECKPOINT_FORMAT or checkpoint.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"checkpoint: expected format {CHECKPOINT_FORMAT!r} version {CHECKPOINT_VERSION}")
+    check_checkpoint(checkpoint)
     return (spec or get_model(str(checkpoint["model"]))).load(checkpoint, device)
 
 

@@ -1,13 +1,18 @@
 """The model protocol every zoo model follows: its hyperparameter space, a `train` call, a checkpoint of plain
 data and a trained model that turns a split's bars into target positions for the existing evaluation.
 
-A model is one `ModelSpec` (see `marketrl.models.MODELS`):
+`ModelSpec` is the one spec type of every model: a forecaster is one (see `marketrl.models.MODELS`), an RL agent
+its subclass `marketrl.agents.spec.AgentSpec`. A forecaster's:
 
     spec.search_space(trial) -> hparams dict      # trial: anything with suggest_int/_float/_categorical (optuna)
     spec.train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds, hooks)
         -> [TrainedModel per seed]                # the only training entry: S seeds (one seed is a batch of one;
                                                   # torch: one vectorized computation)
     spec.load(checkpoint_dict, device) -> TrainedModel
+    spec.save(path, model, *, hparams, precision, normalizer, feature_names, env, extra)   # every model's pair
+    spec.load_path(path, device) -> (model, meta)                                          # by path
+
+`TrainedRun` is the one result type (an agent's `TrainResult` and a forecaster's `TrainedModel` both have it).
 
 ``spec.deterministic``: the seeds cannot differ (ridge); ``train_seeds`` then trains once and returns one model.
 
@@ -19,9 +24,10 @@ not full); `TrainedModel.positions(data)` applies the cost-aware trading rule; t
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
@@ -44,10 +50,15 @@ __all__ = [
     "TrainHooks",
     "TrainSeedsFn",
     "TrainedModel",
+    "TrainedRun",
     "Trial",
+    "check_checkpoint",
     "common_space",
     "distinct_seeds",
+    "load_trained_model",
     "neural_space",
+    "save_model",
+    "save_trained_model",
     "sequence_space",
 ]
 
@@ -255,6 +266,15 @@ class TrainedModel:
         predicted = self.predict(data) if predictions is None else predictions
         return rule.positions(predicted, data, cost_model(costs) if costs else None)
 
+    @property
+    def steps_run(self) -> int:
+        """The optimizer steps (boosting rounds) the run made: its budget is only a cap (early stopping)."""
+        return int(self.log.get("steps", 0))
+
+    def run_positions(self, data: MarketData, env_config: EnvConfig) -> torch.Tensor:
+        """`positions` (`TrainedRun`): the trading rule needs no env settings."""
+        return self.positions(data)
+
     def evaluate(self, data: MarketData, env_config: EnvConfig | None = None) -> pl.DataFrame:
         """The per-bar evaluation frame of `marketrl.env.evaluate_positions` (same fills and costs as the agents'
         `evaluate`); the env's fill must be the one the model was trained for."""
@@ -289,23 +309,54 @@ class TrainedModel:
 #:             hooks: TrainHooks | None = None) -> one TrainedModel per seed, in the order of ``seeds``
 TrainSeedsFn = Callable[..., list[TrainedModel]]
 LoadFn = Callable[[Mapping[str, Any], torch.device | str], TrainedModel]
+#: save(spec, path, result, *, hparams, precision, normalizer, feature_names, env, extra): one trained run's
+#: checkpoint file, written atomically in the model kind's own format
+SaveFn = Callable[..., None]
+#: load(spec, path, device) -> (result, meta): a checkpoint file read back (see `ModelSpec.load_path`)
+LoadPathFn = Callable[["ModelSpec", "str | os.PathLike[str]", torch.device], tuple[Any, dict[str, Any]]]
+
+
+class TrainedRun(Protocol):
+    """The one result type the zoo sees, whichever the kind: an agent's `marketrl.agents.results.TrainResult`
+    and a forecaster's `TrainedModel` both have it (trained or read back by `ModelSpec.load_path`).
+
+    run_positions(data, env_config): target positions [T] in {-1, 0, 1} on ``data``; steps_run: the steps the
+    run made where its budget is only a cap (a forecaster's early stopping), None where it always runs its budget.
+    """
+
+    hparams: dict[str, Any]
+    log: dict[str, Any]
+
+    @property
+    def steps_run(self) -> int | None: ...
+
+    def run_positions(self, data: MarketData, env_config: EnvConfig) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One zoo entry: name, hyperparameter dataclass, search space, train_seeds (S seeds in one call, the only
-    training entry) and load. ``deterministic``: the seeds cannot differ (ridge); the pipeline trains it once.
+    """The one spec type of every model (`marketrl.settings.registry.REGISTRY`): name, hyperparameter dataclass,
+    search space, train_seeds (S seeds in one call, the only training entry), one save/load pair by path
+    (`save`, `load_path`), determinism and profile. A forecaster is a `ModelSpec` itself (``kind``
+    "forecaster"); an RL agent is its subclass `marketrl.agents.spec.AgentSpec` (``kind`` "agent").
 
-    train_seeds: ``train_seeds(train_data, validation_data, settings, hparams, precision, device, seeds, hooks)``
-    -> one TrainedModel per seed, in the order of ``seeds`` (a deterministic model: one model whatever the seeds).
+    train_seeds: a forecaster's ``train_seeds(train_data, validation_data, settings, hparams, precision, device,
+    seeds, hooks)`` -> one TrainedModel per seed, in the order of ``seeds`` (a deterministic model: one model
+    whatever the seeds); an agent's is in `AgentSpec`. load: a forecaster's checkpoint dict -> `TrainedModel`.
+    saver / loader: the kind's checkpoint file format (`SaveFn`, `LoadPathFn`; None: the forecasters'
+    `save_trained_model` / `load_trained_model`); an agent's file sets them to `marketrl.agents.checkpoint`'s.
     """
+
+    #: "forecaster" | "agent": the model's kind, recorded in the logs and JSONs (the zoo's entry type)
+    kind: ClassVar[str] = "forecaster"
 
     name: str
     hparams_class: type
-    search_space: Callable[[Trial], dict[str, Any]]
-    train_seeds: TrainSeedsFn
-    load: LoadFn
-    neural: bool
+    #: trial -> hyperparameters (an agent's also takes the device's batch bounds)
+    search_space: Callable[..., dict[str, Any]]
+    train_seeds: Callable[..., list[Any]]
+    load: LoadFn | None = None
+    neural: bool = False
     #: seeds cannot differ (a closed form): the pipeline trains and scores one run, not copies; its registry line
     #: says so too (`marketrl.settings.registry.deterministic`), for the workflow, which imports no spec
     deterministic: bool = False
@@ -315,6 +366,115 @@ class ModelSpec:
     #: a torch model's ``build(hparams, n_features)`` -> its bare module, windows [B, L, F] -> [B] (what
     #: `torch_model_spec` trains; bench/speed/models.py times it without the trainer); None for other models
     build_module: Callable[[Any, int], torch.nn.Module] | None = None
+    saver: SaveFn | None = None
+    loader: LoadPathFn | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "forecaster" and self.loader is None and self.load is None:
+            raise TypeError(
+                f"{self.name}: a forecaster's ModelSpec needs load (checkpoint dict -> TrainedModel)"
+            )
+
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        result: Any,
+        *,
+        hparams: Mapping[str, Any],
+        precision: Any,
+        normalizer: Mapping[str, Any],
+        feature_names: Sequence[str],
+        env: Mapping[str, Any],
+        extra: Mapping[str, Any],
+    ) -> None:
+        """Write ``result``'s checkpoint (from this spec's ``train_seeds``) atomically, with the training
+        split's normalizer state and feature names, the run's hyperparameters, precision and env settings and
+        ``extra`` (plain data: fold, seed, costs...); each kind writes the parts its format holds."""
+        (self.saver or save_trained_model)(
+            self,
+            path,
+            result,
+            hparams=hparams,
+            precision=precision,
+            normalizer=normalizer,
+            feature_names=feature_names,
+            env=env,
+            extra=extra,
+        )
+
+    def load_path(
+        self, path: str | os.PathLike[str], device: torch.device | str = "cpu"
+    ) -> tuple[Any, dict[str, Any]]:
+        """A checkpoint file of this model read back on ``device``: (result, meta). result is a `TrainedRun`
+        (empty ``log``); meta what `marketrl.evaluation.evaluate.trained_settings` checks and the evaluation
+        records: ``env`` settings, ``extra`` (fold, seed, costs, flat_gate...), ``normalizer``, ``precision``,
+        plus the kind's own entries."""
+        return (self.loader or load_trained_model)(self, path, torch.device(device))
+
+
+def check_checkpoint(checkpoint: Any, where: str = "checkpoint") -> None:
+    """Raise ValueError unless ``checkpoint`` is a forecaster checkpoint dict of this format and version."""
+    if (
+        not isinstance(checkpoint, Mapping)
+        or checkpoint.get("format") != CHECKPOINT_FORMAT
+        or checkpoint.get("version") != CHECKPOINT_VERSION
+    ):
+        raise ValueError(f"{where}: expected format {CHECKPOINT_FORMAT!r} version {CHECKPOINT_VERSION}")
+
+
+def save_model(path: str | os.PathLike[str], model: TrainedModel, **extra: Any) -> None:
+    """Write the model's checkpoint dict atomically; ``extra`` is plain data (normalizer state, fold, seed...)."""
+    from marketrl.runtime.io import atomic_write
+
+    with atomic_write(path) as tmp:
+        torch.save(model.checkpoint(**extra), tmp)
+
+
+def save_trained_model(
+    spec: ModelSpec,
+    path: str | os.PathLike[str],
+    model: TrainedModel,
+    *,
+    hparams: Mapping[str, Any],
+    precision: Any,
+    normalizer: Mapping[str, Any],
+    feature_names: Sequence[str],
+    env: Mapping[str, Any],
+    extra: Mapping[str, Any],
+) -> None:
+    """A forecaster's `ModelSpec.save`: `save_model` with the normalizer, feature names and env settings (what
+    evaluation checks against the config, as in an agent's checkpoint) first in ``extra``; the model records its
+    own hyperparameters and precision."""
+    save_model(
+        path,
+        model,
+        normalizer=dict(normalizer),
+        feature_names=list(feature_names),
+        env=dict(env),
+        **dict(extra),
+    )
+
+
+def load_trained_model(
+    spec: ModelSpec, path: str | os.PathLike[str], device: torch.device
+) -> tuple[TrainedModel, dict[str, Any]]:
+    """A forecaster's `ModelSpec.load_path`: `torch.load(weights_only=True)`, checked to be this model's, rebuilt
+    by ``spec.load``; meta: ``env``, ``extra``, ``normalizer`` (from the checkpoint's extra) and ``precision``."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(checkpoint, Mapping) and checkpoint.get("format") == CHECKPOINT_FORMAT:
+        if checkpoint.get("model") != spec.name:
+            raise ValueError(f"{path}: a {checkpoint.get('model')} checkpoint, expected {spec.name}")
+    check_checkpoint(checkpoint)
+    assert spec.load is not None
+    model = spec.load(checkpoint, device)
+    extra = dict(checkpoint["extra"])
+    meta = {
+        "env": extra.get("env"),
+        "extra": extra,
+        "normalizer": extra.get("normalizer"),
+        "precision": model.precision,
+    }
+    return model, meta
 
 
 #: A forecaster's hyperopt trial's fixed work in `ModelProfile.trial_cost` units (building the rows, scoring the

@@ -22,7 +22,19 @@ import torch
 from marketrl.env import MarketData
 from marketrl.instruments.costs import CostModel, Costs
 
-__all__ = ["TradingRule", "cost_model", "round_trip_cost"]
+__all__ = ["FORECASTER_HOW_TO_USE", "TradingRule", "cost_model", "round_trip_cost"]
+
+
+#: export.json's ``how_to_use`` of a forecaster: its predictor and this trading rule (`marketrl.training.export`)
+FORECASTER_HOW_TO_USE = (
+    "Normalize each raw feature row with `normalizer` (columns in `feature_names` order). For bar t with a full "
+    "window (rows t-window+1..t of the same session, oldest first) the model maps windows [B, window, F] to the "
+    "predicted forward return p_t over `trading_rule.horizon` bars; bars without a full window get p_t = 0. "
+    "Position rule at the close of bar t: threshold_t = threshold_multiplier * round-trip cost fraction at close_t "
+    "(`trading_rule.round_trip_cost`); |p_t| > threshold_t -> sign(p_t); else if |p_t| > hold_band * threshold_t "
+    "and the position held into t equals sign(p_t) -> keep it; else flat. Start each session flat. Positions are "
+    "unit positions in {-1, 0, 1}; multiply by `observation.contracts` for contracts."
+)
 
 
 def cost_model(costs: Mapping[str, Any]) -> Costs:

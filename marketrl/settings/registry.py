@@ -1,9 +1,9 @@
 """The model registry: every model's name and where its spec lives, as ``"module:attribute"`` strings.
 
 Plain strings on purpose: the workflow validates ``training.models`` at every DAG parse, which must not import torch,
-and only the stages that run a model import its spec (`load_spec`, called by `marketrl.training.zoo`). The spec's
-type is the model's kind: an `marketrl.agents.spec.AgentSpec` (trained on the TradingEnv) or a
-`marketrl.models.base.ModelSpec` (a forecaster). Adding a model is its file plus one line in `REGISTRY`
+and only the stages that run a model import its spec (`load_spec`, called by `marketrl.training.zoo`). Every spec
+is a `marketrl.models.base.ModelSpec`, its ``kind`` the model's: a forecaster's a `ModelSpec`, an RL agent's (trained
+on the TradingEnv) the subclass `marketrl.agents.spec.AgentSpec`. Adding a model is its file plus one line in `REGISTRY`
 (docs/ARCHITECTURE.md, "Adding a model"); ``training.extra_models`` adds entries from outside marketrl by config.
 
 The one fact about a model the workflow needs before any import is whether its seeds can differ: a closed form

@@ -2,9 +2,10 @@
 (`marketrl.models`), behind one protocol, so that hyperopt, training, export and evaluation dispatch by name and
 no job tests a model's kind.
 
-`ZOO` is built from the specs `marketrl.settings.registry.REGISTRY` names: an `AgentSpec` becomes an `AgentEntry`,
-a `ModelSpec` a `ForecasterEntry`, both a `ZooEntry` (the base holds what the kinds do the same way, each kind only
-what differs); nothing here tests a model's name. ``training.extra_models`` (a config's ``name: "module:SPEC"``
+`ZOO` is built from the specs `marketrl.settings.registry.REGISTRY` names, each a `ModelSpec` (an `AgentSpec` is
+one): its ``kind`` picks an `AgentEntry` or a `ForecasterEntry`, both a `ZooEntry` (the base holds what the kinds do
+the same way, saving and loading by the spec's one pair by path, each kind only what differs); nothing here tests a
+model's name. ``training.extra_models`` (a config's ``name: "module:SPEC"``
 entries) adds models from outside marketrl the same way (`get_entry(name, extra)`).
 
     entry = ZOO[name]                               # or get_entry(name, extra): one-line error naming the known
@@ -41,24 +42,23 @@ import torch
 from torch import nn
 
 from gpu_utils import HardwareBudget, PrecisionPlan
-from marketrl.agents.checkpoint import load_policy, save_checkpoint
 from marketrl.agents.common import GreedyPolicies, GreedyPolicy, TrainResult, env_settings
 from marketrl.agents.memory import batch_size_bounds
-from marketrl.agents.results import AgentPolicy
+from marketrl.agents.results import AGENT_HOW_TO_USE, AgentPolicy
 from marketrl.agents.spec import HIDDEN_DIM_BASES, AgentSpec
 from marketrl.env import (
     EnvConfig,
     MarketData,
     evaluate_positions,
     policies_positions,
-    policy_positions,
     tabulated_policies_positions,
 )
 from marketrl.env.config import ACTION_POSITIONS
 from marketrl.loop.resume import TrainingCheckpoint
-from marketrl.models import RunSettings, TrainedModel, TrainHooks, model_from_checkpoint, save_model
-from marketrl.models.base import CHECKPOINT_FORMAT, ModelSpec, Trial
+from marketrl.models import RunSettings, TrainedModel, TrainHooks
+from marketrl.models.base import ModelSpec, TrainedRun, Trial
 from marketrl.models.supervised_data import CPU_EVAL_PREDICT_CHUNK
+from marketrl.models.trading_rule import FORECASTER_HOW_TO_USE
 from marketrl.scoring.gate import GateDecision, flat_gates, gated_positions
 from marketrl.scoring.metrics import performance_summary
 from marketrl.settings.registry import DETERMINISTIC, REGISTRY, RegistryError, load_spec
@@ -222,6 +222,9 @@ class LoadedModel:
     positions_from_predictions: Callable[[MarketData, torch.Tensor], torch.Tensor] | None = None
     #: an agent's greedy policy (evaluation steps the seeds of a model x fold in lockstep together)
     policy: GreedyPolicy | None = None
+    #: the model read back, the one result type (`marketrl.models.base.TrainedRun`: an agent's `TrainResult`, a
+    #: forecaster's `TrainedModel`)
+    result: TrainedRun | None = None
 
     @property
     def gate(self) -> GateDecision | None:
@@ -267,11 +270,12 @@ def seeds_positions(
 class ZooEntry:
     """What every zoo entry does the same way, whichever its kind: its name and determinism, its budget and
     resume settings read from the config slice, and a training run (the seeds as one ``train_seeds`` batch, each
-    validation scored and reported, one `Trained` per run). A kind supplies what differs: its class attributes
-    and `_train_seeds`, `_scores`, `_trained`, `load`, `exportable` and `search_space`.
-    """
+    validation scored and reported, one `Trained` per run, saved by ``spec.save``) and a checkpoint read back by
+    ``spec.load_path``, both through the one result type (`TrainedRun`). A kind supplies what differs: its class
+    attributes and `_train_seeds`, `_validation_positions`, `_recorded_hparams`, `_loaded`, `exportable`,
+    `search_space` (and `_log`, `_predictions`)."""
 
-    spec: Any
+    spec: ModelSpec
     #: "agent" | "forecaster", recorded in the logs and JSONs
     kind: ClassVar[Kind]
     #: the ``training`` key of a train job's budget, and the ``hyperopt`` key of a trial's
@@ -288,7 +292,7 @@ class ZooEntry:
     @property
     def deterministic(self) -> bool:
         """Whether the seeds cannot differ (one run trains, whatever the seeds)."""
-        return bool(getattr(self.spec, "deterministic", False))
+        return self.spec.deterministic
 
     def train_budget(self, config: Mapping[str, Any]) -> int:
         """A train job's budget in the model's own steps (training.total_steps or training.max_updates)."""
@@ -326,8 +330,17 @@ class ZooEntry:
         raise NotImplementedError
 
     def load(self, path: str, device: torch.device) -> LoadedModel:
-        """A checkpoint read back for evaluation."""
-        raise NotImplementedError
+        """A checkpoint read back for evaluation, by the spec's ``load_path``; positions by the result's
+        ``run_positions`` (`marketrl.models.base.TrainedRun`), the rest as the kind describes it (`_loaded`)."""
+        result, meta = self.spec.load_path(path, device)
+        return LoadedModel(
+            name=self.name,
+            kind=self.kind,
+            meta=meta,
+            positions=result.run_positions,
+            result=result,
+            **self._loaded(result, meta, device),
+        )
 
     def exportable(self, loaded: LoadedModel, path: str) -> Exportable:
         """What the export job writes of the checkpoint at ``path`` (``loaded`` from it on the CPU)."""
@@ -346,20 +359,52 @@ class ZooEntry:
         results)."""
         raise NotImplementedError
 
-    def _trained(self, result: Any, request: TrainRequest) -> Trained:
+    def _trained(self, result: TrainedRun, request: TrainRequest) -> Trained:
+        """One run's `Trained`: its positions (``run_positions``) and steps run from the one result type, its
+        checkpoint written by the spec's ``save``."""
+        hparams = self._recorded_hparams(result, request)
+
+        def save(path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
+            self.spec.save(
+                path,
+                result,
+                hparams=hparams,
+                precision=request.precision,
+                normalizer=window.normalizer.state_dict(),
+                feature_names=window.feature_names,
+                env=env_settings(request.env_config),
+                extra=extra,
+            )
+
+        return Trained(
+            name=self.name,
+            kind=self.kind,
+            hparams=hparams,
+            log=self._log(result),
+            _positions=result.run_positions,
+            _save=save,
+            predictions=self._predictions(result),
+            steps_run=result.steps_run,
+        )
+
+    def _recorded_hparams(self, result: Any, request: TrainRequest) -> dict[str, Any]:
+        """The hyperparameters the run's logs and checkpoint record."""
+        raise NotImplementedError
+
+    def _log(self, result: Any) -> dict[str, Any]:
+        """The trainer's log in the one log shape."""
+        return dict(result.log)
+
+    def _predictions(self, result: Any) -> Callable[[MarketData], torch.Tensor] | None:
+        """A forecaster's predicted forward return per row (None: the model predicts none)."""
+        return None
+
+    def _loaded(self, result: Any, meta: dict[str, Any], device: torch.device) -> dict[str, Any]:
+        """The kind's `LoadedModel` fields besides name, kind, meta and positions."""
         raise NotImplementedError
 
 
 # ------------------------------------------------------------------------------------------------------ agents
-
-AGENT_HOW_TO_USE = (
-    "Normalize each raw feature row with `normalizer` (columns in `feature_names` order). At the close of bar t "
-    "build windows [1, window, F]: rows t-window+1..t of the same session (segment), oldest first; rows before the "
-    "session's first row repeat that first row. Call the model with (windows, position), position [1] = the unit "
-    "position held into bar t (start each session flat, 0; then the previous output). The output is the target "
-    "unit position in {-1, 0, 1} to hold over bar t+1; multiply by `observation.contracts` for contracts. Step "
-    "bar by bar: each output is the next call's position."
-)
 
 
 def _stepped(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -417,40 +462,18 @@ class AgentEntry(ZooEntry):
             on_log=_per_seed_records(request.seeds, request.on_log),
         )
 
-    def _trained(self, result: TrainResult, request: TrainRequest) -> Trained:
-        def save(path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
-            save_checkpoint(
-                path,
-                result,
-                algo=self.name,
-                normalizer_state=window.normalizer.state_dict(),
-                feature_names=window.feature_names,
-                precision=request.precision.to_dict(),
-                hparams=dict(request.hparams),
-                extra=dict(extra),
-                spec=self.spec,
-            )
+    def _recorded_hparams(self, result: TrainResult, request: TrainRequest) -> dict[str, Any]:
+        return dict(request.hparams)
 
-        return Trained(
-            name=self.name,
-            kind=self.kind,
-            hparams=dict(request.hparams),
-            log={**result.log, "history": [_stepped(record) for record in result.log["history"]]},
-            _positions=lambda data, env: policy_positions(result.policy, data, env),
-            _save=save,
-        )
+    def _log(self, result: TrainResult) -> dict[str, Any]:
+        return {**result.log, "history": [_stepped(record) for record in result.log["history"]]}
 
-    def load(self, path: str, device: torch.device) -> LoadedModel:
+    def _loaded(self, result: TrainResult, meta: dict[str, Any], device: torch.device) -> dict[str, Any]:
         """The greedy policy of an agent checkpoint."""
-        policy, meta = load_policy(path, device, spec=self.spec)
-        return LoadedModel(
-            name=self.name,
-            kind=self.kind,
-            meta=meta,
-            positions=lambda data, env: policy_positions(policy, data, env),
-            info={"precision": meta.get("precision"), "hidden": meta["architecture"]["hidden"]},
-            policy=policy,
-        )
+        return {
+            "info": {"precision": meta.get("precision"), "hidden": meta["architecture"]["hidden"]},
+            "policy": result.policy,
+        }
 
     def exportable(self, loaded: LoadedModel, path: str) -> Exportable:
         """The acting network as a position function (`AgentPolicy`) over the env's observation."""
@@ -491,16 +514,6 @@ def _per_seed_records(
 
 
 # ------------------------------------------------------------------------------------------------- forecasters
-
-FORECASTER_HOW_TO_USE = (
-    "Normalize each raw feature row with `normalizer` (columns in `feature_names` order). For bar t with a full "
-    "window (rows t-window+1..t of the same session, oldest first) the model maps windows [B, window, F] to the "
-    "predicted forward return p_t over `trading_rule.horizon` bars; bars without a full window get p_t = 0. "
-    "Position rule at the close of bar t: threshold_t = threshold_multiplier * round-trip cost fraction at close_t "
-    "(`trading_rule.round_trip_cost`); |p_t| > threshold_t -> sign(p_t); else if |p_t| > hold_band * threshold_t "
-    "and the position held into t equals sign(p_t) -> keep it; else flat. Start each session flat. Positions are "
-    "unit positions in {-1, 0, 1}; multiply by `observation.contracts` for contracts."
-)
 
 
 def round_trip_cost(costs: Mapping[str, Any]) -> dict[str, Any]:
@@ -577,60 +590,28 @@ class ForecasterEntry(ZooEntry):
             hooks,
         )
 
-    def _trained(self, model: TrainedModel, request: TrainRequest) -> Trained:
-        def save(path: str, window: WindowData, extra: Mapping[str, Any]) -> None:
-            save_model(
-                path,
-                model,
-                normalizer=window.normalizer.state_dict(),
-                feature_names=list(window.feature_names),
-                # the env settings evaluation checks against the config, as in an agent's checkpoint
-                env=env_settings(request.env_config),
-                **dict(extra),
-            )
+    def _recorded_hparams(self, model: TrainedModel, request: TrainRequest) -> dict[str, Any]:
+        return dict(model.hparams)
 
-        return Trained(
-            name=self.name,
-            kind=self.kind,
-            hparams=dict(model.hparams),
-            log=dict(model.log),
-            _positions=lambda data, env: model.positions(data),
-            _save=save,
-            predictions=model.predict,
-            steps_run=int(model.log.get("steps", 0)),
-        )
+    def _predictions(self, model: TrainedModel) -> Callable[[MarketData], torch.Tensor]:
+        return model.predict
 
-    def load(self, path: str, device: torch.device) -> LoadedModel:
-        """The model and its trading rule from a `save_model` checkpoint."""
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        if checkpoint.get("format") == CHECKPOINT_FORMAT and checkpoint.get("model") != self.name:
-            raise ValueError(f"{path}: a {checkpoint.get('model')} checkpoint, expected {self.name}")
-        model = model_from_checkpoint(checkpoint, device, self.spec)
-        extra = dict(checkpoint["extra"])
-        meta = {
-            "env": extra.get("env"),
-            "extra": extra,
-            "normalizer": extra.get("normalizer"),
-            "precision": model.precision,
-        }
-        return LoadedModel(
-            name=self.name,
-            kind=self.kind,
-            meta=meta,
-            positions=lambda data, env: model.positions(data),
-            info={"precision": model.precision, "hparams": dict(model.hparams)},
-            positions_from_predictions=model.positions,
+    def _loaded(self, model: TrainedModel, meta: dict[str, Any], device: torch.device) -> dict[str, Any]:
+        """The model and its trading rule."""
+        return {
+            "info": {"precision": model.precision, "hparams": dict(model.hparams)},
+            "positions_from_predictions": model.positions,
             # smaller forwards on the CPU (CPU_EVAL_PREDICT_CHUNK); a device keeps the training chunk
-            predictions=functools.partial(
+            "predictions": functools.partial(
                 model.predict, chunk=CPU_EVAL_PREDICT_CHUNK if device.type == "cpu" else None
             ),
-            horizon=int(model.settings["horizon"]),
-        )
+            "horizon": int(model.settings["horizon"]),
+        }
 
     def exportable(self, loaded: LoadedModel, path: str) -> Exportable:
         """The predictor (its torch module, or LightGBM's booster) and the trading rule as plain numbers."""
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        forecaster = self.spec.load(checkpoint, "cpu")
+        forecaster = loaded.result
+        assert isinstance(forecaster, TrainedModel)
         module = forecaster.module
         booster = forecaster.state.get("booster") if module is None else None
         if module is None and booster is None:
@@ -650,7 +631,7 @@ class ForecasterEntry(ZooEntry):
                 "trading_rule": {
                     "threshold_multiplier": float(hparams["threshold_multiplier"]),
                     "hold_band": float(hparams["hold_band"]),
-                    "horizon": int(loaded.horizon or checkpoint["settings"]["horizon"]),
+                    "horizon": int(loaded.horizon or forecaster.settings["horizon"]),
                     "round_trip_cost": round_trip_cost(extra["costs"]),
                     "round_trip_cost_formula": (
                         "futures: 2 * cost_per_contract / (close * point_value) in float64, then float32; "
@@ -663,17 +644,16 @@ class ForecasterEntry(ZooEntry):
 
 
 Entry = ZooEntry
+#: the zoo entry type of each kind of spec (`ModelSpec.kind`)
+ENTRY_TYPES: dict[str, type[ZooEntry]] = {"agent": AgentEntry, "forecaster": ForecasterEntry}
 
 
 def entry_from_spec(name: str, spec: Any) -> Entry:
-    """The zoo entry of a registered spec; its type is the model's kind (`RegistryError` for anything else, for a
-    spec named other than its registry name, or for one without a callable ``train_seeds``)."""
-    if isinstance(spec, AgentSpec):
-        entry: Entry = AgentEntry(spec)
-    elif isinstance(spec, ModelSpec):
-        entry = ForecasterEntry(spec)
-    else:
+    """The zoo entry of a registered spec (a `ModelSpec`); its type is the spec's ``kind`` (`RegistryError` for
+    anything else, for a spec named other than its registry name, or for one without a callable ``train_seeds``)."""
+    if not isinstance(spec, ModelSpec) or spec.kind not in ENTRY_TYPES:
         raise RegistryError(f"{name}: {type(spec).__name__} is neither an AgentSpec nor a ModelSpec")
+    entry: Entry = ENTRY_TYPES[spec.kind](spec)
     if entry.name != name:
         raise RegistryError(f"{name}: the spec is named {entry.name!r}")
     if not callable(spec.train_seeds):
@@ -686,7 +666,7 @@ def check_deterministic(entries: Mapping[str, Entry], marked: Sequence[str]) -> 
     workflow plans by) are exactly those whose spec says ``deterministic=True`` (what the trainer does); a
     `RegistryError` naming the first that differs."""
     for name, entry in entries.items():
-        said = bool(getattr(entry.spec, "deterministic", False))
+        said = entry.spec.deterministic
         if said != (name in marked):
             raise RegistryError(
                 f"{name}: the spec says deterministic={said} but its registry line "
