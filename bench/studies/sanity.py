@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import math
 import os
@@ -102,17 +101,6 @@ class RunResult:
 # ------------------------------------------------------------------------------------------------------ configs
 
 
-def _merged(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """`base` with `overrides` merged in recursively (mappings merge, other values replace)."""
-    result = copy.deepcopy(dict(base))
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
-            result[key] = _merged(result[key], value)
-        else:
-            result[key] = copy.deepcopy(value)
-    return result
-
-
 def base_config(args: argparse.Namespace) -> dict[str, Any]:
     """The config every run starts from: --config, or with --quick the tests' fast tiny config."""
     if args.quick:
@@ -129,7 +117,9 @@ def run_config(
     overrides: dict[str, Any] = {"seed": seed, "data": {"source": "demo", "demo": dict(WORLDS[world])}}
     if models:
         overrides["training"] = {"models": list(models)}
-    return _merged(base, overrides)
+    from tests.faults.pipeline import merged  # the tests' own recursive config merge
+
+    return merged(base, overrides)
 
 
 def prepare_workdir(workdir: Path, config: Mapping[str, Any]) -> Path:
