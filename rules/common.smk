@@ -169,6 +169,19 @@ def seed_models(wildcards):
     ]
 
 
+def record_metrics(wildcards):
+    """The walk-forward record an evaluation job's gate reads: every seed's metrics.json of the model's earlier
+    folds (none on the first fold, or without training.record_min_t)."""
+    return pipeline.record_metrics_files(config, wildcards.model, int(wildcards.fold))
+
+
+def predict_record_metrics(wildcards):
+    """The walk-forward record of the fold predict applies: the same gate its evaluation applied."""
+    return pipeline.record_metrics_files(
+        config, wildcards.model, pipeline.predict_fold(config)
+    )
+
+
 def predict_feature_inputs(wildcards):
     """A new file of predict.files, plus the files that start before it (pipeline.predict_context) as lookback
     context, as feature_inputs gives a training file."""

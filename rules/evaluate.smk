@@ -1,9 +1,11 @@
-# One job per model x fold scores every seed and its turnover-matched random traders in one batched pass.
+# One job per model x fold scores every seed and its turnover-matched random traders in one batched pass; from the
+# second fold on, its gate reads the earlier folds' metrics (the walk-forward record), so folds evaluate in order.
 rule evaluate:
     input:
         manifest=paths.FEATURE_MANIFEST,
         folds=paths.FOLDS,
         models=seed_models,
+        record=record_metrics,
     output:
         metrics=seed_outputs(paths.EVAL_METRICS),
         bars=seed_outputs(paths.EVAL_BARS),

@@ -22,6 +22,7 @@ rule predict:
         manifest=paths.FEATURE_MANIFEST,
         folds=paths.FOLDS,
         models=predict_models,
+        record=predict_record_metrics,
     output:
         paths.PREDICT,
     log:

@@ -52,6 +52,7 @@ QUICK_TESTS = {
     "studies/calibration.py": "test_calibration_quick_summarizes_both_arms",
     "studies/coverage.py": "test_coverage_quick_prints_every_table",
     "studies/demo_detectable.py": "test_demo_detectable_quick_on_a_synthetic_run",
+    "studies/gate_rules.py": "test_gate_rules_quick_compares_the_rules_on_a_synthetic_run",
     "studies/sanity.py": "test_sanity_quick_runs_the_pipeline_and_checks_the_targets",
     "studies/verdict_size.py": "test_verdict_size_quick_fills_every_column",
     "gpu/gpu_check.py": "tests/test_gpu_check.py",
@@ -74,6 +75,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "speed/evaluate_job.py": (),
     "speed/env.py": (),
     "studies/demo_detectable.py": (),
+    "studies/gate_rules.py": ("--rules", "1.0:-", "1.5:1.0", "--json", "{out}/gate_rules.json"),
     "speed/dag.py": (),
     "studies/verdict_size.py": (),
     "studies/coverage.py": (),
@@ -346,6 +348,19 @@ def test_demo_detectable_quick_on_a_synthetic_run(quick: QuickRuns) -> None:
     rows = [line.split(" | ") for line in out.splitlines()[2:]]
     assert [row[0] for row in rows] == ["| 3", "| 6 (all)"]
     assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
+
+
+@pytest.mark.bench
+def test_gate_rules_quick_compares_the_rules_on_a_synthetic_run(quick: QuickRuns) -> None:
+    """The walk-forward record (1.5:1.0) holds the churner flat after fold 0 and lets both earner seeds trade the
+    later folds; the validation gate alone (1.0:-) lets the churner trade every fold."""
+    out = quick.stdout("studies/gate_rules.py")
+    table = json.loads((quick.out / "gate_rules.json").read_text())
+    validation, record = table["1.0:-"], table["1.5:1.0"]
+    assert record["churner"]["turnover"] < validation["churner"]["turnover"]
+    assert record["churner"]["drag"] < validation["churner"]["drag"]
+    assert record["earner"]["turnover"] > validation["earner"]["turnover"] and record["earner"]["net"] > 0
+    assert [line.split()[0] for line in out.splitlines()[3:]] == ["churner", "earner"]
 
 
 @pytest.mark.bench

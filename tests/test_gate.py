@@ -14,11 +14,19 @@ import pytest
 import torch
 
 from marketrl.env import EnvConfig
-from marketrl.evaluation.evaluate import evaluate_job
+from marketrl.evaluation.evaluate import evaluate_job, read_test_records, walk_forward_record
 from marketrl.instruments.costs import CostModel
-from marketrl.scoring.gate import GateDecision, flat_gates, gated_positions
+from marketrl.scoring.gate import (
+    RECORD,
+    VALIDATION,
+    FoldRecord,
+    GateDecision,
+    flat_gates,
+    gated_positions,
+    record_gate,
+)
 from marketrl.splits.datasets import write_feature_manifest
-from marketrl.splits.folds import FoldPlan
+from marketrl.splits.folds import FoldConfig, FoldPlan, make_fold_plan
 from marketrl.training.train import train_job
 from tests.support.runs import synthetic_job_inputs
 from tests.test_env import market_data, random_frame
@@ -178,3 +186,130 @@ def test_the_gate_reads_no_test_day(inputs: dict) -> None:
     second = run_jobs(inputs, "linear", "linear-lookahead-b", min_t=-1e9, manifest=str(manifest))
     assert first["train_log"]["flat_gate"] == second["train_log"]["flat_gate"]
     assert not first["bars"].equals(second["bars"])  # the test days did change
+
+
+# ------------------------------------------------------------------------------ the walk-forward record
+
+
+def test_the_record_gate_trades_an_earning_record_and_sets_a_costly_one_flat() -> None:
+    rng = np.random.default_rng(0)
+    days = tuple(f"2024-03-{d:02d}" for d in range(1, 21))
+    earning = rng.normal(0.002, 0.003, 20)
+    costly = rng.normal(-0.002, 0.003, 20)
+
+    def record(net: np.ndarray) -> FoldRecord:
+        return FoldRecord(days, tuple(net), tuple(net + 0.001), turnover=5.0, n_bars=400)
+
+    trade, flat = record_gate([record(earning)], 1.0), record_gate([record(costly)], 1.0)
+    assert not trade.set_flat and trade.basis == RECORD and trade.n_days == 20 and trade.t_stat > 1
+    assert flat.set_flat and flat.t_stat < 0 and flat.gross_sharpe > flat.net_sharpe
+    expected_t = earning.mean() / earning.std(ddof=1) * math.sqrt(20)
+    assert trade.t_stat == pytest.approx(expected_t)
+    # two folds' records pool their days; a record that never traded (no variation) has no evidence
+    assert record_gate([record(earning), record(earning)], 1.0).n_days == 40
+    assert record_gate([record(np.zeros(20))], 1.0).set_flat
+    assert GateDecision.from_dict(trade.to_dict()) == trade
+
+
+def _metrics(path, fold: int, days: list[str], net: list[float]) -> str:
+    block = {
+        "days": days,
+        "daily_net_returns": net,
+        "daily_gross_returns": [x + 0.001 for x in net],
+        "avg_daily_turnover": 3.0,
+        "n_bars": 48,
+    }
+    path.write_text(json.dumps({"fold": fold, "ungated": block}), encoding="utf-8")
+    return str(path)
+
+
+def test_the_record_is_the_seeds_mean_per_fold_and_never_holds_a_day_it_decides(tmp_path) -> None:
+    days = ["2024-03-04", "2024-03-05"]
+    paths = [
+        _metrics(tmp_path / "a.json", 0, days, [0.01, -0.02]),
+        _metrics(tmp_path / "b.json", 0, days, [0.03, 0.0]),
+    ]
+    (record,) = read_test_records(paths)
+    assert record.daily_net == pytest.approx((0.02, -0.01)) and record.days == tuple(days)
+    decision = walk_forward_record(paths, 1.0, ["2024-03-06"])
+    assert decision is not None and decision.basis == RECORD and decision.n_days == 2
+    assert walk_forward_record(paths, None, ["2024-03-06"]) is None  # record_min_t null: validation decides
+    assert walk_forward_record([], 1.0, ["2024-03-06"]) is None  # the first fold: no record yet
+    with pytest.raises(ValueError, match="2024-03-05 is not before"):
+        walk_forward_record(paths, 1.0, ["2024-03-05"])
+    other = _metrics(tmp_path / "c.json", 0, ["2024-03-04", "2024-03-07"], [0.0, 0.0])
+    with pytest.raises(ValueError, match="different test days"):
+        read_test_records([*paths, other])
+
+
+@pytest.fixture(scope="module")
+def two_folds(inputs: dict) -> dict:
+    """The same rows, split into two walk-forward folds of two test days each."""
+    days = inputs["frame"]["trading_day"].unique().sort().to_list()
+    config = FoldConfig(
+        n=2,
+        scheme="expanding",
+        train_days=4,
+        test_days=2,
+        validation_days=1,
+        embargo_bars=1,
+        tuning_days=3,
+        tuning_validation_days=1,
+    )
+    path = inputs["root"] / "two_folds.json"
+    make_fold_plan(days, config).save(path)
+    return {**inputs, "folds": str(path)}
+
+
+def _train_and_evaluate(inputs: dict, out, fold: int, min_t: float, record_min_t, record_paths=()) -> dict:
+    config = json.loads(json.dumps(inputs["config"]))
+    config["training"].update(gate_min_t=min_t, record_min_t=record_min_t)
+    hparams = out / "hparams.json"
+    hparams.write_text(json.dumps({"algo": "linear", "best_params": HPARAMS["linear"]}), encoding="utf-8")
+    paths = {"manifest_path": inputs["manifest"], "folds_path": inputs["folds"]}
+    train_job(
+        model="linear",
+        fold=fold,
+        seed_indices=[0],
+        hparams_path=str(hparams),
+        config=config,
+        model_paths=[str(out / f"model_{fold}.pt")],
+        log_paths=[str(out / f"train_log_{fold}.json")],
+        resume_path=str(out / f"resume_{fold}.pt"),
+        **paths,
+    )
+    (metrics,) = evaluate_job(
+        model="linear",
+        fold=fold,
+        seed_indices=[0],
+        model_paths=[str(out / f"model_{fold}.pt")],
+        config=config,
+        metrics_paths=[str(out / f"metrics_{fold}.json")],
+        bars_paths=[str(out / f"bars_{fold}.parquet")],
+        record_paths=list(record_paths),
+        **paths,
+    )
+    return {"metrics": metrics, "bars": pl.read_parquet(out / f"bars_{fold}.parquet")}
+
+
+@pytest.mark.parametrize("record_min_t", [-1e9, 1e9])
+def test_from_the_second_fold_the_record_decides_for_every_seed(two_folds: dict, record_min_t: float) -> None:
+    out = two_folds["root"] / f"record_{record_min_t:g}"
+    out.mkdir()
+    # fold 0: the validation gate at a threshold no run reaches; its metrics still record what it would have made
+    first = _train_and_evaluate(two_folds, out, 0, min_t=1e9, record_min_t=record_min_t)
+    assert first["metrics"]["flat_gate"]["basis"] == VALIDATION and first["metrics"]["flat_gate"]["set_flat"]
+    assert not first["bars"]["position"].abs().sum()
+    ungated = first["metrics"]["ungated"]
+    assert len(ungated["days"]) == 2 and ungated["avg_daily_turnover"] > 0  # it would have traded
+    # fold 1: the same impossible validation threshold, but the record of fold 0 decides
+    second = _train_and_evaluate(
+        two_folds, out, 1, min_t=1e9, record_min_t=record_min_t, record_paths=[out / "metrics_0.json"]
+    )
+    gate = second["metrics"]["flat_gate"]
+    assert gate["basis"] == RECORD and gate["n_days"] == 2
+    assert gate["t_stat"] == pytest.approx(record_gate(read_test_records([out / "metrics_0.json"]), 0).t_stat)
+    trades = bool(second["bars"]["position"].abs().sum())
+    assert gate["set_flat"] is (record_min_t > 0) and trades is (record_min_t < 0)
+    train_log = json.loads((out / "train_log_1.json").read_text())
+    assert train_log["flat_gate"]["basis"] == VALIDATION and train_log["flat_gate"]["set_flat"]

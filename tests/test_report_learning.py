@@ -119,6 +119,7 @@ def _diagnosis(flags: list[str], turnover: float, flat_share: float, n_set_flat:
         n_runs=3,
         n_gate_recorded=3,
         n_set_flat=n_set_flat,
+        n_set_flat_by_record=0,
         gates=(),
         convergence=diagnostics.Convergence(()),
         flags=tuple(flags),
@@ -130,6 +131,8 @@ def test_a_model_flat_on_almost_every_bar_that_still_trades_is_not_called_flat()
     rare = _diagnosis([ALWAYS_FLAT, SET_FLAT], turnover=7.0, flat_share=0.995, n_set_flat=2)
     assert rare.startswith("trades rarely (0.5% of bars in the market): gross 5.1, cost drag 0.3")
     assert "set flat by its validation on 2 of 3 seed-folds" in rare
+    barely = _diagnosis([ALWAYS_FLAT, SET_FLAT], turnover=0.2, flat_share=0.9998, n_set_flat=2)
+    assert barely.startswith("trades rarely (< 0.1% of bars in the market)")
     never = _diagnosis([ALWAYS_FLAT], turnover=0.0, flat_share=1.0, n_set_flat=0)
     assert never.startswith("did not learn to trade: it stays flat")
 

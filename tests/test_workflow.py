@@ -84,16 +84,23 @@ def test_single_fold_rerun_only_schedules_that_fold(tmp_path: Path) -> None:
     assert "fold_0" not in listed
 
 
-def test_one_seeds_evaluation_target_runs_its_model_and_folds_evaluation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("record_min_t", [1.0, None])
+def test_one_seeds_evaluation_target_runs_its_model_and_folds_evaluation(
+    tmp_path: Path, record_min_t: float | None
+) -> None:
     config = load_config(TINY)
     config["training"]["seeds"] = 3
+    config["training"]["record_min_t"] = record_min_t
     workdir = workdir_with_config(tmp_path, config)
     target = "results/eval/ppo/fold_1/seed_2/metrics.json"
     result = snakemake("-n", "--cores", "1", target, "--quiet", "rules", cwd=workdir)
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout + result.stderr)
-    assert counts["evaluate"] == 1  # ppo fold 1, all three seeds: their models are its inputs
-    assert counts["train"] == 1  # ... and one train job writes all three
+    # ppo fold 1, all three seeds: their models are its inputs; with the walk-forward record, fold 0's evaluation
+    # (its test days, all before fold 1's) decides whether fold 1 trades, so it runs first
+    n_folds = 2 if record_min_t is not None else 1
+    assert counts["evaluate"] == n_folds
+    assert counts["train"] == n_folds  # ... and one train job a fold writes all three seeds
     assert "report" not in counts and "baselines" not in counts
 
 
@@ -218,7 +225,7 @@ def test_config_error_is_one_line_on_stderr_and_exit_1(tmp_path: Path) -> None:
     assert lines == [
         "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: "
         "check_every, checkpoint_every, device, epochs, extra_models, gate_min_t, gpu_jobs, horizon, max_updates, models, n_envs, "
-        "patience, precision, seeds, total_steps"
+        "patience, precision, record_min_t, seeds, total_steps"
     ]
     assert "Traceback" not in result.stderr and result.stdout.strip() == ""
     assert not (tmp_path / "results").exists() and not (tmp_path / ".snakemake" / "metadata").exists()

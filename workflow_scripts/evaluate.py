@@ -16,4 +16,5 @@ with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
         config=snakemake.params.config,
         metrics_paths=list(snakemake.output.metrics),
         bars_paths=list(snakemake.output.bars),
+        record_paths=list(snakemake.input.record),
     )

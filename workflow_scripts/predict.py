@@ -15,4 +15,5 @@ with job_context(snakemake.log[0], snakemake.threads, uses_torch=True):
         model_paths=list(snakemake.input.models),
         config=snakemake.params.config,
         out_path=snakemake.output[0],
+        record_paths=list(snakemake.input.record),
     )

@@ -52,7 +52,7 @@ from marketrl.report.build import template_environment
 from marketrl.report.tables import baseline_order
 from marketrl.runtime.io import atomic_write, write_json_atomic
 from marketrl.scoring.batched import score_positions
-from marketrl.scoring.gate import GateDecision, flat_gates, gated_positions
+from marketrl.scoring.gate import FoldRecord, GateDecision, flat_gates, gated_positions, record_gate
 from marketrl.scoring.metrics import to_json_safe
 from marketrl.settings.config import derive_seed
 from marketrl.splits.datasets import env_config_from_config, fold_window, load_feature_tables, tuning_window
@@ -227,6 +227,20 @@ def _gate(
     return gate
 
 
+def _test_record(test: MarketData, positions: Sequence[torch.Tensor], env_config: EnvConfig) -> FoldRecord:
+    """A fold's part of a model's walk-forward record: its seeds' ungated test returns, as the evaluate job
+    writes them (metrics.json ``ungated``) and `read_test_records` reads them back."""
+    scores = score_positions(test, torch.stack(list(positions)), env_config)
+    assert scores.summaries is not None and scores.daily_gross_returns is not None
+    return FoldRecord(
+        days=tuple(str(day) for day in scores.days),
+        daily_net=tuple(float(x) for x in scores.daily_net_returns.mean(axis=0)),
+        daily_gross=tuple(float(x) for x in scores.daily_gross_returns.mean(axis=0)),
+        turnover=float(np.mean([summary["avg_daily_turnover"] for summary in scores.summaries])),
+        n_bars=int(scores.summaries[0]["n_bars"]),
+    )
+
+
 def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: WorldSpec) -> dict[str, Any]:
     """Run one world end to end and score it with the report's verdict; returns its outcome and, per model,
     the mean seed Sharpe, the claims and the smallest Sharpe difference to a baseline (all annualised)."""
@@ -244,6 +258,8 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
     baseline_runs: list[Run] = []
     random_runs: list[Run] = []
     tuned: dict[str, dict[int, HyperoptSummary]] = {}  # the nested-tuning arm's studies, model -> fold
+    records: dict[str, list[FoldRecord]] = {}  # each model's walk-forward record so far (the earlier folds)
+    record_min_t = world["training"]["record_min_t"]
     for fold in range(settings.folds):
         window = fold_window(table, plan, fold, world, "cpu", splits=("train", "validation", "test"))
         train, validation, test = (window.splits[s] for s in ("train", "validation", "test"))
@@ -263,19 +279,24 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
                 )
                 tuned.setdefault(model, {})[fold] = study
                 hparams = dict(study.data["best_params"])
+            # from the second fold on, the model's walk-forward record decides, as in the evaluate job
+            record = record_gate(records[model], record_min_t) if record_min_t is not None and fold else None
+            ungated = []
             # a deterministic model has one distinct run, as in the pipeline (registry.DETERMINISTIC)
             for seed_index in range(1 if zoo_model.deterministic else settings.seeds):
                 seed = derive_seed(world["seed"], "train", model, fold, seed_index)
                 (trained,) = zoo_model.train_seeds(
                     train, validation, run_settings, hparams, "fp32", "cpu", [seed]
                 )
-                # the train job's validation gate (`marketrl.scoring.gate`), on the fold's validation tail
-                gate = _gate(trained, validation, env_config, world["training"]["gate_min_t"])
-                positions = gated_positions(trained.positions(test), gate)
+                # else the train job's validation gate (`marketrl.scoring.gate`), on the fold's validation tail
+                gate = record or _gate(trained, validation, env_config, world["training"]["gate_min_t"])
+                ungated.append(trained.positions(test).to(torch.float32))
+                positions = gated_positions(ungated[-1], gate)
                 bars = evaluate_positions(test, positions, env_config).select(BAR_COLUMNS)
                 matched = _matched_traders(test, positions, world, (model, fold, seed_index))
                 source = Path(f"<calibration {model} fold {fold} seed {seed_index}>")
                 model_runs.append(Run(model, True, fold, seed_index, bars, source, None, matched))
+            records.setdefault(model, []).append(_test_record(test, ungated, env_config))
 
     hyperopt = {model: pooled_fold_studies(model, by_fold) for model, by_fold in tuned.items()}
     inputs = ReportInputs(model_runs, baseline_runs, random_runs, hyperopt, [], plan, hyperopt_folds=tuned)

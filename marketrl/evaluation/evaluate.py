@@ -4,6 +4,8 @@ Every model and baseline sees exactly the same test rows, environment semantics 
 carries per-bar positions, gross returns, costs and net returns (docs/OUTPUTS.md), plus a performance summary. A
 trained model is scored with the env settings and costs recorded in its checkpoint. `validation_sharpe` is the
 agents' form of the validation objective (`marketrl.training.zoo.positions_sharpe`) that hyperopt maximizes.
+Which runs trade is the gate's decision (`marketrl.scoring.gate`): on the first fold each run's validation gate,
+from the second on the model's walk-forward record (`walk_forward_record`, from the earlier folds' metrics.json).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from marketrl.instruments.costs import Costs, costs_from_record
 from marketrl.runtime.io import atomic_writes, json_text
 from marketrl.runtime.provenance import collect
 from marketrl.scoring.batched import score_positions
-from marketrl.scoring.gate import gated_positions
+from marketrl.scoring.gate import FoldRecord, GateDecision, gated_positions, record_gate
 from marketrl.scoring.metrics import average_strategies, performance_summary, to_json_safe
 from marketrl.settings.config import derive_seed
 from marketrl.splits.datasets import (
@@ -157,11 +159,13 @@ def runs_positions(
     env_config: EnvConfig,
     cost_model: Costs,
     device: torch.device,
+    gates: Sequence[GateDecision | None] | None = None,
 ) -> tuple[MarketData, list[torch.Tensor], list[torch.Tensor | None]]:
     """Every run's positions [T] (float32) on the feature rows `rows`, and a forecaster's predictions (None for
     an agent). Each run's rows are normalized with its own checkpoint's statistics (never refit here); agents that
     share them step in lockstep together. Returns the first run's MarketData too: its rows, prices and costs are
-    the same whatever the normalizer. A run its validation gate set flat has all-flat positions."""
+    the same whatever the normalizer. A run its gate set flat has all-flat positions: ``gates`` one decision per
+    run (None: each run's own validation gate, as its checkpoint records it; `applied_gates`)."""
     data_of: dict[str, MarketData] = {}  # per distinct normalizer (the seeds of a fold normally share one)
 
     def data_for(meta: Mapping[str, Any]) -> MarketData:
@@ -189,9 +193,76 @@ def runs_positions(
             ).to(torch.float32)
             for run, predicted in zip(runs, predictions, strict=True)
         ]
-    # a run its validation set flat trades nothing (`marketrl.scoring.gate`); its predictions stay as they are
-    positions = [gated_positions(p, run.gate) for p, run in zip(positions, runs, strict=True)]
+    # a run its gate set flat trades nothing (`marketrl.scoring.gate`); its predictions stay as they are
+    decisions = [run.gate for run in runs] if gates is None else list(gates)
+    positions = [gated_positions(p, gate) for p, gate in zip(positions, decisions, strict=True)]
     return data_for(runs[0].meta), positions, predictions
+
+
+def read_test_records(paths: Sequence[str | Path]) -> list[FoldRecord]:
+    """The walk-forward record's parts: per fold (in fold order), the seeds' mean of the ungated daily returns
+    their metrics.json (``ungated``, `evaluate_job`) records; every seed of a fold must cover the same days."""
+    by_fold: dict[int, list[dict[str, Any]]] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        block = data.get("ungated")
+        if not isinstance(block, Mapping) or not isinstance(data.get("fold"), int):
+            raise ValueError(f"{path}: expected a model's metrics.json with 'fold' and an 'ungated' block")
+        by_fold.setdefault(data["fold"], []).append(dict(block))
+    records = []
+    for fold in sorted(by_fold):
+        blocks = by_fold[fold]
+        days = tuple(blocks[0]["days"])
+        if any(tuple(block["days"]) != days for block in blocks):
+            raise ValueError(f"fold {fold}: the seeds' metrics.json record different test days")
+        net = np.mean([block["daily_net_returns"] for block in blocks], axis=0)
+        gross = np.mean([block["daily_gross_returns"] for block in blocks], axis=0)
+        records.append(
+            FoldRecord(
+                days=days,
+                daily_net=tuple(float(x) for x in np.atleast_1d(net)),
+                daily_gross=tuple(float(x) for x in np.atleast_1d(gross)),
+                turnover=float(np.mean([block["avg_daily_turnover"] for block in blocks])),
+                n_bars=int(blocks[0]["n_bars"]),
+            )
+        )
+    return records
+
+
+def walk_forward_record(
+    record_paths: Sequence[str | Path], min_t: float | None, before: Sequence[Any]
+) -> GateDecision | None:
+    """The record gate of a fold (`marketrl.scoring.gate.record_gate`) from the metrics.json of the model's
+    earlier folds; None (each run's validation gate decides) without a threshold or without earlier folds. Every
+    record day must lie before ``before`` (the days the decision is for): a record never holds a day it decides."""
+    if min_t is None or not record_paths:
+        return None
+    records = read_test_records(record_paths)
+    first = min(str(day) for day in before)
+    late = [day for record in records for day in record.days if day >= first]
+    if late:
+        raise ValueError(
+            f"walk-forward record: day {late[0]} is not before the first day it decides ({first})"
+        )
+    return record_gate(records, min_t)
+
+
+def applied_gates(runs: Sequence[LoadedModel], record: GateDecision | None) -> list[GateDecision | None]:
+    """The decision each run trades under: the model's walk-forward record where it has one, else the run's own
+    validation gate (its checkpoint's)."""
+    return [record if record is not None else run.gate for run in runs]
+
+
+def _ungated(scores: Any, index: int) -> dict[str, Any]:
+    """metrics.json ``ungated``: what run ``index`` would have made with no gate (its part of a later record)."""
+    assert scores.summaries is not None and scores.daily_gross_returns is not None
+    return {
+        "days": [str(day) for day in scores.days],
+        "daily_net_returns": scores.daily_net_returns[index].tolist(),
+        "daily_gross_returns": scores.daily_gross_returns[index].tolist(),
+        "avg_daily_turnover": scores.summaries[index]["avg_daily_turnover"],
+        "n_bars": int(scores.summaries[index]["n_bars"]),
+    }
 
 
 def evaluate_job(
@@ -205,6 +276,7 @@ def evaluate_job(
     config: Mapping[str, Any],
     metrics_paths: Sequence[str],
     bars_paths: Sequence[str],
+    record_paths: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Score every seed of one model x fold on the fold's test days: an agent by its greedy policy, a forecaster
     by its trading rule, with the env settings and costs of its checkpoint; each with its turnover-matched random
@@ -213,7 +285,10 @@ def evaluate_job(
     or none (`atomic_writes`), and returns the metrics in `seed_indices` order.
 
     The metrics JSON records ``kind`` ("agent" | "forecaster"); a forecaster's also records ``horizon``, and its
-    bars carry the ``prediction`` and ``forward_return`` columns (`forecast_columns`).
+    bars carry the ``prediction`` and ``forward_return`` columns (`forecast_columns`). ``record_paths``: the
+    metrics.json of the model's earlier folds (the walk-forward record, `walk_forward_record`; from the second fold
+    on under training.record_min_t); ``flat_gate`` is the decision applied, ``ungated`` what the run would have
+    made without it.
     """
     n_seeds = len(seed_indices)
     if not n_seeds or not n_seeds == len(model_paths) == len(metrics_paths) == len(bars_paths):
@@ -226,7 +301,21 @@ def evaluate_job(
     fold_spec = FoldPlan.load(folds_path).fold(fold)
     # only the tables holding a test day are read (and hash-checked): the test rows need no other
     test_rows = select_rows(load_features_for_days(manifest_path, fold_spec.test_days), fold_spec, "test")
-    data, positions, predictions = runs_positions(runs, test_rows, env_config, cost_model, device)
+    record = walk_forward_record(record_paths, config["training"]["record_min_t"], fold_spec.test_days)
+    gates = applied_gates(runs, record)
+    data, ungated, predictions = runs_positions(
+        runs, test_rows, env_config, cost_model, device, gates=[None] * len(runs)
+    )
+    positions = [gated_positions(p, gate) for p, gate in zip(ungated, gates, strict=True)]
+    if record is not None:
+        log.info(
+            "%s fold %d: walk-forward record t %.2f over %d days -> %s",
+            model,
+            fold,
+            record.t_stat,
+            record.n_days,
+            "set flat" if record.set_flat else "trades",
+        )
     # Scored on the CPU: its scatter sums and products run in a fixed order, CUDA's atomics do not, and the same
     # config must give the same bytes. A few seconds for a model x fold of demo size (bench/speed/evaluate.py).
     cpu = torch.device("cpu")
@@ -237,10 +326,13 @@ def evaluate_job(
         config,
         [(model, fold, s) for s in seed_indices],
     )
+    unscored = score_positions(
+        data.to(cpu), torch.stack([p.to(cpu, torch.float32) for p in ungated]), env_config
+    )
     provenance = collect(dict(config), device=str(device))  # the same for every seed: collected once
     frames, results = [], []
-    for (bars, scored), seed_index, run, model_path, predicted in zip(
-        scored_runs, seed_indices, runs, model_paths, predictions, strict=True
+    for index, ((bars, scored), seed_index, run, model_path, predicted, gate) in enumerate(
+        zip(scored_runs, seed_indices, runs, model_paths, predictions, gates, strict=True)
     ):
         extra: dict[str, Any] = {}
         if predicted is not None and run.horizon is not None:
@@ -262,7 +354,8 @@ def evaluate_job(
                 **_test_span(bars),
                 **scored,
                 "model": {"path": str(model_path), **run.info},
-                **({} if run.gate is None else {"flat_gate": run.gate.to_dict()}),
+                **({} if gate is None else {"flat_gate": gate.to_dict()}),
+                "ungated": _ungated(unscored, index),
                 "provenance": provenance,
             }
         )

@@ -28,14 +28,17 @@ from marketrl.env import evaluate_positions
 from marketrl.env.market_data import series_order
 from marketrl.evaluation.evaluate import (
     BAR_COLUMNS,
+    applied_gates,
     forecast_columns,
     load_runs,
     runs_positions,
+    walk_forward_record,
 )
 from marketrl.features import FEATURE_SET_VERSION
 from marketrl.instruments.costs import symbol_root
 from marketrl.runtime.io import atomic_write
 from marketrl.runtime.provenance import collect, sha256_file
+from marketrl.scoring.metrics import to_json_safe
 from marketrl.splits.datasets import manifest_files
 from marketrl.splits.folds import FoldPlan
 
@@ -194,6 +197,7 @@ def predict_job(
     model_paths: Sequence[str],
     config: Mapping[str, Any],
     out_path: str,
+    record_paths: Sequence[str] = (),
 ) -> pl.DataFrame:
     """Apply every seed of `model` (fold `predict.fold`) to one new file's feature table; write its per-bar table.
 
@@ -204,7 +208,8 @@ def predict_job(
     `with_stand_in_bars`); the last bar of a chain inside the file (before a halt) has no row. A
     forecaster adds its prediction (the ensemble's: the seeds' mean) and the realized forward return. The
     provenance (checkpoint hashes, feature set version, costs, the job's config slice) is the table's Parquet
-    metadata under `PROVENANCE_KEY`.
+    metadata under `PROVENANCE_KEY`. Each seed trades under the gate its fold's evaluation applied
+    (`applied_gates`: the walk-forward record of the folds before it, ``record_paths``, else its validation gate).
     """
     if not seed_indices or len(seed_indices) != len(model_paths):
         raise ValueError(
@@ -221,7 +226,11 @@ def predict_job(
             f"predict_job: checkpoints of fold(s) {sorted(map(str, folds))}, expected {trained.fold}"
         )
     extended, stand_ins = with_stand_in_bars(rows, env_config.max_gap)
-    data, positions, predictions = runs_positions(runs, extended, env_config, cost_model, device)
+    record = walk_forward_record(
+        record_paths, config["training"]["record_min_t"], rows["trading_day"].unique().to_list()
+    )
+    gates = applied_gates(runs, record)
+    data, positions, predictions = runs_positions(runs, extended, env_config, cost_model, device, gates=gates)
     cpu = torch.device("cpu")
     data = data.to(cpu)
     positions = [p.to(cpu) for p in positions]
@@ -260,6 +269,7 @@ def predict_job(
         "trained_on": {**trained.data, "roots": list(trained.roots)},
         "costs": cost_model.to_config(),
         "horizon": horizon,
+        "flat_gates": [None if gate is None else to_json_safe(gate.to_dict()) for gate in gates],
         "provenance": collect(dict(config), device=str(device)),
     }
     arrow = table.to_arrow()

@@ -84,11 +84,12 @@ class BarLayout:
 @dataclass(frozen=True)
 class TraderScores:
     """Scores of K traders: session days [n_days] (datetime64[D]), daily net portfolio returns [K, n_days], and
-    each trader's `performance_summary` (None when not asked for)."""
+    each trader's `performance_summary` and daily gross returns [K, n_days] (both None when not asked for)."""
 
     days: np.ndarray
     daily_net_returns: np.ndarray
     summaries: list[dict[str, Any]] | None
+    daily_gross_returns: np.ndarray | None = None
 
 
 def _group_sum(values: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
@@ -117,20 +118,25 @@ def score_positions(
     are scored at a time (default CPU_CHUNK on the CPU, DEFAULT_CHUNK elsewhere)."""
     layout = layout or BarLayout.of(data)
     chunk = chunk or (CPU_CHUNK if data.device.type == "cpu" else DEFAULT_CHUNK)
-    daily, per_trader = [], []
+    daily, daily_gross, per_trader = [], [], []
     for first in range(0, positions.shape[0], chunk):
-        chunk_daily, chunk_summaries = _score_chunk(
+        chunk_daily, chunk_gross, chunk_summaries = _score_chunk(
             data, positions[first : first + chunk], config, layout, summaries
         )
         daily.append(chunk_daily)
+        daily_gross.append(chunk_gross)
         per_trader.extend(chunk_summaries)
-    daily_returns = np.concatenate(daily) if daily else np.zeros((0, layout.days.size))
-    return TraderScores(layout.days, daily_returns, per_trader if summaries else None)
+    empty = np.zeros((0, layout.days.size))
+    daily_returns = np.concatenate(daily) if daily else empty
+    if not summaries:
+        return TraderScores(layout.days, daily_returns, None)
+    gross_returns = np.concatenate(daily_gross) if daily_gross else empty
+    return TraderScores(layout.days, daily_returns, per_trader, gross_returns)
 
 
 def _score_chunk(
     data: MarketData, positions: torch.Tensor, config: EnvConfig, layout: BarLayout, summaries: bool
-) -> tuple[np.ndarray, list[dict[str, Any]]]:
+) -> tuple[np.ndarray, np.ndarray | None, list[dict[str, Any]]]:
     results = decision_results(data, positions, config)
     # float64 from here on, as the per-bar table stores them; net = gross − cost in float64, as it does
     gross = results.gross_return.double()
@@ -142,7 +148,7 @@ def _score_chunk(
     bar_net = _group_sum(net, layout.bar_id, layout.n_bars) / layout.n_instruments
     day_net = _group_prod(1.0 + bar_net, layout.day_id, n_days) - 1.0
     if not summaries:
-        return day_net.cpu().numpy(), []
+        return day_net.cpu().numpy(), None, []
     bar_gross = _group_sum(gross, layout.bar_id, layout.n_bars) / layout.n_instruments
     day_gross = _group_prod(1.0 + bar_gross, layout.day_id, n_days) - 1.0
     total_cost = (_group_sum(cost, layout.bar_id, layout.n_bars) / layout.n_instruments).sum(1)
@@ -188,4 +194,4 @@ def _score_chunk(
                 total_cost=float(host["total_cost"][k]),
             )
         )
-    return day_net_host, out
+    return day_net_host, day_gross_host, out

@@ -15,26 +15,54 @@ S = 2 x sqrt(252 / n) passes five times in six. A run flat on every validation b
 (t is undefined) and is set flat too. The decision is made per run (seed) and recorded in its checkpoint, its
 train log and its evaluation metrics (``flat_gate``), so the report says which runs were set flat and which
 learned to stay flat by themselves.
+
+Two days of validation are little evidence: a run that only pays costs still passes ``t >= 1`` about one time in
+six, and its selection (early stopping, the tuning window) used the same days. So the validation gate decides only
+where nothing better exists, the first fold (``training.gate_min_t``, 1.5 by default: no record, more evidence
+asked). From the second fold on, a model trades a fold's test days only when its **walk-forward record** earns after
+costs: the daily net returns its runs of every earlier fold made on their own test days, as they would have traded
+ungated, the seeds' mean per day, all before this fold's first test day and never seen by any of its selection;
+the model trades (every seed, each with its own policy) when that record's t-statistic
+
+    t = mean(daily net) / sd(daily net) x sqrt(n_days)
+
+reaches ``training.record_min_t`` (1.0), and is set flat otherwise (`record_gate`, basis "record"). The record is
+ten times the validation tail's length after one fold of the demo, so it tells a real edge from cost-paying noise
+far more often (docs/METRICS.md "The validation gate and the walk-forward record").
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from marketrl.env import EnvConfig, MarketData
 from marketrl.scoring.batched import score_positions
 
-__all__ = ["GateDecision", "flat_gates", "gated_positions"]
+__all__ = [
+    "RECORD",
+    "VALIDATION",
+    "FoldRecord",
+    "GateDecision",
+    "flat_gates",
+    "gated_positions",
+    "record_gate",
+]
+
+#: what a decision was made on: the run's own validation tail, or the model's walk-forward record
+VALIDATION, RECORD = "validation", "record"
 
 
 @dataclass(frozen=True)
 class GateDecision:
-    """One run's validation gate: ``set_flat`` when ``t_stat`` < ``min_t`` (or undefined); the validation
-    statistics it was decided on (annualised net and gross Sharpe, contracts per day per instrument, bars)."""
+    """One run's gate: ``set_flat`` when ``t_stat`` < ``min_t`` (or undefined); the statistics it was decided on
+    (annualised net and gross Sharpe, contracts per day per instrument, bars, days) and their ``basis``:
+    VALIDATION (the run's validation tail) or RECORD (the model's walk-forward record, `record_gate`)."""
 
     set_flat: bool
     t_stat: float
@@ -44,6 +72,7 @@ class GateDecision:
     turnover: float
     n_bars: int
     n_days: int
+    basis: str = VALIDATION
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for a checkpoint or a JSON (NaN where a statistic is undefined)."""
@@ -54,7 +83,7 @@ class GateDecision:
         """The decision a checkpoint or JSON recorded, or None where it has none (a run from before the gate)."""
         if not isinstance(record, dict) or "set_flat" not in record:
             return None
-        return cls(**{key: record[key] for key in cls.__dataclass_fields__})
+        return cls(**{key: record[key] for key in cls.__dataclass_fields__ if key in record})
 
 
 def _number(value: Any) -> float:
@@ -90,3 +119,43 @@ def flat_gates(
 def gated_positions(positions: torch.Tensor, gate: GateDecision | None) -> torch.Tensor:
     """A run's positions as the gate lets it trade them: all flat when it was set flat, else unchanged."""
     return torch.zeros_like(positions) if gate is not None and gate.set_flat else positions
+
+
+@dataclass(frozen=True)
+class FoldRecord:
+    """What a model's runs made on one fold's test days as they would have traded without any gate: the days,
+    the seeds' mean daily net and gross portfolio returns [n_days], their mean turnover (contracts per day per
+    instrument) and the bars scored (metrics.json ``ungated``, written by the evaluate job)."""
+
+    days: tuple[str, ...]
+    daily_net: tuple[float, ...]
+    daily_gross: tuple[float, ...]
+    turnover: float
+    n_bars: int
+
+
+def _annualised(values: np.ndarray) -> float:
+    sd = float(values.std(ddof=1)) if values.size > 1 else math.nan
+    return float(values.mean() / sd * math.sqrt(252)) if sd > 0 else math.nan
+
+
+def record_gate(records: Sequence[FoldRecord], min_t: float) -> GateDecision:
+    """The walk-forward record's decision from the earlier folds' test records (in time order, none overlapping
+    the fold it decides for): trade when t = mean / sd x sqrt(n) of the daily net returns reaches ``min_t``."""
+    net = np.array([value for record in records for value in record.daily_net], dtype=np.float64)
+    gross = np.array([value for record in records for value in record.daily_gross], dtype=np.float64)
+    days = sum(len(record.days) for record in records)
+    sd = float(net.std(ddof=1)) if net.size > 1 else math.nan
+    t_stat = float(net.mean() / sd * math.sqrt(net.size)) if sd > 0 else math.nan
+    turnover = float(np.mean([record.turnover for record in records])) if records else 0.0
+    return GateDecision(
+        set_flat=not (t_stat >= min_t),  # NaN (no record, or it never traded) sets the model flat
+        t_stat=t_stat,
+        min_t=float(min_t),
+        net_sharpe=_annualised(net),
+        gross_sharpe=_annualised(gross),
+        turnover=turnover,
+        n_bars=sum(record.n_bars for record in records),
+        n_days=days,
+        basis=RECORD,
+    )

@@ -22,7 +22,8 @@ The rules, with their thresholds (module constants):
   trades at all; "always_in_market" when at most IN_MARKET_FLAT_SHARE are; "churns" when it is not always flat,
   its cost drag is at least MIN_CHURN_DRAG (the turnover is material: the costs take that much Sharpe) and
   larger than its gross edge, max(gross Sharpe, 0); "set_flat_by_validation" when the validation gate
-  (metrics.json `flat_gate`, marketrl.scoring.gate) set at least one of its seed-folds flat.
+  (metrics.json `flat_gate`, marketrl.scoring.gate) set at least one of its seed-folds flat, and
+  "set_flat_by_record" when the walk-forward record (its basis "record") did.
 """
 
 from __future__ import annotations
@@ -48,17 +49,19 @@ MIN_CURVE_POINTS = 3
 
 CONVERGED, STILL_MOVING, UNSTABLE, UNKNOWN = "converged", "still moving", "unstable", "unknown"
 NO_CURVE = "no validation curve"
-ALWAYS_FLAT, IN_MARKET, CHURNS, SET_FLAT = (
+ALWAYS_FLAT, IN_MARKET, CHURNS, SET_FLAT, SET_FLAT_RECORD = (
     "always_flat",
     "always_in_market",
     "churns",
     "set_flat_by_validation",
+    "set_flat_by_record",
 )
 FLAG_LABELS = {
     ALWAYS_FLAT: "always flat",
     IN_MARKET: "always in the market",
     CHURNS: "churns",
     SET_FLAT: "set flat by its validation",
+    SET_FLAT_RECORD: "set flat by its walk-forward record",
 }
 
 
@@ -199,7 +202,13 @@ def convergence(logs: Sequence[TrainLog]) -> Convergence:
 
 
 def policy_flags(
-    *, gross: float, cost_drag: float, flat_share: float, turnover: float, n_set_flat: int = 0
+    *,
+    gross: float,
+    cost_drag: float,
+    flat_share: float,
+    turnover: float,
+    n_set_flat: int = 0,
+    n_set_flat_by_record: int = 0,
 ) -> list[str]:
     """The degenerate-policy flags of one model from its pooled numbers (module docstring)."""
     flags = []
@@ -211,8 +220,10 @@ def policy_flags(
     edge = max(gross, 0.0) if math.isfinite(gross) else 0.0
     if not always_flat and math.isfinite(cost_drag) and cost_drag >= MIN_CHURN_DRAG and cost_drag > edge:
         flags.append(CHURNS)
-    if n_set_flat > 0:
+    if n_set_flat > n_set_flat_by_record:
         flags.append(SET_FLAT)
+    if n_set_flat_by_record > 0:
+        flags.append(SET_FLAT_RECORD)
     return flags
 
 
@@ -230,6 +241,9 @@ class LearningDiagnostics:
     n_runs: int  # seed-folds evaluated
     n_gate_recorded: int  # seed-folds whose metrics.json has a flat_gate record
     n_set_flat: int  # seed-folds the gate set flat
+    n_set_flat_by_record: (
+        int  # of them, those the walk-forward record set flat (the others: their validation)
+    )
     gates: tuple[dict[str, Any], ...]  # per recorded seed-fold: fold, seed_index and the record
     convergence: Convergence
     flags: tuple[str, ...]
@@ -260,19 +274,30 @@ class LearningDiagnostics:
                 "seed_folds": self.n_runs,
                 "recorded": self.n_gate_recorded,
                 "set_flat": self.n_set_flat,
+                "set_flat_by_record": self.n_set_flat_by_record,
                 "per_run": list(self.gates),
             },
             "convergence": self.convergence.to_record(),
         }
 
 
-def _seed_folds(count: int, total: int) -> str:
-    return f"{count} of {total} seed-fold{'s' if total != 1 else ''}"
+def _share_in_market(share: float) -> str:
+    """A share of bars as a percentage, never "0.0%" for a share that is not zero."""
+    return f"{100 * share:.1f}%" if share >= 0.0005 or share <= 0 else "< 0.1%"
+
+
+def _set_flat_text(d: LearningDiagnostics) -> str:
+    """ "set flat by its validation on v[ and by its walk-forward record on r] of n seed-folds" """
+    by_validation = d.n_set_flat - d.n_set_flat_by_record
+    parts = [f"by its validation on {by_validation}"] if by_validation else []
+    if d.n_set_flat_by_record:
+        parts.append(f"by its walk-forward record on {d.n_set_flat_by_record}")
+    return f"set flat {' and '.join(parts)} of {d.n_runs} seed-fold{'s' if d.n_runs != 1 else ''}"
 
 
 def learning_summary(d: LearningDiagnostics) -> str:
     """The one line a reader takes in at a glance: what the policy does, then whether its training settled."""
-    gated = f"set flat by its validation on {_seed_folds(d.n_set_flat, d.n_runs)}"
+    gated = _set_flat_text(d)
     if d.n_set_flat and d.n_set_flat == d.n_runs:
         head = f"did not learn to trade: {gated}"
     elif ALWAYS_FLAT in d.flags and not d.turnover > 0:
@@ -280,7 +305,7 @@ def learning_summary(d: LearningDiagnostics) -> str:
     else:
         numbers = f"gross {d.gross_sharpe:.1f}, cost drag {d.cost_drag:.1f}"
         if ALWAYS_FLAT in d.flags:  # flat on almost every bar, yet some runs trade: say what those earn
-            head = f"trades rarely ({100 * (1 - d.flat_share):.1f}% of bars in the market): {numbers}"
+            head = f"trades rarely ({_share_in_market(1 - d.flat_share)} of bars in the market): {numbers}"
         elif CHURNS in d.flags:
             head = f"churns: cost drag {d.cost_drag:.1f} above gross edge {d.gross_sharpe:.1f}"
         elif IN_MARKET in d.flags:
@@ -315,12 +340,14 @@ def learning_diagnostics(inputs: ReportInputs, agents: Sequence[Strategy]) -> di
             if run.flat_gate is not None
         )
         n_set_flat = sum(bool(gate["set_flat"]) for gate in gates)
+        by_record = sum(bool(gate["set_flat"]) and gate.get("basis") == "record" for gate in gates)
         flags = policy_flags(
             gross=gross,
             cost_drag=gross - net,
             flat_share=flat_share,
             turnover=0.0 if all(t == 0.0 for t in turnovers) else turnover,
             n_set_flat=n_set_flat,
+            n_set_flat_by_record=by_record,
         )
         result[model] = LearningDiagnostics(
             model=model,
@@ -333,6 +360,7 @@ def learning_diagnostics(inputs: ReportInputs, agents: Sequence[Strategy]) -> di
             n_runs=len(runs),
             n_gate_recorded=len(gates),
             n_set_flat=n_set_flat,
+            n_set_flat_by_record=by_record,
             gates=gates,
             convergence=convergence([log for log in inputs.train_logs if log.model == model]),
             flags=tuple(flags),

@@ -247,7 +247,12 @@ def _flat_gate(path: Path, block: Any) -> dict[str, Any]:
     expected = f"an object with a boolean 'set_flat' and numbers (or null) {list(FLAT_GATE_NUMBERS)}"
     if not isinstance(block, Mapping) or not isinstance(block.get("set_flat"), bool):
         raise ReportInputError(f"{path}: field 'flat_gate' must be {expected}")
-    gate: dict[str, Any] = {"set_flat": block["set_flat"]}
+    basis = block.get("basis", "validation")  # metrics from before the walk-forward record have no basis
+    if basis not in ("validation", "record"):
+        raise ReportInputError(
+            f"{path}: field 'flat_gate.basis' must be 'validation' or 'record', got {basis!r}"
+        )
+    gate: dict[str, Any] = {"set_flat": block["set_flat"], "basis": basis}
     for key in FLAT_GATE_NUMBERS:
         value = block.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):

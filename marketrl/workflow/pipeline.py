@@ -320,6 +320,18 @@ def predict_model_files(config: dict[str, Any], model: str) -> list[str]:
     return [paths.MODEL.format(model=model, fold=fold, seed=seed) for seed in seed_indices(config, model)]
 
 
+def record_metrics_files(config: dict[str, Any], model: str, fold: int) -> list[str]:
+    """The metrics.json of every seed of `model` in the folds before `fold`: the walk-forward record that decides
+    whether the model trades fold `fold` (marketrl.scoring.gate); none without training.record_min_t."""
+    if config["training"]["record_min_t"] is None:
+        return []
+    return [
+        paths.EVAL_METRICS.format(model=model, fold=earlier, seed=seed)
+        for earlier in range(fold)
+        for seed in seed_indices(config, model)
+    ]
+
+
 def predict_outputs(config: dict[str, Any]) -> list[str]:
     """One per-bar table per predicted model x new file (the `predict_all` target)."""
     return [

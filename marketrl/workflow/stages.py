@@ -151,6 +151,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.device",
         "training.extra_models",
         "training.n_envs",
+        "training.record_min_t",  # the walk-forward record's gate (marketrl.scoring.gate)
     ),
     "baselines": (
         "seed",
@@ -171,6 +172,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "evaluation.momentum_lookback",
         "training.gate_min_t",
         "training.n_envs",
+        "training.record_min_t",
     ),
     "calibration": _CALIBRATION,
     # Trained models applied to new files (marketrl/evaluation/predict.py): scored like evaluate scores a model.
@@ -181,6 +183,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.device",
         "training.extra_models",
         "training.n_envs",
+        "training.record_min_t",
     ),
     # Exported models (marketrl/training/export.py): everything else comes from the checkpoint itself.
     "export": ("training.extra_models",),
@@ -228,7 +231,8 @@ DOWNSTREAM: dict[str, tuple[str, ...]] = {
     "hyperopt_worker": ("hyperopt_best",),
     "hyperopt_best": ("train", "report"),
     "train": ("evaluate", "report", "predict", "export"),
-    "evaluate": ("report",),
+    # a fold's evaluation reads the earlier folds' metrics (the walk-forward record), and predict a fold's record
+    "evaluate": ("evaluate", "report", "predict"),
     "baselines": ("report",),
     "report": (),
     "calibration_worlds": ("calibration",),
