@@ -26,6 +26,7 @@ from marketrl.scoring.stats import is_finite_number
 from marketrl.settings.config import derive_seed
 from marketrl.settings.registry import DETERMINISTIC
 from marketrl.verdict import diagnostics
+from marketrl.verdict.days import DaysToAnswer, days_to_answer
 from marketrl.verdict.inputs import (
     AGENT,
     BASELINES,
@@ -507,6 +508,8 @@ def build_context(
         "all_baselines": BASELINES,
         "verdicts": verdicts,
         "family": family,
+        "days_to_answer": _days_to_answer(family, config),
+        "rules_test_days": int(config["folds"]["test_days"]),
         "dsr_threshold": DSR_THRESHOLD,
         "dsr_assumptions": _grouped_assumptions(verdicts),
         "annualizer": ANNUALIZER,
@@ -551,6 +554,13 @@ def render(context: Mapping[str, Any]) -> str:
     return template_environment().get_template("report.html").render(**context)
 
 
+def _days_to_answer(family: FamilySummary, config: Mapping[str, Any]) -> tuple[DaysToAnswer, ...]:
+    """The run's detectable edges projected to the pooled test days an edge of 1, 2 and 3 would need."""
+    return days_to_answer(
+        family.detectable, family.one_comparison_detectable, family.n_days, int(config["folds"]["test_days"])
+    )
+
+
 def _finite(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
@@ -575,6 +585,7 @@ def verdict_record(
         "pooled_test_days": family.n_days,
         "detectable_sharpe_difference": _finite(family.detectable),
         "one_comparison_detectable": _finite(family.one_comparison_detectable),
+        "days_to_answer": [row.to_record() for row in _days_to_answer(family, config)],
         "models": {
             v.model: {
                 "beats_every_baseline": v.beats,

@@ -96,15 +96,18 @@ def _meta(model: str, kind: str, loaded: LoadedModel, exportable: Exportable) ->
         "precision": loaded.meta.get("precision"),
         "costs": extra.get("costs"),
         **exportable.fields,
-        # the validation gate (marketrl.scoring.gate): set_flat means the pipeline trades this run flat
+        # the validation gate (marketrl.scoring.gate): on the first fold, set_flat means the pipeline trades this
+        # run flat; from the second fold on the model's walk-forward record decides (metrics.json `flat_gate`)
         **(
             {}
             if loaded.gate is None
             else {
                 "flat_gate": {
                     **to_json_safe(loaded.gate.to_dict()),
-                    "meaning": "set_flat true: the pipeline holds this run flat on every bar (its validation "
-                    "days showed no edge after costs); the module's own output is then not used",
+                    "meaning": "the run's validation gate. On the first fold, set_flat true: the pipeline holds "
+                    "this run flat on every bar (its validation days showed no edge after costs) and the module's "
+                    "own output is not used. From the second fold on, the model's walk-forward record (the "
+                    "earlier folds' test days) decides instead: metrics.json 'flat_gate' of the fold's evaluation",
                 }
             }
         ),
