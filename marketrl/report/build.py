@@ -463,6 +463,8 @@ def build_context(
         random_seeds,
         {b["name"]: b["stats"].sharpe for b in baseline_stats},
         quality,
+        n_boot=n_boot,
+        seed=root_seed,
     )
     spreads = [tables.seed_spread(model, agents, n_boot, root_seed) for model in models]
     random_fold_sharpe = {
@@ -571,13 +573,16 @@ def verdict_record(
     config: Mapping[str, Any],
     eval_files: Sequence[str],
     learning: Sequence[diagnostics.LearningDiagnostics] = (),
+    leaderboard: Sequence[tables.LeaderboardRow] = (),
 ) -> dict[str, Any]:
     """The report's verdict as plain data (``results/verdict.json``): the models that beat every baseline at the
     family-wise level (``winners``; the predict stage's default models), each model's claim, adjusted p-value,
-    binding baseline and annualised Sharpe with its interval and, from `learning`, whether it learned
+    binding baseline and annualised Sharpe with its interval, from `leaderboard` its break-even cost
+    (``break_even_cost``) and, from `learning`, whether it learned
     (``diagnostics``: docs/OUTPUTS.md), what the run could detect, the report's headline (``sentence``: the
     family sentence the verdict section opens with, which `make run` prints last) and provenance."""
     learned = {d.model: d.to_record() for d in learning}
+    costs = {row.name: row.break_even for row in leaderboard if row.break_even is not None}
     return {
         "sentence": family.sentence,
         "winners": [v.model for v in verdicts if v.beats],
@@ -598,6 +603,7 @@ def verdict_record(
                     "hi": _finite(v.sharpe.hi),
                 },
                 "deterministic": v.deterministic,
+                **({"break_even_cost": costs[v.model].to_record()} if v.model in costs else {}),
                 **({"diagnostics": learned[v.model]} if v.model in learned else {}),
             }
             for v in verdicts
@@ -635,7 +641,12 @@ def build_report(
         tmps[0].write_text(html, encoding="utf-8")
         if verdict_path is not None:
             record = verdict_record(
-                context["verdicts"], context["family"], config, eval_files, context["learning"]
+                context["verdicts"],
+                context["family"],
+                config,
+                eval_files,
+                context["learning"],
+                context["leaderboard"],
             )
             tmps[1].write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     log.info("report: %s (%.0f kB)", out_path, len(html.encode()) / 1024)

@@ -13,6 +13,7 @@ import numpy as np
 from marketrl.report.forecast import ForecastQuality
 from marketrl.scoring.stats import ConfidenceInterval, interquartile_mean, is_finite_number
 from marketrl.settings.config import derive_seed
+from marketrl.verdict.break_even import BreakEven, break_even
 from marketrl.verdict.diagnostics import mean_gross_and_net
 from marketrl.verdict.inputs import (
     BASELINES,
@@ -206,6 +207,7 @@ class LeaderboardRow:
     verdict: str = ""  # "beats", "does-not-beat", "not-enough-data"; "" for baselines
     claims: tuple[tuple[str, str], ...] = ()  # (short baseline label, "beats" | "worse") of the family test
     note: str = ""
+    break_even: BreakEven | None = None  # cost multiple at which the pooled net return over flat is 0
 
 
 def _finite_median(values: Any) -> float:
@@ -223,11 +225,14 @@ def leaderboard(
     random_seeds: Sequence[Strategy],
     baseline_sharpes: Mapping[str, ConfidenceInterval],
     quality: Mapping[str, ForecastQuality],
+    n_boot: int = 0,
+    seed: int = 0,
 ) -> list[LeaderboardRow]:
     """Every model and every baseline in one table, sorted by net Sharpe (undefined last).
 
     Models: the verdict's mean-over-seeds Sharpe and CI, the DSR of their tuning, IC statistics (forecasters),
-    turnover and cost drag as means over seeds. Random traders: the median trader of each statistic.
+    turnover and cost drag as means over seeds, the break-even cost (`break_even`, its interval from ``n_boot``
+    resamples). Random traders: the median trader of each statistic.
     """
     rows: list[LeaderboardRow] = []
     for verdict in verdicts:
@@ -260,6 +265,9 @@ def leaderboard(
                 if verdict.beats
                 else ("does-not-beat" if verdict.enough_data else "not-enough-data"),
                 claims=claims,
+                break_even=break_even(
+                    members, n_boot, derive_seed(seed, "report", "break_even", verdict.model)
+                ),
             )
         )
     for baseline in baselines:
@@ -275,6 +283,9 @@ def leaderboard(
                 gross_sharpe=gross,
                 cost_drag=gross - net,
                 turnover=float(baseline.pooled_summary["avg_daily_turnover"]),
+                break_even=break_even(
+                    [baseline], n_boot, derive_seed(seed, "report", "break_even", baseline.name)
+                ),
             )
         )
     if random_seeds:
