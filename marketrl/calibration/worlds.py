@@ -438,7 +438,7 @@ def _arms(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings) ->
             members = _members(worlds, edge, kind, days)
             counts = {outcome: sum(w["outcome"] == outcome for w in members) for outcome in OUTCOMES}
             sharpes = {
-                model: float(np.nanmean([_nan(w["models"][model]["sharpe"]) for w in members]))
+                model: _finite_mean([_nan(w["models"][model]["sharpe"]) for w in members])
                 for model in settings.models
             }
             arms.append(
@@ -451,11 +451,17 @@ def _arms(worlds: Sequence[Mapping[str, Any]], settings: CalibrationSettings) ->
                     "beats": _rate(counts["beats"], len(members)),
                     "outcomes": counts,
                     "mean_sharpe": sharpes,
-                    "mean_best_min_diff": float(np.nanmean([_best_min_diff(w) for w in members])),
-                    "mean_formula_detectable": float(np.nanmean([_nan(w["detectable"]) for w in members])),
+                    "mean_best_min_diff": _finite_mean([_best_min_diff(w) for w in members]),
+                    "mean_formula_detectable": _finite_mean([_nan(w["detectable"]) for w in members]),
                 }
             )
     return arms
+
+
+def _finite_mean(values: Sequence[float]) -> float:
+    """Mean of the finite values; NaN when there is none (every world of the arm left it undefined)."""
+    finite = [value for value in values if math.isfinite(value)]
+    return float(np.mean(finite)) if finite else math.nan
 
 
 def _false_positive(arms: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
