@@ -20,7 +20,9 @@ from tests.test_report import _parse
 def _strategy(gross: np.ndarray, cost: np.ndarray, seed_index: int = 0) -> Strategy:
     """One bar a day: its gross return and the cost it paid."""
     days = np.arange(np.datetime64("2024-03-01"), np.datetime64("2024-03-01") + gross.size)
-    series = ReturnSeries(ts=days.astype("datetime64[ns]"), day=days, net=gross - cost, gross=gross, cost=cost)
+    series = ReturnSeries(
+        ts=days.astype("datetime64[ns]"), day=days, net=gross - cost, gross=gross, cost=cost
+    )
     return Strategy("model", True, seed_index, {}, pooled=series)
 
 
