@@ -26,7 +26,7 @@ import itertools
 import logging
 import re
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,11 +60,13 @@ __all__ = [
     "BarFile",
     "DataConfigError",
     "DataFileError",
+    "Resorted",
     "check_price_jumps",
     "chunked_like",
     "dbn_stem",
     "parse_bar_size",
     "read_bars",
+    "resorted_note",
     "time_ordered",
 ]
 
@@ -102,6 +104,22 @@ _BAR_SIZE_RE = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
 _UNIT_NS = {"s": NS_PER_SECOND, "m": 60 * NS_PER_SECOND, "h": 3600 * NS_PER_SECOND, "d": NS_PER_DAY}
 
 
+# Tie-breakers after ts_event, where the schema has them: the order in which the venue sent the records. They let
+# a re-sort restore the order of same-nanosecond trades (which set a bar's open and close); _ByInstrument.take
+# drops them.
+ORDER_KEYS = ("ts_recv", "sequence")
+
+
+@dataclass(frozen=True)
+class Resorted:
+    """One instrument's records that came out of time order and were re-sorted."""
+
+    instrument_id: int
+    first_ts: Any  # the first ts_event earlier than the record before it
+    steps_back: int  # records earlier than the record before them
+    records: int  # the instrument's records (trades, or bars)
+
+
 @dataclass(frozen=True)
 class BarFile:
     """Time bars decoded from one file, sorted by (instrument_id, ts_event)."""
@@ -120,11 +138,30 @@ class BarFile:
     )
     dropped_in_halt: int = 0  # of those, the bars inside the daily halt
     calendar: SessionCalendar | None = None
+    resorted: tuple[Resorted, ...] = ()  # instruments whose records came out of time order (tick schemas)
+
+    @property
+    def resorted_note(self) -> str | None:
+        """What was re-sorted (the feature table's metadata says so), None when the file was in order."""
+        return resorted_note(self.resorted)
 
     @property
     def has_book(self) -> bool:
         """True when the bars carry top-of-book columns (quote schemas)."""
         return self.schema in QUOTE_SCHEMAS
+
+
+def resorted_note(resorted: Sequence[Resorted]) -> str | None:
+    """One line saying which instruments' records were re-sorted and by what, None for none."""
+    if not resorted:
+        return None
+    keys = ", ".join(("ts_event", *ORDER_KEYS))
+    return "; ".join(
+        f"{r.steps_back} of {r.records} records of instrument {r.instrument_id} out of time order "
+        f"(first at {r.first_ts}), re-sorted by {keys} where the schema has them "
+        "(records equal on all keys keep the file's order)"
+        for r in resorted
+    )
 
 
 def parse_bar_size(bar_size: str) -> int:
@@ -288,6 +325,12 @@ def _ohlcv_frame(records: np.ndarray) -> pl.DataFrame:
     )
 
 
+def _order_keys(records: np.ndarray) -> list[pl.Series]:
+    """The ``ORDER_KEYS`` columns that ``records`` has."""
+    names = records.dtype.names or ()
+    return [pl.Series(f"_{key}", records[key]) for key in ORDER_KEYS if key in names]
+
+
 def _trade_frame(records: np.ndarray) -> pl.DataFrame:
     trades = records[records["action"] == _TRADE_ACTION]
     return pl.DataFrame(
@@ -296,6 +339,7 @@ def _trade_frame(records: np.ndarray) -> pl.DataFrame:
             pl.Series("instrument_id", trades["instrument_id"]),
             _prices(trades["price"]).alias("price"),
             pl.Series("size", trades["size"]),
+            *_order_keys(trades),
         ]
     )
 
@@ -310,6 +354,7 @@ def _book_frame(records: np.ndarray) -> pl.DataFrame:
             _prices(records["ask_px_00"]).alias("ask_px"),
             pl.Series("bid_sz", records["bid_sz_00"]).cast(pl.Float64),
             pl.Series("ask_sz", records["ask_sz_00"]).cast(pl.Float64),
+            *_order_keys(records),
         ]
     )
 
@@ -319,13 +364,14 @@ class _ByInstrument:
 
     Splitting each decoded chunk by instrument as it arrives replaces a sort of the whole table, which would
     hold two copies of it at once. Databento files are time-ordered, so the pieces of one instrument are
-    already in time order; any that are not are sorted (stable: ties keep file order).
+    already in time order; any that are not are sorted by ts_event, then by the ``ORDER_KEYS`` columns where
+    present (ties after those keep file order), and listed in ``resorted``.
     """
 
     def __init__(self) -> None:
         self._pieces: dict[int, list[pl.DataFrame]] = {}
         self._empty: pl.DataFrame | None = None
-        self.resorted: list[tuple[int, Any]] = []  # (instrument_id, first ts out of order) of resorted ones
+        self.resorted: list[Resorted] = []
 
     def add(self, frame: pl.DataFrame) -> None:
         if self._empty is None:
@@ -344,14 +390,22 @@ class _ByInstrument:
         instruments = []
         for instrument_id in sorted(self._pieces):
             rows = pl.concat(self._pieces.pop(instrument_id), how="vertical", rechunk=False)
+            keys = ["ts_event", *(name for name in rows.columns if name.startswith("_"))]
             if not rows["ts_event"].is_sorted():
                 backwards = rows["ts_event"] < rows["ts_event"].shift(1)
-                self.resorted.append((instrument_id, rows["ts_event"].filter(backwards)[0]))
-                rows = rows.sort("ts_event", maintain_order=True)
-            instruments.append(rows)
+                self.resorted.append(
+                    Resorted(
+                        instrument_id,
+                        rows["ts_event"].filter(backwards)[0],
+                        int(backwards.sum()),
+                        rows.height,
+                    )
+                )
+                rows = rows.sort(keys, maintain_order=True)
+            instruments.append(rows.drop(keys[1:]))
         if not instruments:
             assert self._empty is not None, "take() before any add()"
-            return self._empty
+            return self._empty.drop(name for name in self._empty.columns if name.startswith("_"))
         return pl.concat(instruments, how="vertical", rechunk=False)
 
 
@@ -504,7 +558,7 @@ def _check_instrument_order(main: _ByInstrument, path: Path) -> None:
     """OHLCV records of one instrument must come in time order (tick records are ordered by ts_recv, so their
     ts_event may step back a little: those are sorted, not rejected). Call after ``main.take()``."""
     if main.resorted:
-        instrument_id, ts = main.resorted[0]
+        instrument_id, ts = main.resorted[0].instrument_id, main.resorted[0].first_ts
         raise DataFileError(path, f"bars of instrument {instrument_id} out of time order at {ts}")
 
 
@@ -547,6 +601,7 @@ def read_bars(
     except SessionConfigError as exc:
         raise DataConfigError(path, str(exc)) from exc
     rows = main.take()
+    resorted = tuple(main.resorted)
     check_timestamps(rows, metadata, path, OHLCV_SCHEMAS.get(schema, 0))
     del opened  # nothing of the file is needed any more
     if is_ohlcv:  # after decoding, so that a broken file is reported as such whatever the bar size
@@ -555,6 +610,8 @@ def read_bars(
         bars = _bars_from_ohlcv(rows, schema, bar_ns)
     else:
         bars = _bars_from_trades(rows, book.take() if has_book else None, bar_ns)
+        if resorted:  # changes the bars' open/close where same-ns trades cannot be told apart: never silent
+            log.warning("%s: %s", path, resorted_note(resorted))
     del rows
     bars = _attach_symbols(bars, metadata)
     check_price_jumps(bars, path, max_price_jump)
@@ -584,4 +641,5 @@ def read_bars(
         dropped_outside_session=outside,
         dropped_in_halt=in_halt,
         calendar=calendar,
+        resorted=resorted,
     )

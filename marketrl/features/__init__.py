@@ -34,6 +34,7 @@ _BUILD_NAMES = (
     "PARQUET_ZSTD_LEVEL",
     "build_feature_file",
     "feature_options",
+    "resorted_note",
     "skipped_reason",
     "warmup_only_note",
 )
@@ -69,6 +70,7 @@ __all__ = [
     "feature_options",
     "load_user_features",
     "non_finite_columns",
+    "resorted_note",
     "skipped_reason",
     "warmup_only_note",
 ]

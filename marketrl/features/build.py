@@ -18,6 +18,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from marketrl.calendars.sessions import SessionCalendar
+from marketrl.data.labels import Labels, first_conflict, labels_of, odd_file
 from marketrl.data.reader import (
     DEFAULT_MAX_PRICE_JUMP,
     BarFile,
@@ -32,7 +33,7 @@ from marketrl.features.catalog import (
     MAX_LOOKBACK,
     _c,
 )
-from marketrl.features.engine import _check_finite, feature_chunks
+from marketrl.features.engine import _check_finite, _check_positive_prices, feature_chunks
 from marketrl.features.user import UserFeatureError, UserFeatures
 from marketrl.runtime.io import atomic_write
 
@@ -43,6 +44,7 @@ __all__ = [
     "OnBadFile",
     "build_feature_file",
     "feature_options",
+    "resorted_note",
     "skipped_reason",
     "warmup_only_note",
 ]
@@ -189,8 +191,10 @@ def build_feature_file(
 
     A bad or untradable ``src`` raises ``DataFileError`` (nothing is written) with ``on_bad_file="error"``;
     with ``"skip"`` it yields an empty feature table whose metadata (``marketrl.skipped``, see
-    ``skipped_reason``) and summary (``skipped``) say why, and an unreadable context file only loses the
-    context from it on back. Features are computed and written in chunks of ``CHUNK_BARS`` bars, so memory
+    ``skipped_reason``) and summary (``skipped``) say why. Every error names the file its record came from: a
+    bad context file (unreadable, or bad data such as a zero price) fails this file's job naming that file with
+    ``"error"``; with ``"skip"`` only that file is skipped (in its own job), and here the context drops it and
+    every file before it (a lookback across it would have a hole), with a warning. Features are computed and written in chunks of ``CHUNK_BARS`` bars, so memory
     beyond the bars stays bounded however long the file is.
 
     ``user``: the features of a ``features.user`` file (marketrl.features.user, audited by the caller), written
@@ -241,11 +245,18 @@ def _write_skipped(
         "features": len(FEATURE_NAMES) + len(user.names if user else ()),
         "bar_size": bar_size,
         "warmup_only": None,
+        "resorted": None,
         "skipped": reason,
     }
 
 
 _SKIP_HINT = f"; set {ON_BAD_FILE_KEY}: skip to skip such files"
+
+
+def resorted_note(feature_file: str | Path) -> str | None:
+    """Which records of the source of ``feature_file`` came out of time order and were re-sorted, else None."""
+    metadata = pq.read_schema(feature_file).metadata or {}  # tables written elsewhere may carry none
+    return metadata.get(b"marketrl.resorted", b"").decode() or None
 
 
 def warmup_only_note(feature_file: str | Path) -> str | None:
@@ -263,6 +274,26 @@ class _Context:
     files: list[dict[str, str]]  # {"file": name, "sha256": ...}, oldest first
 
 
+def _read_file(path: Path, bar_size: str, options: dict[str, Any]) -> BarFile:
+    """``read_bars`` plus the checks that need no other file, so that a fault is reported against the file the
+    record came from: checked later, on the bars of a file and its context together, a zero price in a context
+    file would be blamed on (and, with ``on_bad_file: skip``, skip) the file that read it."""
+    bar_file = read_bars(path, bar_size, **options)
+    _check_positive_prices(bar_file.bars, bar_file.path)
+    return bar_file
+
+
+def _labels_of_files(paths: Sequence[Path], bar_size: str, options: dict[str, Any]) -> list[Labels]:
+    """The labels of the files that can be read (the others have no say), in the order given."""
+    labels = []
+    for path in paths:
+        try:
+            labels.append(labels_of(path, _read_file(path, bar_size, options).bars))
+        except DataFileError:
+            continue  # an unreadable file is reported in its own job
+    return labels
+
+
 def _read_context(
     current: BarFile,
     context_srcs: Sequence[Path],
@@ -276,8 +307,11 @@ def _read_context(
     UTC-day files after a Monday holiday), or the files run out.
 
     A file contributes only its bars strictly before the first bar of the next newer one (files may overlap),
-    and each boundary is checked for a price-scale change. An unusable context file (``on_bad_file="skip"``)
-    ends the context there, with a warning: going past it would leave a hole in the lookbacks.
+    and each boundary is checked for a price-scale change. Each context file's labels are checked against the
+    current file's (marketrl.data.labels: an instrument id keeps its symbol root, a symbol its price level
+    within ``max_price_jump``); on a disagreement the remaining earlier files are decoded too and vote, and the
+    error names the odd file out. An unusable context file (``on_bad_file="skip"``: unreadable, bad data, or
+    the odd file out) ends the context there, with a warning: going past it would leave a hole in the lookbacks.
     """
     log = logging.getLogger(__name__)
     src = current.path
@@ -287,9 +321,13 @@ def _read_context(
     files: list[dict[str, str]] = []
     newer, newer_path, cutoff = current.bars, src, current.bars["ts_event"].min()
     first_day = current.bars["trading_day"].min()
+    current_labels, accepted = (
+        labels_of(src, current.bars),
+        [],
+    )  # accepted: context files' labels, newest first
     for path in reversed(context_srcs):
         try:
-            earlier = read_bars(path, bar_size, **options)
+            earlier = _read_file(path, bar_size, options)
         except DataFileError as exc:
             if on_bad_file == "error" or isinstance(exc, DataConfigError):
                 raise
@@ -314,6 +352,24 @@ def _read_context(
                 raise
             log.warning("%s: no context from %s on back: %s", src, earlier.path.name, exc)
             break
+        earlier_labels = labels_of(earlier.path, earlier.bars)
+        conflict = first_conflict(current_labels, earlier_labels, options["max_price_jump"])
+        if conflict is not None:
+            older = context_srcs[: list(context_srcs).index(path)]
+            voters = [
+                *_labels_of_files(older, bar_size, options),
+                earlier_labels,
+                *accepted[::-1],
+                current_labels,
+            ]
+            wrong, _, fault = odd_file(
+                conflict, current_labels, earlier_labels, voters, options["max_price_jump"]
+            )
+            if wrong is current_labels or on_bad_file == "error":
+                raise DataFileError(wrong.path, fault)
+            log.warning("%s: no context from %s on back: %s", src, earlier.path.name, fault)
+            break
+        accepted.append(earlier_labels)
         parts.append(part)
         files.append({"file": earlier.path.name, "sha256": earlier.sha256})
         if part.height:
@@ -336,7 +392,7 @@ def _build_feature_file(
     on_bad_file: OnBadFile,
     user: UserFeatures | None,
 ) -> dict[str, Any]:
-    current = read_bars(src, bar_size, **options)
+    current = _read_file(src, bar_size, options)
     if user is not None and user.reads_book and not current.has_book:
         raise UserFeatureError(
             f"features.user: {user.path} reads the book (bid_px, ask_px, bid_sz, ask_sz or a book_* feature), "
@@ -388,6 +444,8 @@ def _build_feature_file(
         "marketrl.warmup_instruments": json.dumps(selection.dropped),
         **_user_metadata(user),
     }
+    if current.resorted_note:  # read_bars logged it too; the open/close of same-ns trades may differ
+        metadata["marketrl.resorted"] = current.resorted_note
     if context.files:  # the nearest earlier file, as before multi-file context
         metadata["marketrl.prev_source_file"] = context.files[-1]["file"]
         metadata["marketrl.prev_source_sha256"] = context.files[-1]["sha256"]
@@ -428,5 +486,6 @@ def _build_feature_file(
         "dropped_in_halt": current.dropped_in_halt,
         "warmup_instruments": selection.dropped,
         "warmup_only": warmup_only,
+        "resorted": current.resorted_note,
         "skipped": None,
     }

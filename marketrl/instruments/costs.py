@@ -13,7 +13,6 @@ without an entry is an error unless the user wrote a ``default`` entry. Without 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -21,6 +20,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+# Re-exported: the cost models' users import them from here.
+from marketrl.instruments.symbols import is_continuous as is_continuous
+from marketrl.instruments.symbols import symbol_root as symbol_root
 from marketrl.settings.contract_specs import contract_spec_problem
 
 CostKind = Literal["futures", "bps"]
@@ -38,12 +40,6 @@ _INSTRUMENT_KEYS = (
 )
 _INSTRUMENT_ALLOWED = {*_INSTRUMENT_KEYS, "currency"}
 DEFAULT_SPEC = "default"
-
-# CME-style outright: root, one month code, a 1- or 2-digit year (ESH4, NQZ24, 6EM5); continuous ES.c.0,
-# ES.v.1, ES.n.0; parent ES.FUT / ES.OPT.
-_OUTRIGHT = re.compile(r"^(?P<root>[A-Z0-9]+?)[FGHJKMNQUVXZ][0-9]{1,2}$")
-_CONTINUOUS = re.compile(r"^(?P<root>[A-Za-z0-9]+)\.[cnv]\.[0-9]+$")
-_PARENT = re.compile(r"^(?P<root>[A-Za-z0-9]+)\.(?:FUT|OPT)$")
 
 
 class CostConfigError(ValueError):
@@ -150,21 +146,6 @@ def _check_number(key: str, value: Any, *, positive: bool, prefix: str = "costs.
         raise CostConfigError(f"{prefix}{key}: expected a number > 0, got {value!r}")
     if not positive and value < 0:
         raise CostConfigError(f"{prefix}{key}: expected a number >= 0, got {value!r}")
-
-
-def is_continuous(symbol: str) -> bool:
-    """True for a Databento continuous symbol (ES.c.0, ES.v.1, ES.n.0): one series whose contract rolls."""
-    return _CONTINUOUS.match(symbol) is not None
-
-
-def symbol_root(symbol: str) -> str:
-    """The contract root of a symbol: ESH4 -> ES, NQZ24 -> NQ, 6EM5 -> 6E, ES.c.0 -> ES, ES.FUT -> ES; any other
-    symbol (an equity ticker, an instrument_id) is its own root."""
-    for pattern in (_CONTINUOUS, _PARENT, _OUTRIGHT):
-        match = pattern.match(symbol)
-        if match:
-            return match.group("root")
-    return symbol
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ def _check_finite(frame: pl.DataFrame, path: str | Path) -> None:
 
 def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | Path) -> dict[str, Any]:
     """results/features/manifest.json: every feature table with its sha256, rows, days, source file, bars dropped
-    outside the session (and in the daily halt), skip reason and warm-up-only note, the rolls of every
+    outside the session (and in the daily halt), skip reason, warm-up-only note and re-sort note, the rolls of every
     continuous symbol, and the ``features.user`` features the tables carry (``user_features``: path, sha256,
     names, lookbacks, reference; None without).
 
@@ -109,7 +109,7 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
     """
     import pyarrow.parquet as pq  # here, not at the top: the jobs that read feature tables need no pyarrow
 
-    from marketrl.features import skipped_reason, warmup_only_note
+    from marketrl.features import resorted_note, skipped_reason, warmup_only_note
 
     entries, spans = [], []
     user: dict[str, Any] | None = None
@@ -136,6 +136,7 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
                 "dropped_in_halt": _metadata_count(metadata, "dropped_in_halt"),
                 "skipped": skipped_reason(path),  # data.on_bad_file: skip; None for a featurized file
                 "warmup_only": warmup_only_note(path),  # the first file(s): all bars warm-up, context only
+                "resorted": resorted_note(path),  # records out of time order, re-sorted; None when in order
             }
         )
         spans.append(contract_spans(frame))
