@@ -82,12 +82,12 @@ def load_run(workdir: Path) -> dict[str, dict[int, list[dict[str, Any]]]]:
 
 
 def _fold_record(seeds: list[dict[str, Any]]) -> FoldRecord:
-    return FoldRecord(
-        days=seeds[0]["days"],
-        daily_net=tuple(np.mean([s["net"] for s in seeds], axis=0)),
-        daily_gross=tuple(np.mean([s["gross"] for s in seeds], axis=0)),
-        turnover=float(np.mean([s["turnover"] for s in seeds])),
-        n_bars=seeds[0]["n_bars"],
+    return FoldRecord.of_seeds(
+        seeds[0]["days"],
+        [s["net"] for s in seeds],
+        [s["gross"] for s in seeds],
+        [s["turnover"] for s in seeds],
+        seeds[0]["n_bars"],
     )
 
 

@@ -232,12 +232,12 @@ def _test_record(test: MarketData, positions: Sequence[torch.Tensor], env_config
     writes them (metrics.json ``ungated``) and `read_test_records` reads them back."""
     scores = score_positions(test, torch.stack(list(positions)), env_config)
     assert scores.summaries is not None and scores.daily_gross_returns is not None
-    return FoldRecord(
-        days=tuple(str(day) for day in scores.days),
-        daily_net=tuple(float(x) for x in scores.daily_net_returns.mean(axis=0)),
-        daily_gross=tuple(float(x) for x in scores.daily_gross_returns.mean(axis=0)),
-        turnover=float(np.mean([summary["avg_daily_turnover"] for summary in scores.summaries])),
-        n_bars=int(scores.summaries[0]["n_bars"]),
+    return FoldRecord.of_seeds(
+        scores.days,
+        scores.daily_net_returns,
+        scores.daily_gross_returns,
+        [summary["avg_daily_turnover"] for summary in scores.summaries],
+        scores.summaries[0]["n_bars"],
     )
 
 

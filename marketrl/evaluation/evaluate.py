@@ -215,15 +215,13 @@ def read_test_records(paths: Sequence[str | Path]) -> list[FoldRecord]:
         days = tuple(blocks[0]["days"])
         if any(tuple(block["days"]) != days for block in blocks):
             raise ValueError(f"fold {fold}: the seeds' metrics.json record different test days")
-        net = np.mean([block["daily_net_returns"] for block in blocks], axis=0)
-        gross = np.mean([block["daily_gross_returns"] for block in blocks], axis=0)
         records.append(
-            FoldRecord(
-                days=days,
-                daily_net=tuple(float(x) for x in np.atleast_1d(net)),
-                daily_gross=tuple(float(x) for x in np.atleast_1d(gross)),
-                turnover=float(np.mean([block["avg_daily_turnover"] for block in blocks])),
-                n_bars=int(blocks[0]["n_bars"]),
+            FoldRecord.of_seeds(
+                days,
+                [block["daily_net_returns"] for block in blocks],
+                [block["daily_gross_returns"] for block in blocks],
+                [block["avg_daily_turnover"] for block in blocks],
+                blocks[0]["n_bars"],
             )
         )
     return records

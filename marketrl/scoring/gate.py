@@ -133,6 +133,19 @@ class FoldRecord:
     turnover: float
     n_bars: int
 
+    @classmethod
+    def of_seeds(
+        cls, days: Sequence[Any], net: Any, gross: Any, turnovers: Sequence[float], n_bars: int
+    ) -> FoldRecord:
+        """The record of one fold from its seeds' daily net and gross returns [S, n_days] and turnovers [S]."""
+        return cls(
+            days=tuple(str(day) for day in days),
+            daily_net=tuple(float(x) for x in np.atleast_1d(np.mean(net, axis=0))),
+            daily_gross=tuple(float(x) for x in np.atleast_1d(np.mean(gross, axis=0))),
+            turnover=float(np.mean(turnovers)),
+            n_bars=int(n_bars),
+        )
+
 
 def _annualised(values: np.ndarray) -> float:
     sd = float(values.std(ddof=1)) if values.size > 1 else math.nan
