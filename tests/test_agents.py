@@ -179,12 +179,13 @@ def test_ppo_init_is_orthogonal_with_small_policy_head() -> None:
 
 def test_memory_footprint_by_hand_and_batch_bounds() -> None:
     # obs_dim 10, b 64. DQN Q-net 10->64->32->16->3 = 3,363 parameters, plus a frozen target copy; replay row
-    # 2*10 + 3 floats; a sample goes through 3 forward passes of 64+32+16+3 outputs.
+    # 2*10 + 5 floats (action, a reward per action, discount); a sample goes through 7 forward passes of
+    # 64+32+16+3 outputs (online(s), then online and target for each action's next state).
     assert footprint("dqn", 10, 64, buffer_rows=1000) == {
         "parameter_count": 3363,
         "frozen_parameter_count": 3363,
-        "buffer_bytes": 1000 * 23 * 4,
-        "bytes_per_sample": 3 * 115 * 4 * 4 + 23 * 4,
+        "buffer_bytes": 1000 * 25 * 4,
+        "bytes_per_sample": 7 * 115 * 4 * 4 + 25 * 4,
     }
     # PPO policy 10->64->32->3 (2,883) + value 10->128->64->32->1 (11,777); rollout row 10 + 7 floats.
     ppo_footprint = footprint("ppo", 10, 64, buffer_rows=2048, precision="bf16")
@@ -477,7 +478,7 @@ def test_ppo_syncs_per_rollout_do_not_depend_on_rollout_size(data: MarketData) -
 def test_dqn_nan_is_reported_within_the_check_window(
     data: MarketData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_td_loss = dqn.td_loss
+    real_td_loss = dqn.td_loss_all_actions  # the default loss (all_actions)
     calls = []
 
     def poisoned(*args: object, **kwargs: object):
@@ -485,7 +486,7 @@ def test_dqn_nan_is_reported_within_the_check_window(
         calls.append(1)
         return (loss * float("nan"), q_taken) if len(calls) == 150 else (loss, q_taken)
 
-    monkeypatch.setattr(dqn, "td_loss", poisoned)
+    monkeypatch.setattr(dqn, "td_loss_all_actions", poisoned)
     with pytest.raises(NonFiniteError, match=r"non-finite 'loss', 'q_mean' between steps 101 and 200"):
         train_dqn(data, total_steps=4 * 300, learning_starts=0)
     assert len(calls) == 200  # stopped at the read that saw it
@@ -583,7 +584,7 @@ def test_n_step_window_stops_at_episode_ends() -> None:
 
 
 def test_n_step_dqn_and_polyak_train(data: MarketData) -> None:
-    result = train_dqn(data, n_step_return=3, tau=0.05, target_update=1, double_q=False)
+    result = train_dqn(data, n_step_return=3, all_actions=False, tau=0.05, target_update=1, double_q=False)
     assert result.log["hparams"]["n_step_return"] == 3
     online, target = result.networks["q"].state_dict(), result.networks["target"].state_dict()
     assert all(torch.isfinite(value).all() for value in online.values())

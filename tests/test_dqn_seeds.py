@@ -158,7 +158,7 @@ def test_host_syncs_per_batch_not_per_seed(data: MarketData) -> None:
 
 
 def test_nan_names_the_seed(data: MarketData, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_td_loss = dqn.td_loss
+    real_td_loss = dqn.td_loss_all_actions  # the default loss (all_actions)
     calls = []
 
     def poisoned(*args, **kwargs):
@@ -168,7 +168,7 @@ def test_nan_names_the_seed(data: MarketData, monkeypatch: pytest.MonkeyPatch) -
             loss = loss * torch.tensor([1.0, float("nan"), 1.0])
         return loss, q_taken
 
-    monkeypatch.setattr(dqn, "td_loss", poisoned)
+    monkeypatch.setattr(dqn, "td_loss_all_actions", poisoned)
     with pytest.raises(
         NonFiniteError,
         match=r"^seed 11 \(batch index 1\): non-finite 'loss', 'q_mean' between steps 21 and 40$",

@@ -150,7 +150,7 @@ def test_other_errors_fail_the_trial_and_propagate(tmp_path: Path) -> None:
 
 
 def test_search_spaces_always_tune_hidden_dim_base_and_never_costs() -> None:
-    for suggest in (dqn.search_space, ppo.search_space):
+    for suggest, reward_scale in ((dqn.search_space, 1.0), (ppo.search_space, 100.0)):
         trial = optuna.trial.FixedTrial(
             {
                 "hidden_dim_base": 256,
@@ -166,7 +166,7 @@ def test_search_spaces_always_tune_hidden_dim_base_and_never_costs() -> None:
                 "n_epochs": 4,
                 "clip_range": 0.2,
                 "ent_coef": 0.01,
-                "reward_scale": 100.0,
+                "reward_scale": reward_scale,  # DQN: a multiplier of its normalized rewards
             }
         )
         params = suggest(trial, (64, 4096))

@@ -45,7 +45,7 @@ class GreedyPolicies:
     """S greedy policies of one architecture as one act function: ``obs [S, B, obs_dim] -> actions [S, B]``,
     policy s acting on its own rows only, so a lockstep evaluation of S seeds steps its data once
     (`marketrl.env.policies_positions`). MLPs (an ``nn.Sequential``, or a network whose ``net`` is one and that has
-    no other layers) run as one `SeedStack` (batched weights: one ``baddbmm`` a layer); other networks (DQN's
+    no other layers nor a cost prior) run as one `SeedStack` (batched weights: one ``baddbmm`` a layer); other networks (DQN's
     dueling heads) act one after another on their own rows. ``vmap`` over ``functional_call`` was slower than
     either at these tiny batches (a lockstep step holds one row per chain)."""
 
@@ -70,7 +70,9 @@ def _seed_stack(nets: Sequence[nn.Module]) -> SeedStack | None:
         return SeedStack(nets).to(next(nets[0].parameters()).device)
     bodies = [getattr(net, "net", None) for net in nets]
     plain = all(
-        isinstance(body, nn.Sequential) and len(list(net.children())) == 1
+        isinstance(body, nn.Sequential)
+        and len(list(net.children())) == 1
+        and not getattr(net, "cost_prior", False)  # the cost prior acts after the body
         for net, body in zip(nets, bodies, strict=True)
     )
     return SeedStack(bodies).to(next(nets[0].parameters()).device) if plain else None

@@ -42,13 +42,12 @@ from marketrl.agents.common import (
 from marketrl.agents.networks import QNetwork
 from marketrl.agents.spec import (
     HIDDEN_DIM_BASES,
-    REWARD_SCALES,
     AgentSpec,
     Architecture,
     MemoryModel,
     batch_choices,
 )
-from marketrl.env import N_ACTIONS, EnvConfig, MarketData
+from marketrl.env import ACTION_POSITIONS, N_ACTIONS, EnvConfig, MarketData, step_rewards
 from marketrl.loop.hparams import check_ranges, check_run_setting, require
 from marketrl.loop.profile import ModelProfile, TrialSizes, dense_weights
 from marketrl.loop.resume import TrainingCheckpoint, resume_or_start, to_device
@@ -59,22 +58,33 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROFILE",
+    "REWARD_MULTIPLIERS",
     "SPEC",
     "DQNConfig",
     "DQNHyperparams",
     "ReplayBuffer",
     "StackedQNetwork",
+    "all_action_rewards",
+    "reward_normalizer",
     "search_space",
     "td_loss",
+    "td_loss_all_actions",
     "train_seeds",
+    "typical_trade_cost",
 ]
 
 _RANDOM_POOL_STEPS = 64  # exploration draws are made for this many vector steps at once
 _REPLAY_FIELDS = ("obs", "next_obs", "actions", "rewards", "discounts")
-REPLAY_EXTRA_FIELDS = 3  # action, reward, bootstrap discount (besides obs and next obs)
-FORWARD_PASSES = 3  # online(s) with grad, online(s') for the double-DQN argmax, target(s')
+REPLAY_EXTRA_FIELDS = (
+    5  # action, a reward per action (all_actions), bootstrap discount (besides obs and next obs)
+)
+#: online(s) with grad, then for each of the 3 next states (all_actions) online(s') for the double-DQN argmax and
+#: target(s')
+FORWARD_PASSES = 7
 _COLUMNS = ("loss", "q_mean", "q_low", "q_high", "grad_norm")  # per gradient step, per seed
 _WATCHED = ("loss", "q_mean")  # a non-finite value in these stops the run
+#: reward_scale choices of the search: multipliers of the normalized rewards (`normalize_rewards`)
+REWARD_MULTIPLIERS = (0.1, 0.3, 1.0)
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,9 @@ class DQNHyperparams:
     n_step_return: int = 1
     double_q: bool = True
     dueling: bool = False
+    cost_prior: bool = True
+    all_actions: bool = True
+    normalize_rewards: bool = True
     reward_scale: float = 1.0
     hidden_dim_base: int | None = None
     net_arch: list[int] | None = None
@@ -120,6 +133,12 @@ class DQNHyperparams:
             ),
             non_negative=("learning_starts",),
         )
+        require(
+            not self.all_actions or self.n_step_return == 1,
+            "n_step_return",
+            "1 with all_actions: true (the other actions' rewards are known for one step only)",
+            self.n_step_return,
+        )
 
 
 @dataclass(frozen=True)
@@ -138,14 +157,14 @@ class Batch(NamedTuple):
 
     obs: torch.Tensor
     actions: torch.Tensor
-    rewards: torch.Tensor
+    rewards: torch.Tensor  # [S, batch], or [S, batch, 3] (one per action) with all_actions
     discounts: torch.Tensor  # γ^k of the bootstrap term, 0 where the episode terminated within the k steps
     next_obs: torch.Tensor
 
 
 class ReplayBuffer:
-    """Preallocated ring buffer on the device, one ring per seed: obs, next_obs, action, reward and bootstrap
-    discount per transition, every field [S, capacity, ...].
+    """Preallocated ring buffer on the device, one ring per seed: obs, next_obs, action, reward (or one reward per
+    action, ``reward_width`` 3) and bootstrap discount per transition, every field [S, capacity, ...].
 
     ``add`` writes all seeds' N transitions at once (one ``index_copy_`` per field at ring indices computed on the
     device from a host-side cursor: every seed adds as many rows per step, so they share cursor and fill level);
@@ -154,7 +173,9 @@ class ReplayBuffer:
     (strided views would slow the matmuls down). Neither call syncs.
     """
 
-    def __init__(self, capacity: int, obs_dim: int, device: torch.device, n_seeds: int = 1) -> None:
+    def __init__(
+        self, capacity: int, obs_dim: int, device: torch.device, n_seeds: int = 1, reward_width: int = 1
+    ) -> None:
         self.capacity = capacity
         self.obs_dim = obs_dim
         self.n_seeds = n_seeds
@@ -162,7 +183,9 @@ class ReplayBuffer:
         self.obs = torch.empty(n_seeds, capacity, obs_dim, dtype=torch.float32, device=device)
         self.next_obs = torch.empty(n_seeds, capacity, obs_dim, dtype=torch.float32, device=device)
         self.actions = torch.empty(n_seeds, capacity, dtype=torch.int64, device=device)
-        self.rewards = torch.empty(n_seeds, capacity, dtype=torch.float32, device=device)
+        # one reward per transition, or one per action (reward_width = 3: all_actions)
+        reward_shape = (n_seeds, capacity) if reward_width == 1 else (n_seeds, capacity, reward_width)
+        self.rewards = torch.empty(reward_shape, dtype=torch.float32, device=device)
         self.discounts = torch.empty(n_seeds, capacity, dtype=torch.float32, device=device)
         self.cursor = 0
         self.size = 0
@@ -239,19 +262,30 @@ class StackedQNetwork(nn.Module):
         if self.dueling:  # registered after the body: the parameters keep a QNetwork's order
             self.value_head = SeedStack([nn.Sequential(network.value_head) for network in networks])
             self.advantage_head = SeedStack([nn.Sequential(network.advantage_head) for network in networks])
+        self.cost_prior = networks[0].cost_prior
+        if self.cost_prior:  # each seed's fixed trade cost [S, 1, 1] (`QNetwork`'s cost prior)
+            costs = torch.stack([network.trade_cost for network in networks]).view(-1, 1, 1)
+            self.register_buffer("trade_cost", costs.clone())
+            self.register_buffer("action_positions", networks[0].action_positions.clone())
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Q-values [S, B, n_actions]; dueling: ``V + A − mean_a A`` per seed."""
+        """Q-values [S, B, n_actions]; dueling: ``V + A − mean_a A`` per seed; minus the cost prior's
+        trade_cost · |Δposition| where the networks have one."""
         features = self.body(obs)
-        if not self.dueling:
+        if self.dueling:
+            advantage = self.advantage_head(features)
+            features = self.value_head(features) + advantage - advantage.mean(dim=2, keepdim=True)
+        if not self.cost_prior:
             return features
-        advantage = self.advantage_head(features)
-        return self.value_head(features) + advantage - advantage.mean(dim=2, keepdim=True)
+        change = (self.action_positions - obs[..., -1:].float()).abs()
+        return features - self.trade_cost * change
 
     @torch.no_grad()
     def copy_to(self, index: int, network: QNetwork) -> None:
         """Load seed ``index``'s weights into a plain `QNetwork` (for its evaluation and its checkpoint)."""
         self.body.copy_to(index, network.net)
+        if self.cost_prior:
+            network.trade_cost.copy_(self.trade_cost[index].reshape(()))
         if self.dueling:  # a Sequential around a head names its parameters as the stack does ("0.weight")
             self.value_head.copy_to(index, nn.Sequential(network.value_head))
             self.advantage_head.copy_to(index, nn.Sequential(network.advantage_head))
@@ -324,6 +358,66 @@ def td_loss(
     return F.smooth_l1_loss(q_taken, target, reduction="none").mean(dim=1), q_taken
 
 
+def typical_trade_cost(data: MarketData, env: EnvConfig) -> torch.Tensor:
+    """The median cost fraction of one contract's position change over the training rows that charge one
+    (`MarketData.step_parameters`' trade cost: half-spread and commission as a fraction of notional), 0 where none
+    does: the cost prior's ``trade_cost`` before the reward scale and contracts. Known before any trade, from
+    prices alone. A 0-dim tensor on the data's device (computed there: no host sync)."""
+    trade = data.step_parameters(env.fill)[2]
+    return torch.where(trade > 0, trade, torch.nan).nanmedian().nan_to_num(0.0)
+
+
+def td_loss_all_actions(
+    q_net: nn.Module,
+    target_net: nn.Module,
+    batch: Batch,
+    plan: PrecisionPlan,
+    action_positions: torch.Tensor,
+    *,
+    double_q: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`td_loss` over every action of each sampled state (``all_actions``): a transition's market move gives the
+    reward of each of the three target positions (``batch.rewards`` [S, B, 3]), and the next state of action a is
+    the stored next obs holding position(a). Per-seed Huber losses [S] (mean over samples and actions) and the
+    taken actions' Q-values [S, B]."""
+    n_actions = action_positions.numel()
+    with torch.no_grad():
+        # [S, B, 3, obs_dim]: the next obs with each action's position, flattened to [S, 3B, obs_dim]
+        variants = batch.next_obs.unsqueeze(2).repeat(1, 1, n_actions, 1)
+        variants[..., -1] = action_positions
+        variants = variants.flatten(1, 2)
+        with plan.autocast():
+            next_target = target_net(variants)
+            best = q_net(variants).argmax(dim=2, keepdim=True) if double_q else None
+        next_target = next_target.float()
+        next_q = next_target.gather(2, best).squeeze(2) if double_q else next_target.max(dim=2).values
+        target = batch.rewards + batch.discounts[..., None] * next_q.view_as(batch.rewards)
+    with plan.autocast():
+        q = q_net(batch.obs).float()
+    loss = F.smooth_l1_loss(q, target, reduction="none").mean(dim=(1, 2))
+    return loss, q.gather(2, batch.actions[..., None]).squeeze(2)
+
+
+def all_action_rewards(
+    params: torch.Tensor, held: torch.Tensor, action_positions: torch.Tensor
+) -> torch.Tensor:
+    """Rewards [N, 3] of each target position from the positions ``held`` [N] into the step, for the rows whose
+    `TradingEnv` step parameters are ``params`` [5, N] (`step_rewards` broadcast over the actions): the reward
+    the env paid is the taken action's column."""
+    gross, cost = step_rewards(params[:, :, None], held[:, None], action_positions[None, :])
+    return gross - cost
+
+
+def reward_normalizer(data: MarketData, env: EnvConfig) -> torch.Tensor:
+    """1 / (contracts x the standard deviation of one contract's per-bar holding return over the training rows):
+    the scale that makes a held position's reward about unit-sized. Adam moves the weights by about the learning
+    rate whatever the rewards' size, so unscaled per-bar returns (~1e-4) leave the Q-values' step-to-step jitter
+    far above the cost of a trade and the greedy policy churns (docs/PERFORMANCE.md "Do no harm"). A 0-dim
+    tensor on the data's device (no host sync); 1 where the returns do not vary."""
+    spread = data.step_parameters(env.fill)[1].std() * env.contracts
+    return torch.where(spread > 0, 1.0 / spread, torch.ones_like(spread))
+
+
 @dataclass
 class LoopState:
     """The loop's own variables: what a resumed run continues from (with the components given to the `Run`)."""
@@ -358,12 +452,21 @@ def train_seeds(
     hp, device, plan, env, generators = setup.hp, setup.device, setup.plan, setup.env, setup.generators
     n_seeds, n_envs, obs_dim = len(setup.seeds), config.env.n_envs, env.obs_dim  # n_envs: per seed
     require(hp.buffer_size >= n_envs, "buffer_size", f"an integer >= env.n_envs ({n_envs})", hp.buffer_size)
+    # rewards as learnt: x reward_scale, and with normalize_rewards in units of the data's per-bar return spread
+    reward_scale = hp.reward_scale * (
+        reward_normalizer(env.data, config.env) if hp.normalize_rewards else torch.ones((), device=device)
+    )
+    if hp.cost_prior:
+        cost = reward_scale * config.env.contracts * typical_trade_cost(env.data, config.env)
+        for nets in setup.networks:
+            nets["q"].trade_cost.copy_(cost)
     q_net = StackedQNetwork([nets["q"] for nets in setup.networks])
     target_net = copy.deepcopy(q_net).requires_grad_(False)
     stepper = SeedOptimStep.adam(
         q_net.parameters(), hp.learning_rate, plan, hp.max_grad_norm, n_seeds=n_seeds
     )
-    replay = ReplayBuffer(hp.buffer_size, obs_dim, device, n_seeds)
+    replay = ReplayBuffer(hp.buffer_size, obs_dim, device, n_seeds, N_ACTIONS if hp.all_actions else 1)
+    action_positions = torch.tensor(ACTION_POSITIONS, dtype=torch.float32, device=device)
     n_step = NStepWindow(hp.n_step_return, hp.gamma, device)
     # Each seed's plain networks: what its evaluations act with and its result holds, refreshed from the stacked
     # weights when an evaluation is due and at the end.
@@ -425,10 +528,13 @@ def train_seeds(
         explore = state.explore_draws[row] < state.epsilon
         actions = torch.where(explore, state.random_actions[row], greedy)
 
+        held = state.obs[:, -1]  # the position held into the step (the obs' last entry)
         next_obs, rewards, terminated, truncated = env.step(actions)  # all seeds' envs in one step
         done = terminated | truncated
+        # all_actions: every action's reward from the same market move (n_step_return is then 1)
+        learned = all_action_rewards(env.last_params, held, action_positions) if hp.all_actions else rewards
         transition = n_step.push(
-            state.obs, actions, rewards * hp.reward_scale, env.final_obs, terminated, done
+            state.obs, actions, learned * reward_scale, env.final_obs, terminated, done
         )  # final_obs: the true next state, also where the env auto-reset
         if transition is not None:
             first_obs, first_actions, bootstrap_obs, returns, discounts = transition
@@ -436,7 +542,7 @@ def train_seeds(
                 first_obs.view(n_seeds, n_envs, obs_dim),
                 bootstrap_obs.view(n_seeds, n_envs, obs_dim),
                 first_actions.view(n_seeds, n_envs),
-                returns.view(n_seeds, n_envs),
+                returns.view(n_seeds, n_envs, *returns.shape[1:]),
                 discounts.view(n_seeds, n_envs),
             )
         state.episode_return.add_(rewards)
@@ -448,7 +554,12 @@ def train_seeds(
 
         if state.env_steps >= hp.learning_starts and replay.size > 0 and vector_step % hp.train_freq == 0:
             for batch in replay.sample(hp.batch_size, hp.gradient_steps, generators):
-                loss, q_taken = td_loss(q_net, target_net, batch, plan, double_q=hp.double_q)
+                if hp.all_actions:
+                    loss, q_taken = td_loss_all_actions(
+                        q_net, target_net, batch, plan, action_positions, double_q=hp.double_q
+                    )
+                else:
+                    loss, q_taken = td_loss(q_net, target_net, batch, plan, double_q=hp.double_q)
                 grad_norm = stepper.step(loss)  # [S]: each seed clipped by its own norm
                 q_taken = q_taken.detach()
                 q_low, q_high = torch.aminmax(q_taken, dim=1)
@@ -542,8 +653,8 @@ def search_space(trial: Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
     """DQN search space (docs/HYPEROPT.md); batch sizes within the device's bounds."""
     return {
         "hidden_dim_base": trial.suggest_categorical("hidden_dim_base", HIDDEN_DIM_BASES),
-        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-3, log=True),
-        "gamma": trial.suggest_float("gamma", 0.9, 0.999),
+        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 1e-4, log=True),
+        "gamma": trial.suggest_float("gamma", 0.5, 0.99),
         "batch_size": trial.suggest_categorical(
             "batch_size", batch_choices(*batch_bounds, (64, 128, 256, 512))
         ),
@@ -551,7 +662,7 @@ def search_space(trial: Trial, batch_bounds: tuple[int, int]) -> dict[str, Any]:
         "exploration_final_eps": trial.suggest_float("exploration_final_eps", 0.01, 0.1),
         "target_update": trial.suggest_categorical("target_update", (250, 500, 1000, 2000)),
         "gradient_steps": trial.suggest_categorical("gradient_steps", (1, 2, 4)),
-        "reward_scale": trial.suggest_categorical("reward_scale", REWARD_SCALES),
+        "reward_scale": trial.suggest_categorical("reward_scale", REWARD_MULTIPLIERS),
     }
 
 
@@ -569,13 +680,17 @@ def build_networks(architecture: Architecture) -> dict[str, nn.Module]:
         architecture.n_actions,
         architecture.activation,
         dueling,
+        cost_prior=bool(architecture.options.get("cost_prior", False)),
     )
     return {"q": q_net}
 
 
 def architecture_options(hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """DQN's own entry of the architecture dict: whether the Q-network has a dueling head."""
-    return {"dueling": bool(hparams.get("dueling", False))}
+    """DQN's own entries of the architecture dict: whether the Q-network has a dueling head and the cost prior."""
+    return {
+        "dueling": bool(hparams.get("dueling", False)),
+        "cost_prior": bool(hparams.get("cost_prior", DQNHyperparams.cost_prior)),
+    }
 
 
 def run_config(*, total_steps: int, env: EnvConfig, eval_every: int, check_every: int) -> DQNConfig:
@@ -590,12 +705,14 @@ TRIAL_OVERHEAD = 3.5e11
 
 
 def trial_cost(hp: Mapping[str, Any], s: TrialSizes) -> float:
-    """A hyperopt trial's work (`ModelProfile.trial_cost`): gradient samples (gradient steps x batch, three
-    passes of the networks, forward and backward ~3x) plus the acting passes, x the Q-network's weights."""
+    """A hyperopt trial's work (`ModelProfile.trial_cost`): gradient samples (gradient steps x batch; passes of
+    the networks: online(s), and online(s') and target(s') for each next state, 3 of them with all_actions;
+    forward and backward ~3x) plus the acting passes, x the Q-network's weights."""
     weights = dense_weights([s.obs_dim, *network_widths(hp["hidden_dim_base"])["q"], N_ACTIONS])
     vector_steps = s.trial_steps // s.n_envs
     learning = max(0, (s.trial_steps - s.learning_starts) // s.n_envs)
-    samples = learning * hp["gradient_steps"] * hp["batch_size"] * 3 * 3
+    next_states = N_ACTIONS if hp.get("all_actions", DQNHyperparams.all_actions) else 1
+    samples = learning * hp["gradient_steps"] * hp["batch_size"] * 3 * (1 + 2 * next_states)
     return TRIAL_OVERHEAD + float((samples + vector_steps * s.n_envs) * weights)
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from marketrl.agents.spec import AgentSpec, Architecture, ArchitectureError, agent_spec
-from marketrl.env import N_ACTIONS
+from marketrl.env import ACTION_POSITIONS, N_ACTIONS
 
 __all__ = [
     "FALLBACK_HIDDEN",
@@ -89,13 +89,32 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str) -> nn.Seq
 
 
 class QNetwork(nn.Module):
-    """Q-values for the 3 actions; dueling: ``V(s) + A(s, a) − mean_a A(s, a)`` on a shared body."""
+    """Q-values for the 3 actions; dueling: ``V(s) + A(s, a) − mean_a A(s, a)`` on a shared body.
+
+    ``cost_prior``: Q(s, a) = f(s, a) − ``trade_cost`` · |position(a) − held|, where ``held`` is the observation's
+    last entry (the position held into the bar) and ``trade_cost`` a fixed buffer in Q units (the trainer sets it:
+    the training data's typical cost of one contract's position change). The cost of changing position is known
+    before the trade, so the network learns only the market's part; at initialization (f ≈ 0) the greedy action
+    keeps the position, and it changes only where the learned part outweighs the cost. The TD loss is the usual
+    one on Q, so the values stay exact whatever ``trade_cost`` is: it sets where learning starts, not where it
+    ends.
+    """
 
     def __init__(
-        self, obs_dim: int, hidden: list[int], n_actions: int, activation: str, dueling: bool
+        self,
+        obs_dim: int,
+        hidden: list[int],
+        n_actions: int,
+        activation: str,
+        dueling: bool,
+        cost_prior: bool = False,
     ) -> None:
         super().__init__()
         self.dueling = dueling
+        self.cost_prior = cost_prior
+        if cost_prior:
+            self.register_buffer("trade_cost", torch.zeros(()))
+            self.register_buffer("action_positions", torch.tensor(ACTION_POSITIONS, dtype=torch.float32))
         if not dueling:
             self.net = mlp(obs_dim, hidden, n_actions, activation)
             return
@@ -107,10 +126,13 @@ class QNetwork(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values [B, n_actions]."""
         features = self.net(obs)
-        if not self.dueling:
+        if self.dueling:
+            advantage = self.advantage_head(features)
+            features = self.value_head(features) + advantage - advantage.mean(dim=1, keepdim=True)
+        if not self.cost_prior:
             return features
-        advantage = self.advantage_head(features)
-        return self.value_head(features) + advantage - advantage.mean(dim=1, keepdim=True)
+        change = (self.action_positions - obs[:, -1:].float()).abs()
+        return features - self.trade_cost * change
 
 
 def orthogonal_init(net: nn.Sequential, head_gain: float) -> None:

@@ -96,6 +96,7 @@ class TradingEnv:
         self.elapsed = torch.zeros(n, dtype=torch.int64, device=self.device)
         self._final_state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.last_cost: torch.Tensor | None = None
+        self.last_params: torch.Tensor | None = None  # [5, N] step parameters of the last step's rows
 
     def seed(self, seed: int | Sequence[int]) -> None:
         """Re-seed the device generator(s) that draw episode starts, one seed per block (drops starts drawn in
@@ -177,7 +178,7 @@ class TradingEnv:
         target = self._action_positions.index_select(0, actions)
         params = self._params.index_select(1, self.row)
         gross, cost = step_rewards(params, self.position, target)
-        self.last_cost = cost
+        self.last_cost, self.last_params = cost, params
 
         next_row = self.row + 1
         elapsed = self.elapsed + 1
