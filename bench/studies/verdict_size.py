@@ -2,19 +2,25 @@
 own layout.
 
     PYTHONPATH=$PWD .venv/bin/python bench/studies/verdict_size.py --sims 300 --boot 300 --matched 5 --power-sims 100
-    .venv/bin/python bench/studies/verdict_size.py --quick    # K = 2 at 20 days, phi 0: a sanity run in seconds
+    PYTHONPATH=$PWD .venv/bin/python bench/studies/verdict_size.py ... --quiet 1 0.1   # also the quiet-model layout
+    .venv/bin/python bench/studies/verdict_size.py --quick    # K = 2 at 20 days, phi 0, both layouts: in seconds
 
 Layout (as `marketrl.verdict.verdicts.model_verdicts` builds it): 11 models × 5 seeds (seeds of one model correlated
 0.5), buy & hold, flat (all-zero returns), momentum, `--random` independent random traders (the random baseline is
 the mean of their Sharpes) and `--matched` turnover-matched random traders per model seed (the matched baseline of
 a model is the mean Sharpe of its seeds' traders). Every series is Gaussian AR(1) with coefficient phi, daily std 1%.
 
+`--quiet` (one layout per value, default 1): the share of days on which the last model (and its seeds' matched
+traders) trades; on its other days their returns are 0. Below `VerdictRules.min_trading_share` (20%) it is flagged
+low-information as in the report: left out of the primary family, not claimed, not in its critical values.
+
 No-edge worlds: every true Sharpe is 0; a world counts as a false claim if the primary family (intersection–union
-"beats every baseline", Romano–Wolf across models) claims any model; the secondary per-baseline families ("better
-than X", "worse than X") are counted too. Power worlds: model 0's five seeds get a daily Sharpe edge δ over every
-baseline, δ = the median over the no-edge worlds of the report's own "could have detected" figure for the headline
-claim; the measured power of that claim at δ is the check of the figure (target 80%). Rates carry 95%
-Clopper–Pearson intervals. The same `marketrl.verdict.verdicts.family_result` as the report does the testing.
+"beats every baseline", balanced min-p stepdown across models) claims any model; the secondary per-baseline families
+("better than X", "worse than X") are counted too. Power worlds: model 0's five seeds get a daily Sharpe edge δ over
+every baseline, δ = the median over the no-edge worlds of the report's headline figure (the median over the models
+that trade of each one's "could have detected" edge); the measured power of that claim at δ is the check of the
+figure (target 80%). Rates carry 95% Clopper–Pearson intervals. The same `marketrl.verdict.verdicts.family_result`
+as the report does the testing.
 """
 
 from __future__ import annotations
@@ -66,9 +72,18 @@ def layout(n_random: int, n_matched: int) -> tuple[np.ndarray, np.ndarray, list[
     return np.array(model_rows), np.array(pair_rows), groups, n_columns
 
 
-def world(n: int, phi: float, n_columns: int, edge: float, rng: np.random.Generator) -> np.ndarray:
+def world(
+    n: int,
+    phi: float,
+    n_columns: int,
+    edge: float,
+    rng: np.random.Generator,
+    quiet: float = 1.0,
+    n_matched: int = 0,
+) -> np.ndarray:
     """[n, n_columns] daily returns: AR(1) with unit marginal std × 1%, seeds of a model correlated; model 0's
-    seeds get mean ``edge`` (daily Sharpe units); the flat baseline is all zeros."""
+    seeds get mean ``edge`` (daily Sharpe units); the flat baseline is all zeros; below ``quiet`` = 1 the last
+    model's seeds and their matched traders trade on that share of the days only (at least 2), 0 on the others."""
     burn = 50
     shocks = rng.normal(size=(n + burn, n_columns))
     common = rng.normal(size=(n + burn, N_MODELS))
@@ -84,29 +99,57 @@ def world(n: int, phi: float, n_columns: int, edge: float, rng: np.random.Genera
     x = x[burn:]
     x[:, :N_SEEDS] += edge
     x[:, seeds + 1] = 0.0  # flat
+    if quiet < 1.0:
+        off = np.ones(n, bool)
+        off[rng.choice(n, max(2, round(quiet * n)), replace=False)] = False
+        # the last model's seeds, and its seeds' `n_matched` matched traders each, which close the matrix
+        columns = [*range(seeds - N_SEEDS, seeds), *range(n_columns - N_SEEDS * n_matched, n_columns)]
+        x[np.ix_(off, columns)] = 0.0
     return x * 0.01
 
 
 def one_world(
-    k: int, n: int, phi: float, edge: float, boot: int, n_random: int, n_matched: int, seed: int
+    k: int,
+    n: int,
+    phi: float,
+    edge: float,
+    boot: int,
+    n_random: int,
+    n_matched: int,
+    seed: int,
+    quiet: float = 1.0,
 ) -> tuple[bool, bool, bool, bool, float]:
-    """(primary claim of any model, of model 0, secondary "better" any, "worse" any, model 0's detectable edge)."""
+    """(primary claim of any model, of model 0, secondary "better" any, "worse" any, the world's headline figure:
+    the median over the models that trade of their detectable edge)."""
     model_rows, pair_rows, groups, n_columns = layout(n_random, n_matched)
-    rng = np.random.default_rng([seed, n, int(100 * phi), int(1e6 * edge), k])
-    x = world(n, phi, n_columns, edge, rng)
+    streams = [seed, n, int(100 * phi), int(1e6 * edge), k] + ([int(1000 * quiet)] if quiet < 1.0 else [])
+    rng = np.random.default_rng(streams)
+    x = world(n, phi, n_columns, edge, rng, quiet, n_matched)
     rules = VerdictRules(n_boot=boot, min_test_days=1, min_seeds=1)
-    result = family_result(x, list(model_rows), list(pair_rows), groups, rules, seed=k)
+    shares = [1.0] * (N_MODELS - 1) + [quiet]  # the report's trading share of each model
+    eligible = [share >= rules.min_trading_share for share in shares]
+    result = family_result(x, list(model_rows), list(pair_rows), groups, rules, seed=k, eligible=eligible)
+    trading = result.detectable[np.array(eligible) & np.isfinite(result.detectable)]
     return (
         bool(result.primary.reject.any()),
         bool(result.primary.reject[0]),
         bool(result.better.any()),
         bool(result.worse.any()),
-        float(result.detectable[0]),
+        float(np.median(trading)) if trading.size else math.nan,
     )
 
 
 #: --quick: the smallest run that fills every column (each value where the option is left at its default)
-QUICK = {"sims": 2, "boot": 50, "days": [20], "phis": [0.0], "random": 5, "matched": 2, "power_sims": 2}
+QUICK = {
+    "sims": 2,
+    "boot": 50,
+    "days": [20],
+    "phis": [0.0],
+    "random": 5,
+    "matched": 2,
+    "power_sims": 2,
+    "quiet": [1.0, 0.1],
+}
 
 
 def rate(hits: int, worlds: int) -> str:
@@ -128,12 +171,20 @@ def main() -> None:
     parser.add_argument("--matched", type=int, default=50, help="turnover-matched traders per model seed")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument(
+        "--quiet",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        help="layouts: share of days the last model trades (1 = every day; 0.1 = the quiet-model layout)",
+    )
+    parser.add_argument(
         "--power-sims", type=int, default=None, help="planted-edge worlds per cell (default K)"
     )
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="K = 2 worlds at 20 days and phi 0, 50 resamples, 5 + 2 traders: a sanity run, not a measurement",
+        help="K = 2 worlds at 20 days and phi 0, 50 resamples, 5 + 2 traders, both layouts: a sanity run, not a "
+        "measurement",
     )
     args = parser.parse_args()
     if args.quick:  # an explicit value beats the mode's default
@@ -147,36 +198,34 @@ def main() -> None:
     print(
         "\n| phi | test days | K | primary: false 'beats every baseline' | secondary: false 'better than X' "
         "| secondary: false 'worse than X' | median detectable (annualised) | one comparison (annualised) "
-        "| power of the headline at the detectable edge |"
+        "| power of the headline at the detectable edge | last model trades on |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     z = float(norm.ppf(0.95))
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        for phi in args.phis:
-            for n in args.days:
-                job = partial(
-                    one_world,
-                    n=n,
-                    phi=phi,
-                    boot=args.boot,
-                    n_random=args.random,
-                    n_matched=args.matched,
-                    seed=23,
-                )
-                null = list(pool.map(partial(job, edge=0.0), range(args.sims)))
-                detectable = float(np.nanmedian([w[4] for w in null]))
-                power_sims = args.sims if args.power_sims is None else args.power_sims
-                planted = list(
-                    pool.map(partial(job, edge=detectable), range(args.sims, args.sims + power_sims))
-                )
-                power = rate(sum(w[1] for w in planted), len(planted)) if planted else "–"
-                one = minimum_detectable_sharpe_difference(n, z) * ANNUALIZER
-                print(
-                    f"| {phi:g} | {n} | {args.sims} | {rate(sum(w[0] for w in null), len(null))} "
-                    f"| {rate(sum(w[2] for w in null), len(null))} | {rate(sum(w[3] for w in null), len(null))} "
-                    f"| {detectable * ANNUALIZER:.2f} | {one:.2f} | {power} |",
-                    flush=True,
-                )
+        for quiet, phi, n in ((q, p, d) for q in args.quiet for p in args.phis for d in args.days):
+            job = partial(
+                one_world,
+                n=n,
+                phi=phi,
+                boot=args.boot,
+                n_random=args.random,
+                n_matched=args.matched,
+                seed=23,
+                quiet=quiet,
+            )
+            null = list(pool.map(partial(job, edge=0.0), range(args.sims)))
+            detectable = float(np.nanmedian([w[4] for w in null]))
+            power_sims = args.sims if args.power_sims is None else args.power_sims
+            planted = list(pool.map(partial(job, edge=detectable), range(args.sims, args.sims + power_sims)))
+            power = rate(sum(w[1] for w in planted), len(planted)) if planted else "–"
+            one = minimum_detectable_sharpe_difference(n, z) * ANNUALIZER
+            print(
+                f"| {phi:g} | {n} | {args.sims} | {rate(sum(w[0] for w in null), len(null))} "
+                f"| {rate(sum(w[2] for w in null), len(null))} | {rate(sum(w[3] for w in null), len(null))} "
+                f"| {detectable * ANNUALIZER:.2f} | {one:.2f} | {power} | {100 * quiet:.0f}% of days |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

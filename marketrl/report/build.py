@@ -579,7 +579,8 @@ def verdict_record(
     family-wise level (``winners``; the predict stage's default models), each model's claim, adjusted p-value,
     binding baseline and annualised Sharpe with its interval, from `leaderboard` its break-even cost
     (``break_even_cost``) and, from `learning`, whether it learned
-    (``diagnostics``: docs/OUTPUTS.md), what the run could detect, the report's headline (``sentence``: the
+    (``diagnostics``: docs/OUTPUTS.md), what the run could detect (``detectable_sharpe_difference``, defined in
+    ``headline``; every model's own figure under ``models``, the low-information ones flagged), the report's headline (``sentence``: the
     family sentence the verdict section opens with, which `make run` prints last) and provenance."""
     learned = {d.model: d.to_record() for d in learning}
     costs = {row.name: row.break_even for row in leaderboard if row.break_even is not None}
@@ -590,6 +591,15 @@ def verdict_record(
         "pooled_test_days": family.n_days,
         "detectable_sharpe_difference": _finite(family.detectable),
         "one_comparison_detectable": _finite(family.one_comparison_detectable),
+        "headline": {
+            "definition": family.headline_definition,
+            "basis": "reference_trader" if family.reference_note else "median_of_trading_models",
+            "models": list(family.headline_models),
+        },
+        "min_trading_share": family.min_trading_share,
+        "low_information_models": list(family.low_information),
+        "first_step_level": _finite(family.level),
+        "max_t_critical": _finite(family.max_t_critical),
         "days_to_answer": [row.to_record() for row in _days_to_answer(family, config)],
         "models": {
             v.model: {
@@ -597,6 +607,10 @@ def verdict_record(
                 "enough_data": v.enough_data,
                 "p_beats_every": _finite(v.p_beats_every),
                 "binding_baseline": v.binding,
+                "detectable": _finite(v.detectable),
+                "critical": _finite(v.critical),
+                "trading_share": _finite(v.trading_share),
+                "low_information": v.low_information,
                 "sharpe": {
                     "point": _finite(v.sharpe.point),
                     "lo": _finite(v.sharpe.lo),

@@ -296,6 +296,24 @@ def familywise_test(contrasts: SharpeContrasts, alpha: float = 0.05) -> FamilyTe
     return romano_wolf_stepdown(t, contrasts.t_boot, alpha)
 
 
+def _binding_draws(contrasts: SharpeContrasts, groups: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group: T_g = min_k t_k, the binding contrast's index and its null draws [n_boot, n_groups]
+    (−inf, −1 and −inf draws for a group with an untestable contrast)."""
+    group_rows = [np.asarray(g, dtype=int) for g in groups]  # type: ignore[union-attr]
+    testable = _testable(contrasts)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(testable, contrasts.estimate / contrasts.standard_error, np.nan)
+    t_min = np.full(len(group_rows), -np.inf)
+    binding = np.full(len(group_rows), -1)
+    draws = np.full((contrasts.t_boot.shape[0], len(group_rows)), -np.inf)
+    for g, rows in enumerate(group_rows):
+        if rows.size == 0 or not testable[rows].all():
+            continue
+        k = int(rows[np.argmin(t[rows])])
+        t_min[g], binding[g], draws[:, g] = t[k], k, contrasts.t_boot[:, k]
+    return t_min, binding, draws
+
+
 def intersection_union_stepdown(
     contrasts: SharpeContrasts, groups: object, alpha: float = 0.05
 ) -> IntersectionUnionTest:
@@ -309,21 +327,108 @@ def intersection_union_stepdown(
     conservative there. (The min of the t* of every contrast would be anti-conservative.) ``groups``: a sequence
     of sequences of contrast indices. A group with an untestable contrast is untestable (never claimed).
     """
-    group_rows = [np.asarray(g, dtype=int) for g in groups]  # type: ignore[union-attr]
-    testable = _testable(contrasts)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(testable, contrasts.estimate / contrasts.standard_error, np.nan)
-    t_min = np.full(len(group_rows), -np.inf)
-    binding = np.full(len(group_rows), -1)
-    draws = np.full((contrasts.t_boot.shape[0], len(group_rows)), -np.inf)
-    for g, rows in enumerate(group_rows):
-        if rows.size == 0 or not testable[rows].all():
-            continue
-        k = int(rows[np.argmin(t[rows])])
-        t_min[g], binding[g], draws[:, g] = t[k], k, contrasts.t_boot[:, k]
+    t_min, binding, draws = _binding_draws(contrasts, groups)
     family = romano_wolf_stepdown(t_min, draws, alpha)
     return IntersectionUnionTest(
         family.t_stat, binding, family.p_adjusted, family.reject, family.first_step_critical
+    )
+
+
+class BalancedTest(NamedTuple):
+    """Balanced (prepivoted, min-p) stepdown across groups on the intersection–union statistic: each group's T_g
+    turned into a p-value by its own bootstrap null law, the stepdown on min-p over the groups still in play."""
+
+    t_min: np.ndarray  # [n_groups] min_k t_k over the group; −inf where any contrast is untestable
+    binding: np.ndarray  # [n_groups] contrast index attaining the min (−1 where untestable)
+    p_raw: np.ndarray  # [n_groups] share of the group's own null draws ≥ T_g (1 where untestable)
+    p_adjusted: np.ndarray  # [n_groups] family-wise adjusted p-values; NaN for a group left out of the family
+    reject: np.ndarray  # [n_groups] bool: "every θ_k of the group > 0" claimed at family-wise level alpha
+    in_family: np.ndarray  # [n_groups] bool: testable and eligible, so it enters the min-p and can be claimed
+    level: float  # first step: each group's own p-value level (its marginal critical value's tail share)
+    # [n_groups] t critical value at `level` from the group's own draws (NaN: untestable)
+    critical: np.ndarray
+    max_t_critical: float  # the max-t stepdown's first-step critical value over the same family (comparison)
+
+
+def sidak_level(n_hypotheses: int, alpha: float = 0.05) -> float:
+    """1 − (1 − alpha)^(1/m): the per-hypothesis level that holds the family-wise error at alpha for m
+    independent tests (what a balanced stepdown gives each of m independent hypotheses at its first step)."""
+    return 1.0 - (1.0 - alpha) ** (1.0 / max(1, n_hypotheses))
+
+
+def balanced_critical(draws: object, level: float) -> float:
+    """The t value a statistic with these null draws must exceed to have a bootstrap p-value (share of draws
+    ≥ it) at most ``level``: the ⌊level·B⌋+1-th largest draw (−inf when every draw may exceed it)."""
+    column = np.sort(np.where(np.isnan(np.asarray(draws, dtype=np.float64)), -np.inf, draws))[::-1]
+    allowed = math.floor(level * column.size + 1e-9)
+    return -math.inf if allowed >= column.size else float(column[max(0, allowed)])
+
+
+def _survival(ordered: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Share of the (ascending) draws ``ordered`` that are ≥ each of ``values``."""
+    return (ordered.size - np.searchsorted(ordered, values, side="left")) / ordered.size
+
+
+def balanced_intersection_union_stepdown(
+    contrasts: SharpeContrasts, groups: object, alpha: float = 0.05, eligible: object = None
+) -> BalancedTest:
+    """Which groups beat every contrast of the group, at family-wise level ``alpha`` across the eligible groups,
+    with balanced control (Romano & Wolf 2010): each group's statistic T_g (the intersection–union min, as
+    `intersection_union_stepdown`) is prepivoted into p_g = share of its own null draws ≥ T_g, each draw likewise
+    (p*_{b,g}), and the Romano–Wolf stepdown runs on min-p: at each step the groups still in play are tested at the
+    α quantile of min_g p*_{b,g} over them. Every group thus has the same chance of a false rejection, whatever the
+    tails of its own t*, and a heavy-tailed group no longer sets everyone's critical value as it does under max-t.
+
+    ``eligible`` (bool per group, default all): groups outside it are left out of the family (never claimed, not in
+    the min-p); their ``critical`` is still given, at the family's first-step level, for display. With no testable
+    eligible group the level is Šidák's over all groups (`sidak_level`)."""
+    t_min, binding, draws = _binding_draws(contrasts, groups)
+    n_groups, n_boot = t_min.size, draws.shape[0]
+    if not 0 < alpha < 1:
+        raise StatsInputError(f"alpha: expected 0 < alpha < 1, got {alpha}")
+    mask = np.ones(n_groups, bool) if eligible is None else np.asarray(eligible, dtype=bool)
+    if mask.shape != (n_groups,):
+        raise StatsInputError(f"eligible: expected {n_groups} booleans, got shape {mask.shape}")
+    testable = np.isfinite(t_min)
+    in_family = testable & mask
+    draws = np.where(np.isnan(draws), -np.inf, draws)
+    ordered = np.sort(draws, axis=0)
+    p_raw = np.ones(n_groups)
+    null_p = np.ones((n_boot, n_groups))
+    for g in np.flatnonzero(testable):
+        p_raw[g] = float(_survival(ordered[:, g], np.array([t_min[g]]))[0])
+        null_p[:, g] = _survival(ordered[:, g], draws[:, g])
+    p_adjusted = np.full(n_groups, np.nan)
+    reject = np.zeros(n_groups, bool)
+    members = np.flatnonzero(in_family)
+    max_t_critical = math.nan
+    too_few_draws = False  # fewer than 1/alpha − 1 resamples: no p-value can reach the family's level
+    if members.size:
+        # min-p is max of 1 − p: the Romano–Wolf stepdown on the prepivoted statistics
+        family = romano_wolf_stepdown(1.0 - p_raw[members], 1.0 - null_p[:, members], alpha)
+        p_adjusted[members] = family.p_adjusted
+        reject[members] = family.reject
+        # first step: p_g is rejected iff (1 + #{b: min p*_b ≤ p_g}) / (B + 1) ≤ alpha
+        min_p = np.sort(null_p[:, members].min(axis=1))
+        allowed = math.floor(alpha * (n_boot + 1) + 1e-9) - 1
+        too_few_draws = allowed < 0
+        level = 1.0 if allowed >= n_boot else (0.0 if too_few_draws else float(min_p[allowed]) - 1.0 / n_boot)
+        max_t_critical = float(np.quantile(draws[:, members].max(axis=1), 1.0 - alpha, method="higher"))
+    else:
+        level = sidak_level(n_groups, alpha)
+    critical = np.full(n_groups, np.nan)
+    for g in np.flatnonzero(testable):
+        critical[g] = math.inf if too_few_draws else balanced_critical(draws[:, g], level)
+    return BalancedTest(
+        np.where(testable, t_min, -np.inf),
+        binding,
+        p_raw,
+        p_adjusted,
+        reject,
+        in_family,
+        max(0.0, level),
+        critical,
+        max_t_critical,
     )
 
 

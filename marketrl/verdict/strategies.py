@@ -33,6 +33,12 @@ from marketrl.verdict.inputs import (
 DSR_THRESHOLD = 0.95
 FAMILY_ALPHA = 0.05
 POWER = 0.8
+# A model whose seeds hold a position on fewer than this share of their test days (mean over its seeds) has almost
+# no information in its test: its studentized t* is heavy-tailed, so it is left out of the primary family (no claim,
+# not in the family's critical values) and its figure is shown apart (docs/METRICS.md, "Verdict rules" 6). 20%: at
+# the demo's 60 pooled test days that is 12 days in the market, just above the 9 days from which the bootstrap-t
+# interval is calibrated (evaluation.min_test_days, "Coverage").
+MIN_TRADING_SHARE = 0.2
 # hyperopt's user attribute of a trial interrupted by a killed worker and rerun in its slot (marketrl.training.hyperopt).
 INTERRUPTED_ATTR = "interrupted"
 BASELINE_LABELS = {
@@ -123,6 +129,7 @@ class Strategy:
     pooled: ReturnSeries | None = None
     long_share: float = math.nan
     short_share: float = math.nan
+    trading_share: float = math.nan  # share of its pooled test days with a nonzero position at some bar
 
     @property
     def label(self) -> str:
@@ -154,7 +161,25 @@ def build_strategies(runs: Sequence[Run], pooled_summary: bool = True) -> list[S
         position = bars["position"].cast(pl.Float64)
         strategy.long_share = float((position > 0).mean())
         strategy.short_share = float((position < 0).mean())
+        strategy.trading_share = trading_share(bars)
     return sorted(grouped.values(), key=lambda s: (not s.is_agent, s.name, s.seed_index or 0))
+
+
+def trading_share(bars: pl.DataFrame) -> float:
+    """Share of the trading days of ``bars`` (columns ``trading_day``, ``position``) on which a nonzero position
+    is held at some bar; NaN without any day."""
+    if bars.is_empty():
+        return math.nan
+    per_day = bars.group_by("trading_day").agg(
+        (pl.col("position").cast(pl.Float64) != 0).any().alias("trades")
+    )
+    return float(np.mean(per_day["trades"].to_numpy()))
+
+
+def model_trading_share(members: Sequence[Strategy]) -> float:
+    """A model's trading share: the mean over its seeds of each seed's `trading_share` (NaN when none is known)."""
+    shares = [m.trading_share for m in members if math.isfinite(m.trading_share)]
+    return float(np.mean(shares)) if shares else math.nan
 
 
 def annualized_sharpe(daily: np.ndarray) -> float:
@@ -180,6 +205,7 @@ class VerdictRules:
     min_seeds: int
     alpha: float = FAMILY_ALPHA
     power: float = POWER
+    min_trading_share: float = MIN_TRADING_SHARE
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> VerdictRules:

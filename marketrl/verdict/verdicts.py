@@ -15,11 +15,12 @@ from scipy.stats import norm
 
 from marketrl.calendars.annual import ANNUALIZER
 from marketrl.scoring.inference import (
-    IntersectionUnionTest,
+    BalancedTest,
+    balanced_critical,
+    balanced_intersection_union_stepdown,
     bonferroni_critical,
     bootstrap_t_intervals,
     intersection_union_detectable,
-    intersection_union_stepdown,
     minimum_detectable_sharpe_difference,
     romano_wolf_stepdown,
     sharpe_contrasts,
@@ -50,6 +51,7 @@ from marketrl.verdict.strategies import (
     annualized_ci,
     column_sharpes,
     matched_traders,
+    model_trading_share,
     seed_aggregate,
 )
 
@@ -219,6 +221,9 @@ class ModelVerdict:
     p_beats_every: float = math.nan  # the primary family's adjusted p-value of this model
     binding: str = ""  # the baseline its smallest studentized difference is against
     detectable: float = math.nan  # annualised edge over every baseline the primary claim detects at the power
+    trading_share: float = math.nan  # mean over its seeds of the share of test days holding a position
+    low_information: bool = False  # below VerdictRules.min_trading_share: outside the primary family
+    critical: float = math.nan  # its own first-step critical value (t units) in the balanced stepdown
 
 
 @dataclass(frozen=True)
@@ -231,10 +236,12 @@ class FamilySummary:
     n_random: int
     alpha: float
     power: float
-    critical: float  # primary family's first-step critical value (t units)
+    critical: float  # primary family's first step: median of the family's per-model critical values (t units)
     critical_source: str
     mean_block: float  # median per-comparison stationary-bootstrap block
-    detectable: float  # annualised: largest over models of the edge the primary claim detects at `power`
+    detectable: (
+        float  # annualised headline: median over the models that trade of their figures (or the reference's)
+    )
     sentence: str
     max_autocorrelation: float  # largest lag-1 autocorrelation of a model's seed-mean daily returns
     n_secondary: int = 0  # per-baseline hypotheses in each secondary family (models × baselines)
@@ -242,6 +249,13 @@ class FamilySummary:
     one_comparison_detectable: float = math.nan  # annualised (z_{1−α} + z_power)·√(2/n)·√252
     false_claim_note: str = ""  # the measured false-claim rate at this autocorrelation, when above 0.1
     power_note: str = ""  # the measured power of the headline figure at the nearest measured number of days
+    headline_definition: str = ""  # what `detectable` is (HEADLINE_DEFINITION or REFERENCE_DEFINITION)
+    headline_models: tuple[str, ...] = ()  # the models whose median it is (empty: the reference trader's)
+    reference_note: str = ""  # non-empty when no model trades and the figure is the reference trader's
+    min_trading_share: float = math.nan  # the rule: below it a model is low-information
+    low_information: tuple[str, ...] = ()  # models left out of the primary family by that rule
+    level: float = math.nan  # the balanced stepdown's first-step level of each model in the family
+    max_t_critical: float = math.nan  # the max-t stepdown's first-step critical value over the same family
 
 
 def _aligned_matrix(series: Sequence[ReturnSeries | DailySeries]) -> tuple[np.ndarray, np.ndarray]:
@@ -281,10 +295,12 @@ def verdict_sentence(
     enough: tuple[bool, str],
     detectable: float,
     beats_every: bool,
+    low_information: str = "",
 ) -> tuple[bool, str]:
     """Plain-language verdict: "beats" only if the primary family (intersection–union over the baselines,
-    Romano–Wolf across models) claims it; per-baseline "better"/"worse" come from the secondary families;
-    nothing at all without enough data."""
+    balanced stepdown across models) claims it; per-baseline "better"/"worse" come from the secondary families;
+    nothing at all without enough data. ``low_information``: why the model is outside the primary family (it
+    trades on too few test days), empty when it is in it."""
     enough_data, why_not = enough
     limit = f"about {detectable:.2f}" if is_finite_number(detectable) else "an undetermined size"
     if not enough_data:
@@ -292,19 +308,26 @@ def verdict_sentence(
             f"{model}: not enough out-of-sample data for a verdict ({why_not}); no claim is made either way."
         )
     labels = {c.baseline: BASELINE_LABELS.get(c.baseline, c.baseline) for c in comparisons}
-    if comparisons and beats_every:
+    if comparisons and beats_every and not low_information:
         return True, (
             f"{model} beats every baseline after costs: its smallest studentized Sharpe difference over "
             f"{_join(list(labels.values()))} clears the family-wise critical value (intersection–union test, "
-            "Romano–Wolf across the models of this run, 5%)."
+            "balanced stepdown across the models of this run, 5%)."
         )
     better = [labels[c.baseline] for c in comparisons if c.beats]
     worse = [labels[c.baseline] for c in comparisons if c.worse]
     unclear = [labels[c.baseline] for c in comparisons if not (c.beats or c.worse)]
-    reasons = [
-        "the test of 'beats every baseline' does not reject: this run would detect an edge over every baseline "
-        f"of {limit} (annualised Sharpe, 80% power)"
-    ]
+    if low_information:
+        reasons = [
+            f"{low_information}, too little information for the test of 'beats every baseline': it is left out "
+            "of the primary family (no claim, and it does not raise the other models' critical values); at the "
+            f"family's level it would detect an edge over every baseline of {limit} (annualised Sharpe, 80% power)"
+        ]
+    else:
+        reasons = [
+            "the test of 'beats every baseline' does not reject: this run would detect an edge over every "
+            f"baseline of {limit} (annualised Sharpe, 80% power)"
+        ]
     if worse:
         reasons.append(f"per baseline, it is significantly worse than {_join(worse)} (secondary family, 5%)")
     if better:
@@ -313,28 +336,47 @@ def verdict_sentence(
         )
     if unclear and (worse or better):
         reasons.append(f"against {_join(unclear)} the per-baseline test cannot tell")
+    if low_information:
+        return False, f"{model}: no verdict on 'beats every baseline': " + "; ".join(reasons) + "."
     return False, f"{model} does not beat the baselines after costs: " + "; ".join(reasons) + "."
 
 
 @dataclass(frozen=True)
 class FamilyResult:
     """Estimates, marginal intervals and the decisions of the three one-direction families: primary
-    "beats every baseline" per model, secondary "better than" and "worse than" per model × baseline."""
+    "beats every baseline" per model (balanced stepdown), secondary "better than" and "worse than" per
+    model × baseline (max-t stepdown)."""
 
     estimate: np.ndarray  # [n_models + n_pairs], per-day units
     se: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
-    primary: IntersectionUnionTest  # [n_models]
+    primary: BalancedTest  # [n_models]
     detectable: np.ndarray  # [n_models] per-day edge over every baseline the primary claim detects
     p_better: np.ndarray  # [n_pairs]
     better: np.ndarray
     p_worse: np.ndarray
     worse: np.ndarray
-    critical: float  # primary family, first step
+    critical: float  # primary family, first step: median over the family's models of their own critical value
     critical_source: str
     secondary_critical: float
     mean_block: float
+
+
+def _untested(n_models: int, level: float) -> BalancedTest:
+    """The primary family when nothing is estimable (below 3 days, or no baseline)."""
+    nan = np.full(n_models, np.nan)
+    return BalancedTest(
+        np.full(n_models, -np.inf),
+        np.full(n_models, -1),
+        np.ones(n_models),
+        nan,
+        np.zeros(n_models, bool),
+        np.zeros(n_models, bool),
+        level,
+        nan,
+        math.nan,
+    )
 
 
 def family_result(
@@ -344,26 +386,23 @@ def family_result(
     groups: list[list[int]],
     rules: VerdictRules,
     seed: int,
+    eligible: Sequence[bool] | None = None,
 ) -> FamilyResult:
-    """One studentized bootstrap of every row, then the primary intersection–union stepdown across models
-    (``groups``: per model, its pair rows) and the two per-baseline Romano–Wolf families, each one-sided. Below
-    3 days nothing is estimable and the critical values fall back to Bonferroni bounds (for the power line)."""
+    """One studentized bootstrap of every row, then the primary intersection–union family across models
+    (``groups``: per model, its pair rows) by the balanced (min-p) stepdown, and the two per-baseline Romano–Wolf
+    families, each one-sided. ``eligible`` (per model; default all): the models that trade on enough test days to
+    enter the primary family (`VerdictRules.min_trading_share`); the others are neither claimed nor counted in
+    its critical values, and their figure is computed at the family's level. Below 3 days nothing is estimable
+    and the critical values fall back to Bonferroni bounds (for the power line)."""
     n_models, n_pairs = len(model_rows), len(pair_rows)
     if matrix.shape[0] < 3 or not n_pairs:
         nan = np.full(n_models + n_pairs, np.nan)
-        none = IntersectionUnionTest(
-            np.full(n_models, -np.inf),
-            np.full(n_models, -1),
-            np.ones(n_models),
-            np.zeros(n_models, bool),
-            math.nan,
-        )
         return FamilyResult(
             nan,
             nan,
             nan,
             nan,
-            none,
+            _untested(n_models, rules.alpha / max(1, n_models)),
             np.full(n_models, np.nan),
             np.ones(n_pairs),
             np.zeros(n_pairs, bool),
@@ -382,9 +421,13 @@ def family_result(
         t_boot=contrasts.t_boot[:, n_models:],
         mean_block=contrasts.mean_block[n_models:],
     )
-    primary = intersection_union_stepdown(pairs, groups, rules.alpha)
-    critical, source = primary.first_step_critical, "Romano–Wolf first step across models"
-    if not is_finite_number(critical):
+    primary = balanced_intersection_union_stepdown(pairs, groups, rules.alpha, eligible)
+    in_family = primary.critical[primary.in_family]
+    in_family = in_family[np.isfinite(in_family)]
+    if in_family.size:
+        critical = float(np.median(in_family))
+        source = "balanced (min-p) stepdown, first step, median over the models in the family"
+    else:
         critical, source = bonferroni_critical(n_models, rules.alpha), "Bonferroni bound"
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(pairs.standard_error > 0, pairs.estimate / pairs.standard_error, np.nan)
@@ -393,7 +436,14 @@ def family_result(
     secondary = better.first_step_critical
     if not is_finite_number(secondary):
         secondary = bonferroni_critical(n_pairs, rules.alpha)
-    detectable = np.array([intersection_union_detectable(pairs, g, critical, rules.power) for g in groups])
+    detectable = np.array(
+        [
+            intersection_union_detectable(pairs, g, float(primary.critical[m]), rules.power)
+            if np.isfinite(primary.critical[m])
+            else math.nan
+            for m, g in enumerate(groups)
+        ]
+    )
     return FamilyResult(
         contrasts.estimate,
         contrasts.standard_error,
@@ -410,6 +460,36 @@ def family_result(
         secondary,
         float(np.median(pairs.mean_block)),
     )
+
+
+def reference_detectable(
+    matrix: np.ndarray,
+    model_row: np.ndarray,
+    pair_rows: Sequence[np.ndarray],
+    level: float,
+    rules: VerdictRules,
+    seed: int,
+) -> float:
+    """The per-day edge over every one of ``pair_rows`` that a reference trader (``model_row``: the mean of its
+    seeds' Sharpes) would be detected with at ``rules.power``, its binding comparison's critical value taken from
+    its own null draws at the per-model ``level`` (as the balanced stepdown tests each model). NaN below 3 days."""
+    if matrix.shape[0] < 3 or not len(pair_rows):
+        return math.nan
+    rows = np.array([model_row, *pair_rows])
+    contrasts = sharpe_contrasts(matrix, rows, rules.n_boot, seed=seed)
+    pairs = contrasts._replace(
+        estimate=contrasts.estimate[1:],
+        standard_error=contrasts.standard_error[1:],
+        t_boot=contrasts.t_boot[:, 1:],
+        mean_block=contrasts.mean_block[1:],
+    )
+    test = balanced_intersection_union_stepdown(pairs, [list(range(len(pair_rows)))], rules.alpha, [False])
+    if test.binding[0] < 0:
+        return math.nan
+    critical = balanced_critical(pairs.t_boot[:, int(test.binding[0])], level)
+    if not math.isfinite(critical):
+        return math.nan
+    return intersection_union_detectable(pairs, range(len(pair_rows)), critical, rules.power)
 
 
 def _load_measured() -> dict[str, Any]:
@@ -442,14 +522,28 @@ MEASURED_FALSE_CLAIMS_PHI_05: dict[int, tuple[float, float, float, int]] = _MEAS
 MEASURED_HEADLINE_POWER: dict[int, tuple[float, float, float, int]] = _MEASURED["headline_power"]
 
 
+#: the primary family's procedure now: "balanced" (min-p stepdown, headline = median over the models that trade);
+#: measured.json's "procedure" names the one its figures were simulated with ("max-t": the Romano–Wolf max-t
+#: stepdown with the largest per-model figure as the headline, before issue 37)
+PROCEDURE = "balanced"
+MEASURED_PROCEDURE: str = str(_MEASURED.get("procedure", PROCEDURE))
+
+
 def layout_note(layout: tuple[int, int] | None) -> str:
-    """Empty when the run's (models, most seeds of a model) is the measured layout, else what differs."""
+    """Empty when the run's (models, most seeds of a model) is the measured layout and the figures were measured
+    with the current procedure, else what differs."""
+    procedure = (
+        ""
+        if MEASURED_PROCEDURE == PROCEDURE
+        else "; measured with the earlier max-t stepdown and largest-model headline, not yet with the balanced "
+        "stepdown and median headline this report uses"
+    )
     if layout is None or tuple(layout) == MEASURED_LAYOUT:
-        return ""
+        return f" ({procedure[2:]})" if procedure else ""
     models, seeds = MEASURED_LAYOUT
     return (
         f" (simulated for {models} models × {seeds} seeds; this run has {layout[0]} × {layout[1]}, so the figure "
-        "is indicative: bench/studies/verdict_size.py measures a layout)"
+        f"is indicative: bench/studies/verdict_size.py measures a layout{procedure})"
     )
 
 
@@ -491,8 +585,28 @@ def headline_power_note(n_days: int, power: float, layout: tuple[int, int] | Non
     )
 
 
+#: what the headline figure is when some model trades (FamilySummary.headline_definition, verdict.json)
+HEADLINE_DEFINITION = (
+    "the median, over the models that trade (a position on at least {share:.0f}% of their test days, mean over "
+    "their seeds), of each model's edge over every baseline (annualised Sharpe) that the primary family detects "
+    "with {power:.0f}% power at that model's own critical value"
+)
+#: ... and when no model trades: the same figure for a reference trader on the run's own test days
+REFERENCE_DEFINITION = (
+    "no model trades on {share:.0f}% of its test days, so the figure is that of a reference trader on this run's "
+    "test days: {seeds} of the run's random-baseline traders as the seeds of one model, compared with buy & hold, "
+    "flat, momentum and the mean of the other {others} random traders (which trade as often as it does, so that "
+    "comparison is also its turnover-matched one), its critical value from its own bootstrap at the level the "
+    "balanced stepdown gives each of this run's {models} model(s) ({level:.2f}%), {power:.0f}% power"
+)
+
+
 def _family_sentence(
-    verdicts: Sequence[ModelVerdict], detectable: float, one_comparison: float, power: float
+    verdicts: Sequence[ModelVerdict],
+    detectable: float,
+    one_comparison: float,
+    power: float,
+    reference: bool = False,
 ) -> str:
     winners = [v.model for v in verdicts if v.beats]
     n = len(verdicts)
@@ -501,11 +615,16 @@ def _family_sentence(
     if winners:
         verb = "beats" if len(winners) == 1 else "beat"
         return f"At family-wise 5% over all {n} model(s) of this run: {_join(winners)} {verb} every baseline."
+    of_what = (
+        "a reference random trader on these test days, since no model trades"
+        if reference
+        else "the median over the models that trade"
+    )
     return (
         f"No model beats every baseline at family-wise 5% over all {n} model(s). This run would have detected an "
-        f"edge over every baseline of about {detectable:.2f} (annualised Sharpe) with {100 * power:.0f}% power: "
-        f"no edge larger than that, smaller ones undetermined (one comparison alone, at 5% and the same days, "
-        f"would detect about {one_comparison:.2f})."
+        f"edge over every baseline of about {detectable:.2f} (annualised Sharpe; {of_what}) with "
+        f"{100 * power:.0f}% power: no edge larger than that, smaller ones undetermined (one comparison alone, at "
+        f"5% and the same days, would detect about {one_comparison:.2f})."
     )
 
 
@@ -528,8 +647,8 @@ def model_verdicts(
     root_seed: int,
 ) -> tuple[list[ModelVerdict], FamilySummary]:
     """The primary family ("which models beat every baseline after costs?": intersection–union over the
-    baselines, Romano–Wolf across models) and the secondary per-baseline families, one direction each, on the
-    pooled out-of-sample days.
+    baselines, balanced stepdown across the models that trade) and the secondary per-baseline families, one
+    direction each, on the pooled out-of-sample days.
 
     A model's series are its seeds; its statistic is the mean over seeds of the per-seed Sharpe (the expected
     Sharpe of one training run). The random baseline is the mean Sharpe of the independent random traders,
@@ -586,8 +705,10 @@ def model_verdicts(
     pairs = [(model, name) for model in models for name in baseline_names]
     pair_rows = [weights_for(model, name) for model, name in pairs]
     groups = [[k for k, (a, _) in enumerate(pairs) if a == model] for model in models]
+    shares = {model: model_trading_share(members[model]) for model in models}
+    eligible = [not (math.isfinite(shares[m]) and shares[m] < rules.min_trading_share) for m in models]
     result = family_result(
-        matrix, model_rows, pair_rows, groups, rules, derive_seed(root_seed, "report", "family")
+        matrix, model_rows, pair_rows, groups, rules, derive_seed(root_seed, "report", "family"), eligible
     )
     z_power = float(norm.ppf(rules.power))
     random_sharpes = column_sharpes(matrix, [column_of[id(r)] for r in random_seeds])
@@ -636,12 +757,19 @@ def model_verdicts(
             iqm = ConfidenceInterval(iqm.point, math.nan, math.nan)  # measured coverage too low to print
         detectable = float(result.detectable[i]) * ANNUALIZER
         binding = int(result.primary.binding[i])
+        low_information = (
+            ""
+            if eligible[i]
+            else f"it holds a position on {100 * shares[model]:.0f}% of its test days (mean over its seeds; "
+            f"the rule asks for {100 * rules.min_trading_share:.0f}%)"
+        )
         beats, sentence = verdict_sentence(
             model,
             comparisons,
             (enough, "; ".join(shortfalls)),
             detectable,
             enough and bool(result.primary.reject[i]),
+            low_information,
         )
         verdicts.append(
             ModelVerdict(
@@ -664,10 +792,55 @@ def model_verdicts(
                 p_beats_every=float(result.primary.p_adjusted[i]),
                 binding=pairs[binding][1] if binding >= 0 else "",
                 detectable=detectable,
+                trading_share=shares[model],
+                low_information=not eligible[i],
+                critical=float(result.primary.critical[i]),
             )
         )
-    finite = [v.detectable for v in verdicts if is_finite_number(v.detectable)]
-    headline = max(finite) if finite else math.nan
+    trading = [v for v in verdicts if not v.low_information and is_finite_number(v.detectable)]
+    percent = {"share": 100 * rules.min_trading_share, "power": 100 * rules.power}
+    reference_note = ""
+    if trading:
+        headline = float(np.median([v.detectable for v in trading]))
+        definition = HEADLINE_DEFINITION.format(**percent)
+    else:
+        # as many seeds as the run's largest model, at most half the random traders (the rest are its baseline)
+        n_reference = min(max((len(members[m]) for m in models), default=1), len(random_seeds) // 2)
+        headline = math.nan
+        if n_reference >= 1 and n_days >= 3:
+            reference, others = random_seeds[:n_reference], random_seeds[n_reference:]
+            reference_row = np.zeros(len(pooled))
+            reference_row[[column_of[id(r)] for r in reference]] = 1.0 / n_reference
+            reference_pairs = []
+            for baseline in [*fixed, None]:
+                row = reference_row.copy()
+                if baseline is None:
+                    row[[column_of[id(r)] for r in others]] -= 1.0 / len(others)
+                else:
+                    row[column_of[id(baseline)]] -= 1.0
+                reference_pairs.append(row)
+            headline = (
+                reference_detectable(
+                    matrix,
+                    reference_row,
+                    reference_pairs,
+                    result.primary.level,
+                    rules,
+                    derive_seed(root_seed, "report", "reference"),
+                )
+                * ANNUALIZER
+            )
+        definition = REFERENCE_DEFINITION.format(
+            **percent,
+            seeds=n_reference,
+            others=len(random_seeds) - n_reference,
+            models=len(models),
+            level=100 * result.primary.level,
+        )
+        reference_note = (
+            "no model of this run trades on enough test days, so the figure is computed for a reference trader: "
+            + definition
+        )
     one_comparison = (
         minimum_detectable_sharpe_difference(n_days, float(norm.ppf(1.0 - rules.alpha)), rules.power)
         * ANNUALIZER
@@ -689,12 +862,19 @@ def model_verdicts(
         critical_source=result.critical_source,
         mean_block=result.mean_block,
         detectable=headline,
-        sentence=_family_sentence(verdicts, headline, one_comparison, rules.power),
+        sentence=_family_sentence(verdicts, headline, one_comparison, rules.power, bool(reference_note)),
         max_autocorrelation=max_autocorrelation,
         n_secondary=len(pairs),
         secondary_critical=result.secondary_critical,
         one_comparison_detectable=one_comparison,
         false_claim_note=false_claim_note(max_autocorrelation, n_days, layout),
         power_note=headline_power_note(n_days, rules.power, layout),
+        headline_definition=definition,
+        headline_models=tuple(v.model for v in trading),
+        reference_note=reference_note,
+        min_trading_share=rules.min_trading_share,
+        low_information=tuple(v.model for v in verdicts if v.low_information),
+        level=result.primary.level,
+        max_t_critical=result.primary.max_t_critical,
     )
     return verdicts, summary
