@@ -52,6 +52,7 @@ QUICK_TESTS = {
     "studies/calibration.py": "test_calibration_quick_summarizes_both_arms",
     "studies/coverage.py": "test_coverage_quick_prints_every_table",
     "studies/demo_detectable.py": "test_demo_detectable_quick_on_a_synthetic_run",
+    "studies/dqn_design.py": "test_dqn_design_quick_scores_every_variant_in_both_worlds",
     "studies/gate_rules.py": "test_gate_rules_quick_compares_the_rules_on_a_synthetic_run",
     "studies/sanity.py": "test_sanity_quick_runs_the_pipeline_and_checks_the_targets",
     "studies/verdict_size.py": "test_verdict_size_quick_fills_every_column",
@@ -75,6 +76,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "speed/evaluate_job.py": (),
     "speed/env.py": (),
     "studies/demo_detectable.py": (),
+    "studies/dqn_design.py": (),
     "studies/gate_rules.py": ("--rules", "1.0:-", "1.5:1.0", "--json", "{out}/gate_rules.json"),
     "speed/dag.py": (),
     "studies/verdict_size.py": (),
@@ -176,6 +178,18 @@ def test_time_to_quality_quick_runs_both_algorithms(quick: QuickRuns) -> None:
     for config in ("ppo-64", "dqn-64"):
         libraries = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith(config)]
         assert libraries == (["marketrl", "sb3"] if HAS_SB3 else ["marketrl"]), config
+
+
+@pytest.mark.bench
+def test_dqn_design_quick_scores_every_variant_in_both_worlds(quick: QuickRuns) -> None:
+    out = quick.stdout("studies/dqn_design.py")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| clear", "| noedge"))]
+    cells = {(row[0].strip(), row[3].strip()) for row in rows}
+    variants = ("default", "no_normalize", "no_all_actions", "no_cost_prior", "none")
+    assert cells == {(world, variant) for world in ("clear", "noedge") for variant in variants}
+    for row in rows:  # every figure is a finite number (the oracle share only where there is an oracle)
+        assert all(math.isfinite(float(value)) for value in (row[4], row[6], row[7]))
+        assert (row[5].strip() == "—") == (row[0].strip() == "noedge")
 
 
 @pytest.mark.bench

@@ -44,7 +44,7 @@ import torch
 
 from marketrl.agents import dqn, ppo
 from marketrl.data.definitions import demo_run_config
-from marketrl.data.demo import edge_coefficient, generate_demo_files
+from marketrl.data.demo import EDGE_KINDS, edge_coefficient, generate_demo_files
 from marketrl.env import EnvConfig, MarketData, Policy, evaluate_positions
 from marketrl.evaluation.evaluate import validation_sharpe
 from marketrl.features import build_feature_file
@@ -77,9 +77,12 @@ class Splits:
     validation_days: int
 
 
-def build_splits(workdir: Path, days: int, validation_days: int, edge: float, seed: int) -> Splits:
-    """Demo files -> feature tables -> train/validation MarketData (normalizer fit on the training days)."""
-    raw = generate_demo_files(workdir / "raw", "2024-01-02", days, seed=seed, edge=edge)
+def build_splits(
+    workdir: Path, days: int, validation_days: int, edge: float, seed: int, edge_kind: str = "momentum"
+) -> Splits:
+    """Demo files -> feature tables -> train/validation MarketData (normalizer fit on the training days). The
+    oracle holds sign · sign(ret_L) of the edge kind (momentum: +ret_15; reversion: −ret_5; `EDGE_KINDS`)."""
+    raw = generate_demo_files(workdir / "raw", "2024-01-02", days, seed=seed, edge=edge, edge_kind=edge_kind)
     tables = []
     for i, path in enumerate(raw):
         out = workdir / "features" / path.name.replace(".dbn.zst", ".parquet")
@@ -99,7 +102,8 @@ def build_splits(workdir: Path, days: int, validation_days: int, edge: float, se
     env = env_config_from_config(config)
     validation = window.splits["validation"]
     # MarketData row t is frame row t (both sorted by instrument, time): the oracle's position at the close of t.
-    oracle = np.sign(frames["validation"]["ret_15"].to_numpy())
+    lookback, sign = EDGE_KINDS[edge_kind]
+    oracle = sign * np.sign(frames["validation"][f"ret_{lookback}"].to_numpy())
     oracle_sharpe = performance_summary(evaluate_positions(validation, oracle, env))["sharpe"]
     return Splits(
         window.splits["train"],
