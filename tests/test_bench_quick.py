@@ -46,6 +46,7 @@ QUICK_TESTS = {
     "speed/hyperopt_scale.py": "tests/postgres/test_bench_hyperopt_scale.py",
     "speed/hyperopt_setup.py": "test_hyperopt_setup_quick_times_both_modes",
     "speed/job_imports.py": "test_job_imports_quick_times_every_stage",
+    "speed/launches.py": "test_launches_quick_counts_every_part",
     "speed/models.py": "test_models_quick_reports_every_model",
     "speed/seeds.py": "test_seeds_quick_times_batched_and_sequential_seeds",
     "speed/time_to_quality.py": "test_time_to_quality_quick_runs_both_algorithms",
@@ -73,6 +74,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "studies/calibration.py": (),
     "speed/evaluate.py": (),
     "speed/job_imports.py": (),
+    "speed/launches.py": (),
     "speed/evaluate_job.py": (),
     "speed/env.py": (),
     "studies/demo_detectable.py": (),
@@ -190,6 +192,18 @@ def test_dqn_design_quick_scores_every_variant_in_both_worlds(quick: QuickRuns) 
     for row in rows:  # every figure is a finite number (the oracle share only where there is an oracle)
         assert all(math.isfinite(float(value)) for value in (row[4], row[6], row[7]))
         assert (row[5].strip() == "—") == (row[0].strip() == "noedge")
+
+
+@pytest.mark.bench
+def test_launches_quick_counts_every_part(quick: QuickRuns) -> None:
+    out = quick.stdout("speed/launches.py")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| dqn", "| ppo"))]
+    parts = {(row[0].strip(), int(row[1]), row[2].strip()) for row in rows}
+    for n_seeds in (1, 2):
+        assert ("dqn", n_seeds, "gradient step") in parts
+        assert ("dqn", n_seeds, "vector step (act, env, replay insert)") in parts
+        assert {("ppo", n_seeds, f"epoch of {m} minibatches") for m in (1, 2)} <= parts
+    assert all(float(row[3]) > 0 for row in rows)
 
 
 @pytest.mark.bench

@@ -1,0 +1,120 @@
+"""Benchmark (a CPU proxy for GPU kernel launches): torch operations per env step and per update of PPO and DQN.
+
+    .venv/bin/python bench/speed/launches.py            # S in {1, 4}; PPO at 1..8 minibatches an epoch
+    .venv/bin/python bench/speed/launches.py --quick    # the smallest cells: a check, seconds
+
+On a GPU every leaf torch operation the Python loop issues is (at least) one kernel launch, and a loop whose
+launches grow with the number of minibatches or of seeds is host-bound however large the device (issue 36). This
+counts them without a device: the trainers run on the CPU under `torch.profiler`, and the leaf `aten::` operations
+(those that call no other `aten::` operation) are counted. Differences isolate each part without touching the
+trainers' code:
+
+- DQN per env step: a run that never learns (`learning_starts` past its steps) / its vector steps (acting, the
+  env step, the replay insert).
+- DQN per gradient step: (a run at `gradient_steps: 2` − the same run at 1) / its learning vector steps.
+- PPO per epoch: (`n_epochs: 2` − `n_epochs: 1`) over one rollout; per minibatch: that / minibatches an epoch
+  (n_envs x n_steps / batch_size), so a captured update (ops independent of the minibatch count) would show the
+  per-epoch count flat while the per-minibatch count falls as 1/minibatches.
+
+Every count is for all S seeds at once (they train as one batched computation): a count that does not grow with S
+is what batching seeds buys. Torch at 1 thread; counts, not times, so the machine's load does not matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from agents import market_data  # bench/speed/agents.py (a sibling: this script runs from bench/speed/)
+from torch.profiler import ProfilerActivity, profile
+
+from marketrl.agents import dqn, ppo
+from marketrl.env import EnvConfig
+
+N_ENVS = 64
+PPO_STEPS = 32  # rollout length per env: one rollout of 64 x 32 = 2,048 env steps a seed
+DQN_VECTOR_STEPS = 40
+COMMON = {"hidden_dim_base": 64}
+
+
+def leaf_ops(run: Any) -> int:
+    """Leaf ``aten::`` operations `run()` issues (on the CPU: what a device would launch as kernels)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    count = 0
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        if not any(child.name.startswith("aten::") for child in event.cpu_children):
+            count += 1
+    return count
+
+
+def env_config() -> EnvConfig:
+    return EnvConfig(n_envs=N_ENVS, episode_length=64, max_gap=None)
+
+
+def ppo_ops(data: Any, seeds: list[int], batch_size: int, n_epochs: int) -> int:
+    hparams = {**COMMON, "n_steps": PPO_STEPS, "batch_size": batch_size, "n_epochs": n_epochs}
+    config = ppo.PPOConfig(total_steps=PPO_STEPS * N_ENVS, env=env_config())
+    return leaf_ops(lambda: ppo.train_seeds(data, config, hparams, "fp32", "cpu", seeds))
+
+
+def dqn_ops(data: Any, seeds: list[int], learning_starts: int, gradient_steps: int) -> int:
+    hparams = {
+        **COMMON,
+        "batch_size": 256,
+        "learning_starts": learning_starts,
+        "gradient_steps": gradient_steps,
+        "target_update": 10_000,  # no target copy inside the counted steps
+    }
+    config = dqn.DQNConfig(total_steps=DQN_VECTOR_STEPS * N_ENVS, env=env_config(), check_every=10_000)
+    return leaf_ops(lambda: dqn.train_seeds(data, config, hparams, "fp32", "cpu", seeds))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 4], help="S values (seeds in one batch)")
+    parser.add_argument(
+        "--minibatches", type=int, nargs="+", default=[1, 2, 4, 8], help="PPO minibatches/epoch"
+    )
+    parser.add_argument("--json", help="write every count here")
+    parser.add_argument("--quick", action="store_true", help="S in {1, 2}, 1 and 2 minibatches: a check")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.minibatches = [1, 2], [1, 2]
+    torch.set_num_threads(1)
+    data = market_data(4_000, 8)
+    rows: list[dict[str, Any]] = []
+    print("| agent | S | part | leaf ops | per |")
+    print("|---|---|---|---|---|")
+    for n_seeds in args.seeds:
+        seeds = list(range(n_seeds))
+        never = DQN_VECTOR_STEPS * N_ENVS + 1
+        acting = dqn_ops(data, seeds, never, 1) / DQN_VECTOR_STEPS
+        learning_steps = DQN_VECTOR_STEPS - 8  # learning starts after 8 vector steps
+        one, two = (dqn_ops(data, seeds, 8 * N_ENVS, g) for g in (1, 2))
+        per_gradient_step = (two - one) / learning_steps
+        rows += [
+            {"agent": "dqn", "S": n_seeds, "part": "env step", "ops": acting},
+            {"agent": "dqn", "S": n_seeds, "part": "gradient step", "ops": per_gradient_step},
+        ]
+        print(f"| dqn | {n_seeds} | vector step (act, env, replay insert) | {acting:.1f} | vector step |")
+        print(f"| dqn | {n_seeds} | gradient step | {per_gradient_step:.1f} | gradient step |", flush=True)
+        for minibatches in args.minibatches:
+            batch_size = PPO_STEPS * N_ENVS // minibatches
+            epoch = ppo_ops(data, seeds, batch_size, 2) - ppo_ops(data, seeds, batch_size, 1)
+            rows.append({"agent": "ppo", "S": n_seeds, "part": f"epoch of {minibatches}", "ops": epoch})
+            print(f"| ppo | {n_seeds} | epoch of {minibatches} minibatches | {epoch} | epoch |")
+            print(
+                f"| ppo | {n_seeds} | minibatch (of {minibatches}) | {epoch / minibatches:.1f} | minibatch |"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
