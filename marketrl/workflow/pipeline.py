@@ -57,11 +57,13 @@ def demo_quote_files(config: dict[str, Any]) -> list[str]:
 
 
 def demo_outputs(config: dict[str, Any]) -> list[str]:
-    """Everything the demo_data rule writes: the ohlcv-1m files and the definition file (definitions/)."""
+    """Everything the demo_data rule writes: the ohlcv-1m files, the bbo-1m files (bbo-1m/) and the definition
+    file (definitions/)."""
     demo = config["data"]["demo"]
     days = demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"])
     return [
         *demo_files(config),
+        *demo_quote_files(config),
         f"{paths.DEMO_DIR}/{DEMO_DEFINITIONS_DIR}/{demo_definition_name(days[0], days[-1])}",
     ]
 
