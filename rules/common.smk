@@ -19,6 +19,7 @@ try:
     config.update(resolve_definitions(config))  # data.definitions -> costs.instruments
     check_contract_specs(config)
     RAW_FILES = pipeline.raw_data_files(config)
+    QUOTE_FILES = pipeline.quote_inputs(config)  # data.quotes, per bar file
     CALIBRATION_JOBS = n_jobs(CalibrationSettings.from_config(config))
     # predict.files x predict.models (docs/PREDICT.md)
     PREDICT_OUTPUTS = pipeline.predict_outputs(config)
@@ -89,6 +90,9 @@ def feature_inputs(wildcards):
     context = pipeline.previous_files(config, wildcards.stem)
     if context:
         inputs["context"] = context
+    quotes = QUOTE_FILES.get(wildcards.stem)
+    if quotes:  # data.quotes: the quote files of its days (pipeline.quote_inputs)
+        inputs["quotes"] = quotes
     if config["features"][
         "user"
     ]:  # features.user: audited before any features job runs

@@ -25,8 +25,9 @@ from marketrl.data.demo import (
     demo_definition_path,
     generate_demo_files,
 )
-from marketrl.data.file_order import demo_file_name
-from marketrl.data.reader import read_bars
+from marketrl.data.file_order import demo_file_name, demo_quote_file_name
+from marketrl.data.quotes import load_quotes, quotes_at_bars, read_quotes
+from marketrl.data.reader import DataFileError, read_bars
 from marketrl.instruments.costs import costs_from_config
 from marketrl.settings.config import ConfigError, validate_config
 from marketrl.workflow.pipeline import demo_files
@@ -344,11 +345,69 @@ def test_intraday_volume_seasonality_follows_chicago_time(bars: pl.DataFrame) ->
 def test_same_seed_same_bytes_different_seed_different(tmp_path: Path) -> None:
     def digest(out: Path, seed: int) -> list[str]:
         paths = generate_demo_files(out, "2024-03-07", 3, seed=seed)
+        paths += sorted(out.glob("bbo-1m/*.bbo-1m.dbn.zst"))  # the quotes are reproducible too
         paths.append(demo_definition_path(out, "2024-03-07", 3))
         return [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
 
     assert digest(tmp_path / "a", 9) == digest(tmp_path / "b", 9)
     assert digest(tmp_path / "a", 9)[:-1] != digest(tmp_path / "c", 10)[:-1]
+
+
+# --- the quotes (bbo-1m beside each ohlcv-1m file) -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quotes(demo_dir: Path, bars: pl.DataFrame) -> pl.DataFrame:
+    """Every demo quote, with its spread in ticks, the Chicago time and the product."""
+    files = sorted((demo_dir / "bbo-1m").glob("*.dbn.zst"))
+    assert [p.name for p in files] == [demo_quote_file_name(d) for d in _file_days(demo_dir)]
+    frame = pl.concat([read_quotes(p).quotes for p in files])
+    roots = bars.select("instrument_id", pl.col("symbol").str.slice(0, 2).alias("root")).unique()
+    local = pl.col("quote_ts").dt.convert_time_zone("America/Chicago")
+    minutes = (local.dt.hour().cast(pl.Int32) * 60 + local.dt.minute() - 17 * 60) % (24 * 60)
+    return frame.join(roots, on="instrument_id").with_columns(
+        ((pl.col("ask_px") - pl.col("bid_px")) / 0.25).alias("ticks"), minutes.alias("since_open")
+    )
+
+
+def _file_days(directory: Path) -> list[dt.date]:
+    return [dt.datetime.strptime(p.name[10:18], "%Y%m%d").date() for p in _ohlcv_files(directory)]
+
+
+def test_demo_quotes_are_one_tick_most_of_the_day_and_wider_at_the_open_and_overnight(
+    quotes: pl.DataFrame,
+) -> None:
+    assert quotes["ticks"].min() >= 1.0 and (quotes["ticks"] == quotes["ticks"].round()).all()
+    es = quotes.filter(pl.col("root") == "ES")
+    day = es.filter(pl.col("since_open").is_between(930, 1334))  # 08:30-15:15 CT
+    at_open = es.filter(pl.col("since_open") < 15)
+    overnight = es.filter(pl.col("since_open").is_between(60, 929))
+    assert (day["ticks"] == 1).mean() > 0.9  # ES: one tick in the day session (wider at a roll, a big move)
+    assert at_open["ticks"].mean() > overnight["ticks"].mean() > day["ticks"].mean()
+    nq = quotes.filter(pl.col("root") == "NQ")
+    assert nq["ticks"].mean() > es["ticks"].mean()  # NQ: the thinner book
+
+
+def test_demo_quotes_bracket_the_bars_and_join_to_every_bar(demo_dir: Path) -> None:
+    path = demo_dir / demo_file_name(dt.date(2024, 2, 14))
+    bar_file = read_bars(path)
+    paired = [demo_dir / "bbo-1m" / demo_quote_file_name(dt.date(2024, 2, d)) for d in (14, 13, 15)]
+    joined = quotes_at_bars(
+        bar_file.bars, load_quotes(paired, bar_file.bars, path, bar_file.bar_ns), bar_file.bar_ns
+    )
+    assert joined.select(pl.col("bid_px", "open_bid_px").null_count()).row(0) == (0, 0)
+    inside = (pl.col("bid_px") <= pl.col("close")) & (pl.col("close") <= pl.col("ask_px"))
+    assert joined.select(inside.all()).item()
+
+
+def test_a_demo_quote_file_of_another_day_is_an_error_naming_it(demo_dir: Path) -> None:
+    path = demo_dir / demo_file_name(dt.date(2024, 2, 14))
+    bar_file = read_bars(path)
+    other = demo_dir / "bbo-1m" / demo_quote_file_name(dt.date(2024, 2, 21))
+    with pytest.raises(
+        DataFileError, match=r"glbx-mdp3-20240221\.bbo-1m\.dbn\.zst: no quote inside the span"
+    ):
+        load_quotes([other], bar_file.bars, path, bar_file.bar_ns)
 
 
 # --- planted edge (data.demo.edge) ---------------------------------------------------------------------------

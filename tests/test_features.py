@@ -13,6 +13,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from marketrl.data.dbn_writer import encode_dbn, write_dbn
+from marketrl.data.quotes import QUOTE_COLUMNS
 from marketrl.data.reader import DataFileError, read_bars
 from marketrl.features import (
     BASE_COLUMNS,
@@ -385,8 +386,10 @@ def test_quote_schema_adds_book_features(tmp_path: Path) -> None:
     )
     summary = build_feature_file(src, tmp_path / "q.parquet")
     table = pl.read_parquet(tmp_path / "q.parquet")
-    assert table.columns == [*BASE_COLUMNS, *FEATURE_NAMES, *BOOK_FEATURE_NAMES]
+    # the quote columns of quote-aware fills come last (marketrl.data.quotes); they are no features
+    assert table.columns == [*BASE_COLUMNS, *FEATURE_NAMES, *BOOK_FEATURE_NAMES, *QUOTE_COLUMNS]
     assert summary["features"] == len(CATALOG) + len(BOOK_CATALOG)
+    assert table["bid_px"][-1] == read_bars(src).bars["bid_px"][-1]  # the book at the bar's close
     assert table.select(pl.col(BOOK_FEATURE_NAMES).is_finite().all()).row(0) == (True,) * len(
         BOOK_FEATURE_NAMES
     )

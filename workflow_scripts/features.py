@@ -12,6 +12,8 @@ from marketrl.runtime.jobs import job_context
 with job_context(snakemake.log[0], snakemake.threads):
     # rules/common.smk feature_inputs gives "context" as a list (the files before, in time order), or not at all.
     context = list(snakemake.input.context) if "context" in snakemake.input.keys() else []
+    # data.quotes: the quote files of the file's days (rules/common.smk feature_inputs), or none
+    quotes = list(snakemake.input.quotes) if "quotes" in snakemake.input.keys() else []
     user_file = snakemake.params.config["features"]["user"]
     # features.user: the user_features_audit job's summary vouches for this content; anything else is audited here
     audit = snakemake.input.audit if "audit" in snakemake.input.keys() else None
@@ -20,6 +22,7 @@ with job_context(snakemake.log[0], snakemake.threads):
         Path(snakemake.output[0]),
         **feature_options(snakemake.params.config["data"]),
         context_srcs=[Path(p) for p in context],
+        quote_srcs=[Path(p) for p in quotes],
         user=audited_user_features(user_file, audit) if user_file else None,
     )
     logging.getLogger("marketrl.features").info("wrote %s: %s", snakemake.output[0], summary)

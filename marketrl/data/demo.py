@@ -56,7 +56,8 @@ from marketrl.data.dbn_writer import (
     write_dbn,
 )
 from marketrl.data.file_order import DEMO_DEFINITIONS_DIR as DEFINITIONS_DIR
-from marketrl.data.file_order import demo_definition_name, demo_file_name
+from marketrl.data.file_order import DEMO_QUOTES_DIR as QUOTES_DIR
+from marketrl.data.file_order import demo_definition_name, demo_file_name, demo_quote_file_name
 from marketrl.instruments.costs import CostModel, InstrumentCosts
 
 DATASET = "GLBX.MDP3"
@@ -488,7 +489,8 @@ def generate_demo_files(
     edge_kind: str = "momentum",
 ) -> list[Path]:
     """Write the ohlcv-1m DBN.zst files (one per UTC day with data) of `n_days` CME trading days from `start` into
-    `out_dir`, and their definition file into `out_dir/definitions/`; return the ohlcv-1m paths in time order.
+    `out_dir`, a bbo-1m file of each of their days into `out_dir/bbo-1m/` (`_quote_records`), and their
+    definition file into `out_dir/definitions/`; return the ohlcv-1m paths in time order.
 
     `edge`: the oracle's annualized net Sharpe the planted signal is calibrated to (0: no planted signal);
     `edge_kind`: "momentum" or "reversion" (the module docstring)."""
@@ -508,11 +510,116 @@ def generate_demo_files(
     if sorted(by_day) != days:
         raise RuntimeError("demo data: the simulated bars and the CME file calendar disagree")
     paths = [_write_day_file(out_dir / demo_file_name(day), day, by_day[day]) for day in days]
+    quotes_by_day: dict[dt.date, list[dbn.BBOMsg]] = {}
+    for ts, _, msg in sorted(_quote_records(simulated, seed), key=lambda record: record[:2]):
+        quotes_by_day.setdefault(dt.datetime.fromtimestamp(ts // _NS, tz=dt.UTC).date(), []).append(msg)
+    (out_dir / QUOTES_DIR).mkdir(exist_ok=True)
+    for day in days:  # a quote stamped at the end of the last day lies past the data: not in the download
+        _write_day_file(
+            out_dir / QUOTES_DIR / demo_quote_file_name(day), day, quotes_by_day.get(day, []), "bbo-1m"
+        )
     contracts = {bars.contract for _, day_bars in simulated for bars in day_bars}
     write_definition_file(
         out_dir / DEFINITIONS_DIR / demo_definition_name(days[0], days[-1]), days, contracts
     )
     return paths
+
+
+# The demo's quotes (bbo-1m, docs/DEMO_DATA.md): spread = 1 tick + Poisson(extra) ticks, the expected extra ticks
+# by session phase (minutes since the 17:00 CT open), per product; plus some at a roll and with the bar's move.
+SPREAD_OPEN_MINUTES = 30  # the session open: the extra decays over about this many minutes
+SPREAD_EXTRA = {  # (open, overnight 17:00-08:30 CT, day session 08:30-15:15 CT, late 15:15-16:00 CT)
+    "ES": (2.0, 0.15, 0.02, 0.10),
+    "NQ": (3.0, 0.50, 0.15, 0.30),
+}
+SPREAD_ROLL_EXTRA = 0.5  # on the UTC day before a roll and the roll day itself
+SPREAD_VOL_EXTRA = 0.2  # per minute-volatility unit of the bar's |return| beyond 3
+DAY_SESSION_MINUTES = (930, 1335)  # 08:30 and 15:15 CT, in minutes since the 17:00 CT open
+QUOTE_SEED_STREAM = 0xB0  # the quotes' own random stream: the bars are the same with or without them
+
+
+def quote_spread_ticks(
+    root: str, minutes: np.ndarray, move: np.ndarray, roll_day: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Spreads in ticks (int, >= 1) of quotes at ``minutes`` since the session's 17:00 CT open, for bars whose
+    |log return| is ``move`` minute-volatility units (MINUTE_VOL), on a roll day or not."""
+    at_open, overnight, day, late = SPREAD_EXTRA[root]
+    phase = np.where(
+        minutes < DAY_SESSION_MINUTES[0], overnight, np.where(minutes < DAY_SESSION_MINUTES[1], day, late)
+    )
+    extra = (
+        phase
+        + at_open * np.exp(-minutes / (SPREAD_OPEN_MINUTES / 3))
+        + SPREAD_ROLL_EXTRA * roll_day
+        + SPREAD_VOL_EXTRA * np.maximum(move - 3.0, 0.0)
+    )
+    return 1 + rng.poisson(extra)
+
+
+def _quote_records(
+    simulated: list[tuple[dt.date, list[DayBars]]], seed: int
+) -> list[tuple[int, int, dbn.BBOMsg]]:
+    """(ts_recv, instrument_id, record) of the demo's bbo-1m quotes: one at each bar's close (the interval's
+    end) whose bid and ask bracket the close, and one at the open of each bar that follows a minute without a
+    bar of its contract (the session open, a quiet minute, a new contract), bracketing the open."""
+    rng = np.random.default_rng([seed, QUOTE_SEED_STREAM])
+    roll_dates = {bars.contract.roll_date for _, day_bars in simulated for bars in day_bars if bars.contract}
+    roll_days = {d - dt.timedelta(days=k) for d in roll_dates for k in (0, 1)}
+    records = []
+    for _, day_bars in simulated:
+        for bars in day_bars:
+            inst, tick = bars.instrument, bars.instrument.tick_size
+            dates = _utc_dates(bars.ts_event).astype(dt.date)
+            on_roll = np.array([d in roll_days for d in dates], dtype=float)
+            move = np.abs(np.log(bars.close / bars.open)) / MINUTE_VOL
+            after_gap = np.diff(bars.minutes, prepend=-2) != 1
+            for stamp, price, rows in (
+                (bars.ts_event + BAR_NS, bars.close, np.arange(bars.close.size)),
+                (bars.ts_event, bars.open, np.flatnonzero(after_gap)),
+            ):
+                spread = quote_spread_ticks(inst.root, bars.minutes[rows], move[rows], on_roll[rows], rng)
+                below = rng.integers(0, spread + 1)  # ticks from the bid up to the price
+                bid = price[rows] - below * tick
+                sizes = rng.integers(5, 60, size=(2, rows.size))
+                for k, row in enumerate(rows):
+                    ts_recv = int(stamp[row])
+                    records.append(
+                        (
+                            ts_recv,
+                            inst.instrument_id,
+                            _bbo_msg(
+                                inst.instrument_id,
+                                ts_recv,
+                                price[row],
+                                bid[k],
+                                bid[k] + spread[k] * tick,
+                                sizes[:, k],
+                            ),
+                        )
+                    )
+    return records
+
+
+def _bbo_msg(
+    instrument_id: int, ts_recv: int, price: float, bid: float, ask: float, sizes: np.ndarray
+) -> dbn.BBOMsg:
+    def px(value: float) -> int:
+        return int(np.rint(value * PRICE_SCALE))
+
+    return dbn.BBOMsg(
+        dbn.RType.BBO_1M,
+        PUBLISHER_ID,
+        instrument_id,
+        ts_recv - 1_000_000,  # the last book update, just before the sample
+        px(price),
+        1,
+        dbn.Side.NONE,
+        ts_recv,
+        flags=130,
+        levels=dbn.BidAskPair(
+            bid_px=px(bid), ask_px=px(ask), bid_sz=int(sizes[0]), ask_sz=int(sizes[1]), bid_ct=1, ask_ct=1
+        ),
+    )
 
 
 def _ohlcv_msg(bars: DayBars, j: int) -> dbn.OHLCVMsg:
@@ -536,8 +643,9 @@ def _day_ns(day: dt.date) -> int:
     return int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp()) * _NS
 
 
-def _write_day_file(path: Path, day: dt.date, messages: list[dbn.OHLCVMsg]) -> Path:
-    """Encode one UTC day's bars as an ohlcv-1m DBN.zst file with continuous symbology, atomically."""
+def _write_day_file(path: Path, day: dt.date, messages: list, schema: str = "ohlcv-1m") -> Path:
+    """Encode one UTC day's bars (or quotes: ``schema`` bbo-1m) as a DBN.zst file with continuous symbology,
+    atomically."""
     next_day = day + dt.timedelta(days=1)
     mappings = [
         SymbolMapping(
@@ -547,7 +655,7 @@ def _write_day_file(path: Path, day: dt.date, messages: list[dbn.OHLCVMsg]) -> P
     ]
     data = encode_dbn(
         messages,
-        schema="ohlcv-1m",
+        schema=schema,
         start_ns=_day_ns(day),
         end_ns=_day_ns(next_day),
         mappings=mappings,

@@ -22,10 +22,13 @@ __all__ = [
     "DBN_SUFFIX",
     "DBN_SUFFIXES",
     "DEMO_DEFINITIONS_DIR",
+    "DEMO_QUOTES_DIR",
     "DbnHeaderError",
     "dbn_stem",
     "demo_definition_name",
     "demo_file_name",
+    "demo_quote_file_name",
+    "header_span_ns",
     "header_start_ns",
     "time_ordered",
 ]
@@ -36,7 +39,7 @@ DBN_SUFFIXES = (".dbn.zst", ".dbn")
 _PREFIX = b"DBN"
 # DBN v1-v3 metadata: "DBN", version (u8), length (u32), dataset (16 bytes), schema (u16), start (u64 ns) ...
 _START_OFFSET = 3 + 1 + 4 + 16 + 2
-_HEADER_BYTES = _START_OFFSET + 8
+_HEADER_BYTES = _START_OFFSET + 16  # start and end (u64 ns each)
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
@@ -54,7 +57,7 @@ def dbn_stem(path: str | os.PathLike[str]) -> str:
 
 
 @functools.cache
-def _start_ns(path: str, _mtime_ns: int, _size: int) -> int:
+def _span_ns(path: str, _mtime_ns: int, _size: int) -> tuple[int, int]:
     with open(path, "rb") as handle:
         magic = handle.read(4)
         handle.seek(0)
@@ -65,16 +68,23 @@ def _start_ns(path: str, _mtime_ns: int, _size: int) -> int:
             head = handle.read(_HEADER_BYTES)
     if len(head) < _HEADER_BYTES or not head.startswith(_PREFIX):
         raise DbnHeaderError(f"{path}: no complete DBN metadata header (empty, truncated or not a DBN file)")
-    return struct.unpack_from("<Q", head, _START_OFFSET)[0]
+    start, end = struct.unpack_from("<QQ", head, _START_OFFSET)
+    return start, end
+
+
+def header_span_ns(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """The ``start`` and ``end`` of a DBN file's metadata (UTC ns; end exclusive, ``2**64 - 1`` where the file
+    does not say), cached per file version (path, mtime, size)."""
+    try:
+        stat = os.stat(path)
+        return _span_ns(os.fspath(path), stat.st_mtime_ns, stat.st_size)
+    except (OSError, zstandard.ZstdError) as exc:
+        raise DbnHeaderError(f"{path}: cannot read its DBN header: {exc}".splitlines()[0]) from exc
 
 
 def header_start_ns(path: str | os.PathLike[str]) -> int:
     """The ``start`` of a DBN file's metadata (UTC ns), cached per file version (path, mtime, size)."""
-    try:
-        stat = os.stat(path)
-        return _start_ns(os.fspath(path), stat.st_mtime_ns, stat.st_size)
-    except (OSError, zstandard.ZstdError) as exc:
-        raise DbnHeaderError(f"{path}: cannot read its DBN header: {exc}".splitlines()[0]) from exc
+    return header_span_ns(path)[0]
 
 
 def time_ordered(paths: Iterable[str | os.PathLike[str]], *, skip_unreadable: bool = False) -> list[Path]:
@@ -118,11 +128,19 @@ def _note_unreadable(message: str) -> None:
 # Demo file names follow Databento batch downloads, so the demo and a real download look alike.
 DBN_SUFFIX = ".dbn.zst"
 DEMO_DEFINITIONS_DIR = "definitions"  # the demo's definition file: its own folder, a separate download
+DEMO_QUOTES_DIR = (
+    "bbo-1m"  # the demo's quote files: a bbo-1m download of the same days, in its own folder too
+)
 
 
 def demo_file_name(day: dt.date) -> str:
     """A demo file's name, one per UTC day, as in a Databento batch download: glbx-mdp3-20240212.ohlcv-1m.dbn.zst."""
     return f"glbx-mdp3-{day:%Y%m%d}.ohlcv-1m{DBN_SUFFIX}"
+
+
+def demo_quote_file_name(day: dt.date) -> str:
+    """The demo's bbo-1m file of a UTC day (in ``DEMO_QUOTES_DIR``): glbx-mdp3-20240212.bbo-1m.dbn.zst."""
+    return f"glbx-mdp3-{day:%Y%m%d}.bbo-1m{DBN_SUFFIX}"
 
 
 def demo_definition_name(first: dt.date, last: dt.date) -> str:

@@ -54,6 +54,7 @@ __all__ = [
     "DBN_SUFFIXES",
     "DEFAULT_MAX_PRICE_JUMP",
     "OHLCV_SCHEMAS",
+    "QUOTE_FILE_SCHEMAS",
     "QUOTE_SCHEMAS",
     "SUPPORTED_SCHEMAS",
     "TRADE_SCHEMAS",
@@ -86,12 +87,15 @@ OHLCV_SCHEMAS: dict[str, int] = {
 QUOTE_SCHEMAS = ("tbbo", "mbp-1", "mbp-10")
 TRADE_SCHEMAS = ("trades", "mbo", *QUOTE_SCHEMAS)
 SUPPORTED_SCHEMAS = (*OHLCV_SCHEMAS, *TRADE_SCHEMAS)
+# Schemas of the quote files (`data.quotes`) joined to bars of the same days (marketrl.data.quotes); alone a
+# bbo-* file cannot make OHLCV bars, so it is no bar file.
+QUOTE_FILE_SCHEMAS = ("bbo-1s", "bbo-1m", "mbp-1")
 
 # rtype values each schema's records may carry (17 is the pre-2023 generic OHLCV rtype).
 _OHLCV_DEPRECATED_RTYPE = 0x11
 _ALLOWED_RTYPES: dict[str, frozenset[int]] = {
     name: frozenset({int(databento_dbn.RType.from_schema(databento_dbn.Schema.from_str(name)).value)})
-    for name in SUPPORTED_SCHEMAS
+    for name in (*SUPPORTED_SCHEMAS, *QUOTE_FILE_SCHEMAS)
 }
 for _name in OHLCV_SCHEMAS:
     _ALLOWED_RTYPES[_name] = _ALLOWED_RTYPES[_name] | {_OHLCV_DEPRECATED_RTYPE}
@@ -192,8 +196,9 @@ class _OpenedFile:
     sha256: str
 
 
-def _open_dbn(path: Path) -> _OpenedFile:
-    """Check the file's bytes, zstd framing and header, and hash it, without holding the file in memory.
+def _open_dbn(path: Path, schemas: Sequence[str] = SUPPORTED_SCHEMAS) -> _OpenedFile:
+    """Check the file's bytes, zstd framing and header (its schema one of ``schemas``), and hash it, without
+    holding the file in memory.
 
     The frame walk reads only the block headers and the hash streams the file; decoding then streams it again
     (from the OS page cache).
@@ -227,10 +232,8 @@ def _open_dbn(path: Path) -> _OpenedFile:
         raise DataFileError(path, _decode_fault(exc)) from exc
     if schema is None:
         raise DataFileError(path, "mixed-schema file (metadata schema is None, e.g. a live stream)")
-    if str(schema) not in SUPPORTED_SCHEMAS:
-        raise DataFileError(
-            path, f"unsupported schema {str(schema)!r} (supported: {', '.join(SUPPORTED_SCHEMAS)})"
-        )
+    if str(schema) not in schemas:
+        raise DataFileError(path, f"unsupported schema {str(schema)!r} (supported: {', '.join(schemas)})")
     return _OpenedFile(path=path, store=store, metadata=metadata, schema=str(schema), sha256=sha256)
 
 

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 #: Columns a feature table must carry besides its features.
 REQUIRED_COLUMNS = ("ts_event", "trading_day", "instrument_id", "symbol", "open", "close")
+#: Quote columns of a feature table (marketrl.data.quotes.QUOTE_COLUMNS): as of each bar's close, then its open.
+QUOTE_KEYS = ("bid_px", "ask_px", "open_bid_px", "open_ask_px")
 FillMode = Literal["close", "next_open"]
 DEFAULT_MAX_GAP = timedelta(hours=6)
 #: Action index → target position in units of `contracts` (short, flat, long).

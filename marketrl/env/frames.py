@@ -11,13 +11,15 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from marketrl.env.config import REQUIRED_COLUMNS, EnvDataError
+from marketrl.env.config import QUOTE_KEYS, REQUIRED_COLUMNS, EnvDataError
 
 ROW_LABELS = ("ts_event", "trading_day", "instrument_id", "symbol")
+_EXTRA_TYPES = {"quote_fallback": pl.Boolean}  # extra per-bar columns that are not Float32 (null: NaN)
 
 
-def frame_columns(df: pl.DataFrame, feature_names: list[str]) -> dict[str, np.ndarray]:
-    """The host arrays `MarketData.from_arrays` takes (besides features), after checking columns and types.
+def frame_columns(df: pl.DataFrame, feature_names: list[str]) -> dict[str, Any]:
+    """The host arrays `MarketData.from_arrays` takes (besides features), after checking columns and types;
+    ``quotes`` where the table carries the quote columns (`QUOTE_KEYS`).
 
     Row order and prices are checked by `from_arrays` itself, for frames and arrays alike.
     """
@@ -30,7 +32,14 @@ def frame_columns(df: pl.DataFrame, feature_names: list[str]) -> dict[str, np.nd
         )
     if df["ts_event"].null_count() or df["instrument_id"].null_count():
         raise EnvDataError("feature table: ts_event and instrument_id must not contain nulls")
+    quoted = all(name in df.columns for name in QUOTE_KEYS)
     return {
+        # the quotes of quote-aware fills (marketrl.data.quotes), null (no quote) as NaN
+        **(
+            {"quotes": {name: df[name].cast(pl.Float64).fill_null(np.nan).to_numpy() for name in QUOTE_KEYS}}
+            if quoted
+            else {}
+        ),
         # nulls become NaN, which the price check rejects
         "opens": df["open"].cast(pl.Float64).to_numpy(),
         "closes": df["close"].cast(pl.Float64).to_numpy(),
@@ -45,8 +54,14 @@ def row_labels(df: pl.DataFrame) -> pl.DataFrame:
     return df.select(ROW_LABELS)
 
 
-def bar_frame(rows: pl.DataFrame, decision_rows: np.ndarray, columns: dict[str, Any]) -> pl.DataFrame:
-    """One row per decision bar t, labelled by the bar it earns over (t+1); `columns` are per decision row."""
+def bar_frame(
+    rows: pl.DataFrame,
+    decision_rows: np.ndarray,
+    columns: dict[str, Any],
+    extra: dict[str, np.ndarray] | None = None,
+) -> pl.DataFrame:
+    """One row per decision bar t, labelled by the bar it earns over (t+1); `columns` are per decision row, and
+    so are the `extra` columns appended last."""
     earning = rows[decision_rows + 1]
     decided = rows[decision_rows]
     return pl.DataFrame(
@@ -61,4 +76,10 @@ def bar_frame(rows: pl.DataFrame, decision_rows: np.ndarray, columns: dict[str, 
             "gross_return": columns["gross_return"],
             "cost": columns["cost"],
         }
-    ).with_columns(net_return=pl.col("gross_return") - pl.col("cost"))
+    ).with_columns(
+        net_return=pl.col("gross_return") - pl.col("cost"),
+        **{
+            name: pl.Series(values, nan_to_null=True).cast(_EXTRA_TYPES.get(name, pl.Float32))
+            for name, values in (extra or {}).items()
+        },
+    )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from marketrl.env.config import DEFAULT_MAX_GAP, EnvDataError, FillMode
+from marketrl.env.config import DEFAULT_MAX_GAP, QUOTE_KEYS, EnvDataError, FillMode
 from marketrl.instruments.costs import CostConfigError, CostModel, InstrumentCosts, is_continuous
 
 if TYPE_CHECKING:
@@ -74,6 +74,14 @@ class MarketData:
     chain_start: torch.Tensor  # [T] int64, first row of the row's chain (where positions start flat)
     chain_first: np.ndarray  # [C] int64, host copy
     chain_last: np.ndarray  # [C] int64, host copy (inclusive)
+    # The half-spread each fill pays, in ticks (host, [T] float64; NaN under a bps cost model), at close_t and at
+    # open_t, and where a quote was wanted but missing, zero or crossed (the configured half-spread paid
+    # instead; [T] bool, all False without quotes). `quoted`: the rows carried quotes (quote-aware fills).
+    half_spread_ticks_close: np.ndarray
+    half_spread_ticks_open: np.ndarray
+    fallback_close: np.ndarray
+    fallback_open: np.ndarray
+    quoted: bool
     # host labels per row (polars: ts_event, trading_day, instrument_id, symbol); None when built from arrays
     rows: pl.DataFrame | None
     feature_names: list[str]
@@ -149,6 +157,7 @@ class MarketData:
         feature_clip: float | None = None,
         max_gap: timedelta | None = DEFAULT_MAX_GAP,
         rows: pl.DataFrame | None = None,
+        quotes: Mapping[str, np.ndarray] | None = None,
     ) -> MarketData:
         """Build from host arrays, one value (or feature row) per bar, sorted by (instrument_id, ts_event).
 
@@ -157,6 +166,8 @@ class MarketData:
         continuous one, such as ES.c.0, form one series across contracts). `rows` are the per-row labels
         `evaluate` writes out (from_frame passes them; without them only the tensor outputs are available).
         The rows are put in series order (see the class docstring), the labels with them.
+        `quotes`: ``bid_px``, ``ask_px`` (the quote as of each bar's close) and ``open_bid_px``, ``open_ask_px``
+        (as of its open), NaN where none: a fill pays the quote's half-spread (`quote_half_spreads`).
         """
         features = np.asarray(features, dtype=np.float32)
         opens = np.asarray(opens, dtype=np.float64)
@@ -179,6 +190,7 @@ class MarketData:
             instrument_id, ts_event_ns = instrument_id[order], ts_event_ns[order]
             symbols = np.asarray(symbols)[order]
             rows = rows[order] if rows is not None else None
+            quotes = None if quotes is None else {name: np.asarray(v)[order] for name, v in quotes.items()}
         new_segment, new_chain = segment_breaks(instrument_id, series, ts_event_ns, max_gap)
         segment_id = np.cumsum(new_segment).astype(np.int64) - 1
         segment_first, segment_last, segment_start = _runs(new_segment)
@@ -195,16 +207,26 @@ class MarketData:
             ret_open_close = np.where(is_decision, next_close / next_open - 1.0, 0.0)
             ret_close_close = np.where(in_segment, next_close / closes - 1.0, ret_open_close)
             ret_close_open = np.where(in_segment, next_open / closes - 1.0, 0.0)
-        cost_close = cost_fractions(cost_model, closes, symbols)
+        spread_close, spread_open = quote_half_spreads(quotes, n_rows)
+        next_spread_open = np.append(spread_open[1:], np.nan)
+        cost_close = cost_fractions(cost_model, closes, symbols, spread_close)
         cost_next_open = np.where(
-            in_segment, cost_fractions(cost_model, np.where(in_segment, next_open, 1.0), symbols), 0.0
+            in_segment,
+            cost_fractions(cost_model, np.where(in_segment, next_open, 1.0), symbols, next_spread_open),
+            0.0,
         )
         roll_rows = np.flatnonzero(is_roll)
         roll_cost_close = np.where(is_roll, cost_close, 0.0)
         roll_cost_open = np.zeros(n_rows, dtype=np.float64)
         if roll_rows.size:  # the new contract's own spec, at its first open
             new_symbols = None if symbols is None else np.asarray(symbols)[roll_rows + 1]
-            roll_cost_open[roll_rows] = cost_fractions(cost_model, opens[roll_rows + 1], new_symbols)
+            roll_cost_open[roll_rows] = cost_fractions(
+                cost_model, opens[roll_rows + 1], new_symbols, spread_open[roll_rows + 1]
+            )
+        ticks_close = half_spread_ticks(cost_model, symbols, spread_close, n_rows)
+        ticks_open = half_spread_ticks(cost_model, symbols, spread_open, n_rows)
+        priced = np.isfinite(ticks_close)  # a bps model has no spread and no fallback
+        quoted = quotes is not None
 
         device = torch.device(device)
 
@@ -230,6 +252,11 @@ class MarketData:
             chain_start=torch.as_tensor(chain_start, device=device),
             chain_first=chain_first,
             chain_last=chain_last,
+            half_spread_ticks_close=ticks_close,
+            half_spread_ticks_open=ticks_open,
+            fallback_close=quoted & priced & ~np.isfinite(spread_close),
+            fallback_open=quoted & priced & ~np.isfinite(spread_open),
+            quoted=quoted,
             rows=rows,
             feature_names=names,
             max_gap=max_gap,
@@ -419,19 +446,35 @@ def _weekday_time_ns(epoch_ns: np.ndarray) -> np.ndarray:
     return weekdays_before * _NS_PER_DAY + time_of_day
 
 
-def cost_fractions(
-    cost_model: CostModel | InstrumentCosts | Mapping[str, CostModel],
-    prices: np.ndarray,
-    symbols: np.ndarray | None,
-) -> np.ndarray:
-    """Cost per unit of |Δposition| as a fraction of notional at `prices`, from one model, one per symbol root
-    (`InstrumentCosts`: each row priced with its own contract's spec) or one per symbol."""
+def quote_half_spreads(quotes: Mapping[str, np.ndarray] | None, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Half-spreads (ask − bid) / 2 in price units of the quote as of each bar's close and as of its open, [T]
+    float64 each; NaN where there is no usable quote (missing, zero or crossed: bid <= 0 or ask <= bid) and
+    everywhere without `quotes`."""
+    if quotes is None:
+        return np.full(n_rows, np.nan), np.full(n_rows, np.nan)
+    missing = [key for key in QUOTE_KEYS if key not in quotes]
+    if missing:
+        raise EnvDataError(f"feature table: quote column {missing[0]!r} is missing")
+    halves = []
+    for bid_key, ask_key in (("bid_px", "ask_px"), ("open_bid_px", "open_ask_px")):
+        bid = np.asarray(quotes[bid_key], dtype=np.float64)
+        ask = np.asarray(quotes[ask_key], dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            usable = np.isfinite(bid) & np.isfinite(ask) & (bid > 0) & (ask > bid)
+        halves.append(np.where(usable, (ask - bid) / 2.0, np.nan))
+    return halves[0], halves[1]
+
+
+def _models_by_row(
+    cost_model: CostModel | InstrumentCosts | Mapping[str, CostModel], symbols: np.ndarray | None, n_rows: int
+) -> list[tuple[CostModel, np.ndarray | slice]]:
+    """(model, rows) pairs covering every row: one model, or each symbol's own (per root or per symbol)."""
     if isinstance(cost_model, CostModel):
-        return np.asarray(cost_model.cost_fraction(prices), dtype=np.float64)
+        return [(cost_model, slice(0, n_rows))]
     if symbols is None:
         raise EnvDataError("costs: a cost model per instrument needs the symbol of every row")
     symbols = np.asarray(symbols)
-    out = np.empty(len(prices), dtype=np.float64)
+    pairs: list[tuple[CostModel, np.ndarray | slice]] = []
     for symbol in np.unique(symbols):
         if isinstance(cost_model, InstrumentCosts):
             try:
@@ -442,6 +485,40 @@ def cost_fractions(
             model = cost_model[symbol]
         else:
             raise EnvDataError(f"costs: no cost model for symbol {symbol!r}")
-        mask = symbols == symbol
-        out[mask] = model.cost_fraction(prices[mask])
+        pairs.append((model, symbols == symbol))
+    return pairs
+
+
+def cost_fractions(
+    cost_model: CostModel | InstrumentCosts | Mapping[str, CostModel],
+    prices: np.ndarray,
+    symbols: np.ndarray | None,
+    half_spread: np.ndarray | None = None,
+) -> np.ndarray:
+    """Cost per unit of |Δposition| as a fraction of notional at `prices`, from one model, one per symbol root
+    (`InstrumentCosts`: each row priced with its own contract's spec) or one per symbol; with `half_spread`
+    (price units, NaN: none) the quote's half-spread replaces the configured one (`CostModel.quoted_cost_fraction`)."""
+    prices = np.asarray(prices, dtype=np.float64)
+    out = np.empty(len(prices), dtype=np.float64)
+    for model, rows in _models_by_row(cost_model, symbols, len(prices)):
+        if half_spread is None:
+            out[rows] = model.cost_fraction(prices[rows])
+        else:
+            out[rows] = model.quoted_cost_fraction(prices[rows], half_spread[rows])
+    return out
+
+
+def half_spread_ticks(
+    cost_model: CostModel | InstrumentCosts | Mapping[str, CostModel],
+    symbols: np.ndarray | None,
+    half_spread: np.ndarray,
+    n_rows: int,
+) -> np.ndarray:
+    """The half-spread a fill pays per row, in ticks of the row's contract: the quote's (`half_spread`, price
+    units) where finite, else the configured ``half_spread_ticks``; NaN under a bps model (no ticks)."""
+    out = np.full(n_rows, np.nan)
+    for model, rows in _models_by_row(cost_model, symbols, n_rows):
+        if model.kind == "futures":
+            quoted = half_spread[rows] / model.tick_size
+            out[rows] = np.where(np.isfinite(quoted), quoted, model.half_spread_ticks)
     return out

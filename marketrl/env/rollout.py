@@ -207,16 +207,65 @@ def _action_table(
     return table
 
 
+def fill_columns(
+    data: MarketData, positions: torch.Tensor | np.ndarray, config: EnvConfig | None = None
+) -> dict[str, np.ndarray]:
+    """What one trader's fills ([T] target positions) paid, per decision row [D] (host arrays):
+    ``traded`` contracts (|Δposition|; at a roll the old contract closed plus the new one opened),
+    ``half_spread_ticks`` of the fill (the quote's, or the configured one where it fell back; at a roll the
+    legs' average weighted by contracts; NaN under a bps model) and ``quote_fallback`` (1: a trade whose quote
+    was missing, zero or crossed, so the configured half-spread was paid; else 0; NaN (null in the per-bar
+    frame) where the data had no quotes)."""
+    config = config or EnvConfig(max_gap=data.max_gap)
+    target = torch.as_tensor(positions).detach().to("cpu", torch.float64).numpy().reshape(-1)
+    previous = np.concatenate([[0.0], target[:-1]])
+    previous[data.chain_start.cpu().numpy() == np.arange(data.n_rows)] = 0.0
+    if config.fill == "close":
+        ticks, fallback = data.half_spread_ticks_close, data.fallback_close
+    else:  # the quote at the next bar's open
+        ticks = np.append(data.half_spread_ticks_open[1:], np.nan)
+        fallback = np.append(data.fallback_open[1:], False)
+    roll = data.is_roll.cpu().numpy()
+    old, new = np.abs(previous), np.abs(target)
+    open_ticks = np.append(data.half_spread_ticks_open[1:], np.nan)
+    open_fallback = np.append(data.fallback_open[1:], False)
+    legs = old + new
+    with np.errstate(invalid="ignore", divide="ignore"):
+        roll_ticks = np.where(
+            legs > 0,
+            (old * data.half_spread_ticks_close + new * open_ticks) / legs,
+            data.half_spread_ticks_close,
+        )
+    traded = np.where(roll, legs, np.abs(target - previous))
+    rows = np.flatnonzero(data.is_decision.cpu().numpy())
+    return {
+        "traded": (traded * config.contracts)[rows].astype(np.float32),
+        "half_spread_ticks": np.where(roll, roll_ticks, ticks)[rows].astype(np.float32),
+        "quote_fallback": (
+            np.where(
+                roll, (old > 0) & data.fallback_close | (new > 0) & open_fallback, (traded > 0) & fallback
+            )[rows].astype(np.float32)
+            if data.quoted
+            else np.full(rows.size, np.nan, dtype=np.float32)  # no quotes: nothing to fall back from (null)
+        ),
+    }
+
+
 def evaluate_positions(
     data: MarketData, positions: torch.Tensor | np.ndarray, config: EnvConfig | None = None
 ) -> pl.DataFrame:
-    """`position_results` of one trader ([T] positions) as one polars row per decision bar t (see `evaluate` for
-    the columns)."""
-    return results_frame(data, decision_results(data, positions, config))
+    """`position_results` of one trader ([T] positions) as one polars row per decision bar t, with its
+    `fill_columns` (see `evaluate` for the columns)."""
+    return results_frame(
+        data, decision_results(data, positions, config), fill_columns(data, positions, config)
+    )
 
 
-def results_frame(data: MarketData, results: PositionResults) -> pl.DataFrame:
-    """One trader's `decision_results` ([D] tensors) as one polars row per decision bar (see `evaluate`)."""
+def results_frame(
+    data: MarketData, results: PositionResults, extra: dict[str, np.ndarray] | None = None
+) -> pl.DataFrame:
+    """One trader's `decision_results` ([D] tensors) as one polars row per decision bar (see `evaluate`), and
+    the `extra` columns ([D] each) after them."""
     if data.rows is None:
         raise EnvDataError(
             "MarketData: built from arrays without row labels; per-bar frames need MarketData.from_frame "
@@ -231,7 +280,7 @@ def results_frame(data: MarketData, results: PositionResults) -> pl.DataFrame:
         "gross_return": results.gross_return.cpu().numpy().astype(np.float64),
         "cost": results.cost.cpu().numpy().astype(np.float64),
     }
-    return frames.bar_frame(data.rows, decision_rows, columns)
+    return frames.bar_frame(data.rows, decision_rows, columns, extra)
 
 
 def evaluate(policy: Policy, data: MarketData, config: EnvConfig | None = None) -> pl.DataFrame:
@@ -242,5 +291,6 @@ def evaluate(policy: Policy, data: MarketData, config: EnvConfig | None = None) 
       symbol, instrument_id, decision_ts_event (bar t), segment
       position                after the decision at t, in contracts
       gross_return, cost, net_return   the `TradingEnv.step` reward terms (fractions of one contract's notional)
+      traded, half_spread_ticks, quote_fallback   what the decision's fills paid (`fill_columns`)
     """
     return evaluate_positions(data, policy_positions(policy, data, config), config)

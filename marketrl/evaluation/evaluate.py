@@ -53,7 +53,18 @@ from marketrl.training.zoo import LoadedModel, get_entry, seeds_positions
 
 log = logging.getLogger(__name__)
 
-BAR_COLUMNS = ("ts_event", "trading_day", "symbol", "position", "gross_return", "cost", "net_return")
+BAR_COLUMNS = (
+    "ts_event",
+    "trading_day",
+    "symbol",
+    "position",
+    "gross_return",
+    "cost",
+    "net_return",
+    "traded",
+    "half_spread_ticks",
+    "quote_fallback",
+)
 #: env settings that change what a trained policy sees or is charged (n_envs and episode_length shape only training)
 POLICY_ENV_KEYS = ("window", "fill", "contracts", "max_gap")
 

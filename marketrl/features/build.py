@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from marketrl.calendars.sessions import SessionCalendar
 from marketrl.data.labels import Labels, first_conflict, labels_of, odd_file
+from marketrl.data.quotes import QUOTE_COLUMNS, bar_quotes, load_quotes, quotes_at_bars
 from marketrl.data.reader import (
     DEFAULT_MAX_PRICE_JUMP,
     BarFile,
@@ -119,7 +120,9 @@ def feature_options(data: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _empty_feature_table(with_book: bool, user: UserFeatures | None = None) -> pl.DataFrame:
+def _empty_feature_table(
+    with_book: bool, user: UserFeatures | None = None, with_quotes: bool = False
+) -> pl.DataFrame:
     """A feature table with no rows: the columns and types ``build_feature_file`` writes."""
     columns: dict[str, Any] = {
         "ts_event": pl.Datetime("ns", "UTC"),
@@ -130,6 +133,7 @@ def _empty_feature_table(with_book: bool, user: UserFeatures | None = None) -> p
         "bar_return": pl.Float32,
         **dict.fromkeys(FEATURE_NAMES + (BOOK_FEATURE_NAMES if with_book else ()), pl.Float32),
         **dict.fromkeys(user.names if user else (), pl.Float32),
+        **dict.fromkeys(QUOTE_COLUMNS if with_quotes else (), pl.Float64),
     }
     return pl.DataFrame(schema=columns)
 
@@ -173,6 +177,7 @@ def build_feature_file(
     max_price_jump: float = DEFAULT_MAX_PRICE_JUMP,
     on_bad_file: OnBadFile = "error",
     user: UserFeatures | None = None,
+    quote_srcs: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Decode ``src`` once, featurize it and atomically write ``dst`` (zstd Parquet with provenance metadata).
 
@@ -199,6 +204,11 @@ def build_feature_file(
 
     ``user``: the features of a ``features.user`` file (marketrl.features.user, audited by the caller), written
     after the catalog's and named in the metadata (``marketrl.user_features``).
+
+    Quotes (``QUOTE_COLUMNS``, for quote-aware fills; marketrl.data.quotes): from ``quote_srcs`` (``data.quotes``:
+    the bbo-1s/bbo-1m/mbp-1 files paired with ``src``), or, for a quote schema (tbbo, mbp-1, mbp-10), from the
+    bars' own top of book; each row gets the quote as of its bar's close and open (null where none). They are
+    not features: the observation does not see them.
     """
     src, dst = Path(src), Path(dst)
     if on_bad_file not in ("error", "skip"):
@@ -210,7 +220,14 @@ def build_feature_file(
     options = {"session": session, "max_price_jump": max_price_jump}
     try:
         return _build_feature_file(
-            src, dst, bar_size, [Path(p) for p in context_srcs], options, on_bad_file, user
+            src,
+            dst,
+            bar_size,
+            [Path(p) for p in context_srcs],
+            options,
+            on_bad_file,
+            user,
+            [Path(p) for p in quote_srcs],
         )
     except DataFileError as exc:
         if on_bad_file == "error" or exc.path != src or isinstance(exc, DataConfigError):
@@ -391,6 +408,7 @@ def _build_feature_file(
     options: dict[str, Any],
     on_bad_file: OnBadFile,
     user: UserFeatures | None,
+    quote_srcs: Sequence[Path] = (),
 ) -> dict[str, Any]:
     current = _read_file(src, bar_size, options)
     if user is not None and user.reads_book and not current.has_book:
@@ -404,6 +422,7 @@ def _build_feature_file(
             f"no tradable bars in this {current.schema} file (a holiday, or snapshots only?)"
             + (_SKIP_HINT if on_bad_file == "error" else ""),
         )
+    quotes = load_quotes(quote_srcs, current.bars, src, current.bar_ns) if quote_srcs else None
     context = _read_context(current, context_srcs, bar_size, options, on_bad_file)
     bars, keep_from = current.bars, None
     if context.files:
@@ -412,6 +431,8 @@ def _build_feature_file(
             "instrument_id", "ts_event", maintain_order=True
         )
     del context.bars[:]  # the concatenation holds them from here on
+    if quotes is None and current.has_book:  # context bars included: their closes are the first opens' quotes
+        quotes = bar_quotes(bars, current.bar_ns)
     # Instruments without a row have only warm-up bars: left out and listed, never an error (a contract
     # first traded near the end of the file gets its rows in the next file, with this one as context).
     selection = feature_chunks(
@@ -442,6 +463,9 @@ def _build_feature_file(
         "marketrl.dropped_in_halt": str(current.dropped_in_halt),
         "marketrl.context_files": json.dumps(context.files),
         "marketrl.warmup_instruments": json.dumps(selection.dropped),
+        "marketrl.quotes": json.dumps(
+            None if quotes is None else [p.name for p in quote_srcs] or f"{current.schema} book"
+        ),
         **_user_metadata(user),
     }
     if current.resorted_note:  # read_bars logged it too; the open/close of same-ns trades may differ
@@ -463,10 +487,13 @@ def _build_feature_file(
         )
     with atomic_write(dst) as tmp:
         if selection.rows == 0:
-            table = _empty_feature_table(with_book=current.has_book, user=user).to_arrow()
+            table = _empty_feature_table(current.has_book, user, with_quotes=quotes is not None).to_arrow()
             pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="zstd")
         else:
-            written = _write_chunks(iter(selection), tmp, metadata, src)
+            chunks = iter(selection)
+            if quotes is not None:
+                chunks = (quotes_at_bars(chunk, quotes, current.bar_ns) for chunk in selection)
+            written = _write_chunks(chunks, tmp, metadata, src)
             if written != selection.rows:  # inside the block: a wrong file is never renamed into place
                 raise RuntimeError(f"{src}: wrote {written} feature rows, counted {selection.rows}")
     return {
@@ -487,5 +514,6 @@ def _build_feature_file(
         "warmup_instruments": selection.dropped,
         "warmup_only": warmup_only,
         "resorted": current.resorted_note,
+        "quotes": metadata["marketrl.quotes"],
         "skipped": None,
     }

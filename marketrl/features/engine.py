@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from marketrl.data.quotes import QUOTE_COLUMNS
 from marketrl.data.reader import DataFileError, chunked_like
 from marketrl.features.catalog import (
     _BAR_RETURN,
@@ -306,8 +307,13 @@ def feature_chunks(
 
 
 def non_finite_columns(table: pl.DataFrame) -> list[str]:
-    """The float columns of ``table`` that hold a null, NaN or ±inf, in column order."""
-    value_columns = [name for name, dtype in table.schema.items() if dtype in (pl.Float32, pl.Float64)]
+    """The float columns of ``table`` that hold a null, NaN or ±inf, in column order; the quote columns
+    (``QUOTE_COLUMNS``, null where a bar has no quote) are not checked."""
+    value_columns = [
+        name
+        for name, dtype in table.schema.items()
+        if dtype in (pl.Float32, pl.Float64) and name not in QUOTE_COLUMNS
+    ]
     # Fast path: one sum per column is finite unless a value is NaN/inf (or the sum overflows, which the exact
     # check below then clears). Null counts are metadata.
     sums = table.select(pl.col(value_columns).sum()).row(0)

@@ -138,6 +138,21 @@ class CostModel:
         point_value = self.tick_value / self.tick_size
         return cost_per_contract / (price * point_value)
 
+    def quoted_cost_fraction(self, price: np.ndarray, half_spread: np.ndarray) -> np.ndarray:
+        """`cost_fraction` with the market's own half-spread: where ``half_spread`` (price units, (ask − bid) / 2
+        of the quote at the fill) is finite, cost per contract = commission + half_spread × point value, i.e. a
+        buy fills at the ask and a sell at the bid of a quote whose mid is ``price``; elsewhere (NaN: no usable
+        quote) the configured ``half_spread_ticks``. A ``bps`` model has no spread term and ignores quotes."""
+        price = np.asarray(price, dtype=np.float64)
+        configured = np.asarray(self.cost_fraction(price), dtype=np.float64)
+        if self.kind == "bps":
+            return configured
+        point_value = self.tick_value / self.tick_size
+        quoted = (self.commission_per_contract + np.asarray(half_spread) * point_value) / (
+            price * point_value
+        )
+        return np.where(np.isfinite(half_spread), quoted, configured)
+
 
 def _check_number(key: str, value: Any, *, positive: bool, prefix: str = "costs.") -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

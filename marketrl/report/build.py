@@ -473,6 +473,7 @@ def build_context(
     }
     random_fold_sharpe = {k: v[np.isfinite(v)] for k, v in random_fold_sharpe.items()}
     cost_rows = tables.cost_sensitivity(strategies, multipliers)
+    fill_rows = tables.fills_paid([*strategies, *random_seeds])
     profile = tables.position_profile(strategies, random_seeds)
     learning = diagnostics.learning_diagnostics(inputs, agents)
     warnings = tables.stored_metric_warnings(strategies)
@@ -542,6 +543,9 @@ def build_context(
         "positions_figure": figures.positions_figure(profile, models),
         "multipliers": multipliers,
         "cost_rows": cost_rows,
+        "fill_rows": fill_rows,
+        "cost_model": _cost_model_text(config, fill_rows),
+        "wide_half_spread": tables.WIDE_HALF_SPREAD_TICKS,
         "cost_figure": figures.cost_figure(cost_rows, multipliers, models),
         "hyperopt": _hyperopt_section(inputs, models),
         "training": _training_section(inputs, models),
@@ -549,6 +553,29 @@ def build_context(
         "provenance": _provenance_section(inputs, config),
         "warnings": warnings,
     }
+
+
+def _cost_model_text(config: Mapping[str, Any], fill_rows: Sequence[Mapping[str, Any]]) -> str:
+    """One sentence: the fills' cost model in use (quote-aware where the test bars carried quotes)."""
+    costs = config.get("costs", {})
+    if costs.get("model", "futures") == "bps":
+        return (
+            f"{costs.get('bps', 0.0):g} bps of notional per side; quotes are not used under costs.model: bps."
+        )
+    commission = f"plus a commission of {costs.get('commission_per_contract', 0.0):g} per contract per side"
+    fallback = f"{costs.get('half_spread_ticks', 0.0):g} tick(s)"
+    if any(row["fallback_fills"] is not None for row in fill_rows):
+        source = config.get("data", {}).get("quotes") or "the bars' own top of book"
+        return (
+            f"Quote-aware fills: a buy fills at the ask and a sell at the bid of the quote at the fill time "
+            f"(env.fill: {config.get('env', {}).get('fill', 'close')}; quotes: {source}), i.e. each side pays the quote's half-spread, "
+            f"{commission}; a missing, zero or crossed quote falls back to costs.half_spread_ticks = {fallback} "
+            "(the fallback fills are counted below)."
+        )
+    return (
+        f"Fixed half-spread: every fill pays costs.half_spread_ticks = {fallback} per side (the data carry no "
+        f"quotes), {commission}."
+    )
 
 
 def render(context: Mapping[str, Any]) -> str:

@@ -78,6 +78,49 @@ def seed_spread(model: str, agents: Sequence[Strategy], n_boot: int, root_seed: 
     )
 
 
+#: A fill "at a wide spread": its half-spread is over half a tick, i.e. the quoted spread is over one tick.
+WIDE_HALF_SPREAD_TICKS = 0.5
+
+
+def fills_paid(strategies: Sequence[Strategy]) -> list[dict[str, Any]]:
+    """Per model (its seeds pooled) and per baseline (the random one over its seeds): the half-spread its fills
+    paid, in ticks, weighted by the contracts traded (mean, 95th percentile), the share of those contracts
+    filled at a wide spread (> ``WIDE_HALF_SPREAD_TICKS``), the fills whose quote was missing, zero or crossed
+    (paid the configured half-spread instead; None where the data had no quotes) and the contracts traded.
+    Strategies whose bars predate the fill columns, and those that never trade, have no row."""
+    pooled: dict[str, list[Any]] = {}
+    for strategy in strategies:
+        for run in strategy.fold_runs.values():
+            if "traded" in run.bars.columns:
+                pooled.setdefault(strategy.name, [strategy.is_agent]).append(run.bars)
+    rows = []
+    for name, (is_agent, *frames) in pooled.items():
+        traded = np.concatenate([f["traded"].to_numpy() for f in frames]).astype(np.float64)
+        ticks = np.concatenate([f["half_spread_ticks"].fill_null(np.nan).to_numpy() for f in frames])
+        fallback = [f["quote_fallback"] for f in frames]
+        filled = (traded > 0) & np.isfinite(ticks)
+        if not filled.any():
+            continue
+        weight, paid = traded[filled], ticks[filled].astype(np.float64)
+        order = np.argsort(paid, kind="stable")
+        cumulative = np.cumsum(weight[order]) / weight.sum()
+        quoted = all(series.null_count() < series.len() for series in fallback)
+        rows.append(
+            {
+                "name": name,
+                "is_agent": is_agent,
+                "contracts": float(weight.sum()),
+                "mean_ticks": float(np.average(paid, weights=weight)),
+                "p95_ticks": float(paid[order][np.searchsorted(cumulative, 0.95)]),
+                "wide_share": float(weight[paid > WIDE_HALF_SPREAD_TICKS].sum() / weight.sum()),
+                "fallback_fills": (
+                    int(sum(int(series.fill_null(False).sum()) for series in fallback)) if quoted else None
+                ),
+            }
+        )
+    return rows
+
+
 def cost_sensitivity(strategies: Sequence[Strategy], multipliers: Sequence[float]) -> list[dict[str, Any]]:
     """Pooled net Sharpe (annualised) and total return at each cost multiplier: net = gross − m × cost.
 

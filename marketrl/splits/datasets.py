@@ -18,6 +18,7 @@ import polars as pl
 import torch
 
 from marketrl.env import EnvConfig, MarketData, parse_duration
+from marketrl.env.config import QUOTE_KEYS
 from marketrl.features import BASE_COLUMNS, BOOK_FEATURE_NAMES, FEATURE_NAMES, non_finite_columns
 from marketrl.instruments.costs import Costs, costs_from_config, is_continuous
 from marketrl.runtime.io import write_json_atomic
@@ -45,6 +46,12 @@ def load_feature_tables(feature_files: Sequence[str | Path]) -> pl.DataFrame:
             raise DatasetError(f"{path}: not a marketrl feature table (no column {missing[0]!r})")
         _check_finite(frame, path)
         frames.append(frame.with_columns(pl.lit(str(path)).alias("_source")))
+    # a table without rows (skipped, warm-up only) may lack the quote columns: its missing quotes are null
+    quoted = [c for c in QUOTE_KEYS if any(c in f.columns and f.height for f in frames)]
+    frames = [
+        f.with_columns(pl.lit(None, pl.Float64).alias(c) for c in quoted if c not in f.columns)
+        for f in frames
+    ]
     common = [c for c in frames[0].columns if all(c in f.columns for f in frames)]
     table = pl.concat([f.select(common) for f in frames], how="vertical")
     duplicates = (

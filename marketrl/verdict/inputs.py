@@ -37,6 +37,13 @@ AGENT, FORECASTER = "agent", "forecaster"
 MODEL_KINDS = (AGENT, FORECASTER)
 #: the extra per-bar columns of a forecaster's bars.parquet (docs/OUTPUTS.md)
 FORECAST_COLUMNS = ("prediction", "forward_return")
+#: What each decision's fills paid (marketrl.env.rollout.fill_columns); absent from outputs written before them.
+FILL_COLUMNS = ("traded", "half_spread_ticks", "quote_fallback")
+
+
+def _bar_columns(bars: pl.DataFrame) -> list[str]:
+    """REQUIRED_COLUMNS, and the fill columns where the table has them."""
+    return [*REQUIRED_COLUMNS, *(c for c in FILL_COLUMNS if c in bars.columns)]
 
 
 class ReportInputError(ValueError):
@@ -225,7 +232,7 @@ def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
             True,
             fold,
             seed_index,
-            bars.select(REQUIRED_COLUMNS),
+            bars.select(_bar_columns(bars)),
             bars_path,
             stored,
             matched,
@@ -306,7 +313,7 @@ def _baseline_runs(path: Path, bars_path: Path, data: Mapping[str, Any]) -> tupl
                 False,
                 fold,
                 None,
-                bars.filter(pl.col("strategy") == name).select(REQUIRED_COLUMNS),
+                bars.filter(pl.col("strategy") == name).select(_bar_columns(bars)),
                 bars_path,
                 strategies.get(name),
             )
@@ -318,7 +325,7 @@ def _baseline_runs(path: Path, bars_path: Path, data: Mapping[str, Any]) -> tupl
         suffix = name.removeprefix(_RANDOM_PREFIX)
         if not suffix.isdigit():
             raise ReportInputError(f"{bars_path}: strategy {name!r} is not random_<integer>")
-        table = bars.filter(pl.col("strategy") == name).select(REQUIRED_COLUMNS)
+        table = bars.filter(pl.col("strategy") == name).select(_bar_columns(bars))
         random_runs.append(_checked(Run(RANDOM_BASELINE, False, fold, int(suffix), table, bars_path)))
     random_runs.sort(key=lambda run: run.seed_index or 0)
     # The evaluation job's own average (same seeds, same order): its stored summary is checked like the others.

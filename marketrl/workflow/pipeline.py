@@ -16,10 +16,13 @@ from marketrl.data.file_order import (
     CONTEXT_FILES,
     DBN_SUFFIX,
     DEMO_DEFINITIONS_DIR,
+    DEMO_QUOTES_DIR,
     DbnHeaderError,
     dbn_stem,
     demo_definition_name,
     demo_file_name,
+    demo_quote_file_name,
+    header_span_ns,
     header_start_ns,
     time_ordered,
 )
@@ -46,14 +49,79 @@ def demo_files(config: dict[str, Any]) -> list[str]:
     return [f"{paths.DEMO_DIR}/{demo_file_name(d)}" for d in days]
 
 
+def demo_quote_files(config: dict[str, Any]) -> list[str]:
+    """The bbo-1m files the demo_data rule writes (bbo-1m/), one per UTC day of the ohlcv-1m ones."""
+    demo = config["data"]["demo"]
+    days = demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"])
+    return [f"{paths.DEMO_DIR}/{DEMO_QUOTES_DIR}/{demo_quote_file_name(d)}" for d in days]
+
+
 def demo_outputs(config: dict[str, Any]) -> list[str]:
-    """Everything the demo_data rule writes: the ohlcv-1m files and the definition file (definitions/)."""
+    """Everything the demo_data rule writes: the ohlcv-1m files, the bbo-1m files (bbo-1m/) and the definition
+    file (definitions/)."""
     demo = config["data"]["demo"]
     days = demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"])
     return [
         *demo_files(config),
+        *demo_quote_files(config),
         f"{paths.DEMO_DIR}/{DEMO_DEFINITIONS_DIR}/{demo_definition_name(days[0], days[-1])}",
     ]
+
+
+# A bar file's quotes come from the quote files of its own span and of this much around it (the quotes as of
+# its first bar's open and its last bar's close may sit in the neighbouring days' files).
+QUOTE_MARGIN_NS = 15 * 60 * 1_000_000_000
+DEMO_QUOTES = "demo"
+
+
+def quote_inputs(config: dict[str, Any]) -> dict[str, list[str]]:
+    """``data.quotes``: per bar file's stem, the quote files joined to its bars (its own span's first, then the
+    neighbours within ``QUOTE_MARGIN_NS``); {} without quotes. ``"demo"`` is the demo's own bbo-1m files (each
+    day's, with the days before and after) under data.source: demo, and none under another source; a glob (data.source: files) is paired by the
+    files' header spans. A quote file that pairs with no bar file, or a bar file without a quote file of its
+    own span, is a ConfigError naming the file."""
+    pattern = config["data"].get("quotes", "")
+    if not pattern.strip():
+        return {}
+    source = config["data"]["source"]
+    if pattern == DEMO_QUOTES:
+        if source != "demo":  # the default config's value: other sources have no demo quotes
+            return {}
+        demo = config["data"]["demo"]
+        days = demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"])
+        quote_of = dict(zip(days, demo_quote_files(config), strict=True))
+        one = dt.timedelta(days=1)
+        return {
+            file_stem(bar): [quote_of[d] for d in (day, day - one, day + one) if d in quote_of]
+            for day, bar in zip(days, demo_files(config), strict=True)
+        }
+    if source != "files":
+        raise ConfigError("config key 'data.quotes': a glob of quote files needs data.source: files")
+    matched = sorted(glob.glob(pattern, recursive=True))
+    if not matched:
+        raise ConfigError(f"config key 'data.quotes': glob {pattern!r} matched no files")
+    try:
+        quote_spans = {path: header_span_ns(path) for path in matched}
+        bar_spans = {stem: header_span_ns(path) for stem, path in raw_data_files(config).items()}
+    except DbnHeaderError as exc:
+        raise ConfigError(f"config key 'data.quotes': {exc}") from None
+    paired: dict[str, list[str]] = {}
+    used: set[str] = set()
+    for stem, (start, end) in bar_spans.items():
+        own = [q for q, (qs, qe) in quote_spans.items() if qs < end and start < qe]
+        if not own:
+            raise ConfigError(f"config key 'data.quotes': no quote file covers the span of {stem}")
+        near = [
+            q
+            for q, (qs, qe) in quote_spans.items()
+            if q not in own and qs < end + QUOTE_MARGIN_NS and start - QUOTE_MARGIN_NS < qe
+        ]
+        paired[stem] = own + near
+        used.update(own)
+    unused = [q for q in matched if q not in used]
+    if unused:
+        raise ConfigError(f"config key 'data.quotes': {unused[0]} covers the span of no bar file (its bars?)")
+    return paired
 
 
 def batch_file_days(dataset: str, start: dt.date, end: dt.date) -> list[dt.date]:

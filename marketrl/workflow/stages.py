@@ -93,7 +93,14 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "data.databento.stype_in",
         "data.databento.symbols",
     ),
-    "features": ("data.bar_size", "data.max_price_jump", "data.on_bad_file", "data.session", "features.user"),
+    "features": (
+        "data.bar_size",
+        "data.max_price_jump",
+        "data.on_bad_file",
+        "data.quotes",
+        "data.session",
+        "features.user",
+    ),
     "user_features_audit": ("features.user",),
     "feature_manifest": (),
     "folds": _FOLDS,
@@ -193,6 +200,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
 DAG_KEYS: dict[str, str] = {
     "data.source": "input files",
     "data.files": "input files",
+    "data.quotes": "features' quote inputs",
     "data.definitions": "costs.instruments (merged at DAG parse)",
     "data.demo.days": "input files",
     "data.demo.start": "input files",
