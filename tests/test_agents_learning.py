@@ -24,7 +24,7 @@ SIGNAL_HPARAMS = {
         "learning_starts": 500,
         "target_update": 100,
         "exploration_fraction": 0.3,
-        "reward_scale": 100.0,
+        "reward_scale": 1.0,  # of the normalized rewards (normalize_rewards)
         "hidden_dim_base": 32,
     },
     "ppo": {

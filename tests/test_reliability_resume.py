@@ -196,7 +196,7 @@ def test_damaged_checkpoint_trains_from_scratch(data, uninterrupted, tmp_path: P
 
 
 @pytest.mark.parametrize(
-    ("algo", "poisoned", "first_bad"), [("dqn", "td_loss", 130), ("ppo", "ppo_loss", 25)]
+    ("algo", "poisoned", "first_bad"), [("dqn", "td_loss_all_actions", 130), ("ppo", "ppo_loss", 25)]
 )
 def test_nan_mid_training_stops_in_window_and_keeps_last_good_checkpoint(
     data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algo: str, poisoned: str, first_bad: int
