@@ -39,7 +39,7 @@ from marketrl.agents.common import (
     finish_seeds,
     set_up_seeds,
 )
-from marketrl.agents.networks import QNetwork
+from marketrl.agents.networks import QNetwork, minus_cost_of_change
 from marketrl.agents.spec import (
     AgentSpec,
     Architecture,
@@ -279,8 +279,7 @@ class StackedQNetwork(nn.Module):
             features = self.value_head(features) + advantage - advantage.mean(dim=2, keepdim=True)
         if not self.cost_prior:
             return features
-        change = (self.action_positions - obs[..., -1:].float()).abs()
-        return features - self.trade_cost * change
+        return minus_cost_of_change(features, obs, self.trade_cost, self.action_positions)
 
     @torch.no_grad()
     def copy_to(self, index: int, network: QNetwork) -> None:

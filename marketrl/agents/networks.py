@@ -29,6 +29,7 @@ __all__ = [
     "build_networks",
     "hidden_sizes",
     "make_architecture",
+    "minus_cost_of_change",
     "mlp",
     "orthogonal_init",
 ]
@@ -131,8 +132,15 @@ class QNetwork(nn.Module):
             features = self.value_head(features) + advantage - advantage.mean(dim=1, keepdim=True)
         if not self.cost_prior:
             return features
-        change = (self.action_positions - obs[:, -1:].float()).abs()
-        return features - self.trade_cost * change
+        return minus_cost_of_change(features, obs, self.trade_cost, self.action_positions)
+
+
+def minus_cost_of_change(
+    q: torch.Tensor, obs: torch.Tensor, trade_cost: torch.Tensor, action_positions: torch.Tensor
+) -> torch.Tensor:
+    """The cost prior: ``q − trade_cost · |position(a) − held|``, ``held`` the obs' last entry ([..., B, obs_dim];
+    ``trade_cost`` broadcast against [..., B, n_actions])."""
+    return q - trade_cost * (action_positions - obs[..., -1:].float()).abs()
 
 
 def orthogonal_init(net: nn.Sequential, head_gain: float) -> None:
