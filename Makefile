@@ -9,20 +9,26 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 CORES ?= 4
+# Memory (MB) Snakemake may hand out to running jobs at once, each rule requesting its `resources: mem_mb`
+# (marketrl.workflow.resources): 80% of what the machine has available when the run starts. MEM_MB=... overrides.
+MEM_MB ?= $(shell awk '/^MemAvailable:/ {printf "%d", $$2 * 0.8 / 1024}' /proc/meminfo 2>/dev/null)
+# gpu=1 repeats profiles/default's limit: --resources replaces the profile's resources
+RESOURCES := $(if $(MEM_MB),--resources gpu=1 mem_mb=$(MEM_MB),)
 SNAKEMAKE := $(BIN)/snakemake
 PYTEST_ARGS ?=  # extra pytest arguments for test and test-slow, e.g. PYTEST_ARGS=--durations=40
 
-.PHONY: run test test-slow setup lint dryrun bench clean-results test-slurm test-postgres export tensorboard dashboard
+.PHONY: run test test-slow setup lint dryrun bench clean-results test-slurm test-postgres export tensorboard dashboard \
+	replay test-replay
 
 # The console (marketrl/workflow/console.py) runs Snakemake and prints one line per finished job with the time left,
 # then the report's path and verdict; Snakemake's full log stays in .snakemake/log/, each job's in results/logs/.
 run: $(STAMP)
-	$(BIN)/python -m marketrl.workflow.console --cores $(CORES) results/eval_report.html
+	$(BIN)/python -m marketrl.workflow.console $(RESOURCES) --cores $(CORES) results/eval_report.html
 
 # Every model, fold and seed of the config exported (results/export/; trains what is missing; not part of `run`).
 export: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[export]'
-	$(SNAKEMAKE) --cores $(CORES) export_all
+	$(SNAKEMAKE) $(RESOURCES) --cores $(CORES) export_all
 
 # Re-install only when the pins or the package metadata change; a second call is quick. `make run` installs what
 # the pipeline needs; the test and lint targets add the `dev` extra (test tools, onnx/onnxruntime, arch, ...).
@@ -129,6 +135,37 @@ dashboard: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[monitor]'
 	$(BIN)/python -m marketrl.training.dashboard --config $(CONFIG) --results results --port $(or $(PORT),8080) $(if $(MODEL),--model $(MODEL))
 # --- end Monitoring -------------------------------------------------------------------------------------------
+
+# --- Replay (issue 38) ------------------------------------------------------------------------------------------
+# A second opinion on marketrl's PnL: one model x fold x seed's test positions (default dqn, fold 0, seed 0 of the
+# demo run) as market orders through NautilusTrader's backtest engine, beside marketrl's own accounting, per day and
+# in total (results/replay/.../replay.{html,json}; docs/REPLAY.md). REPLAY_FILL=quotes fills at bid/ask.
+# nautilus_trader's declared bounds (pandas<3, fsspec<2026) conflict with requirements.lock, so it is installed
+# --no-deps with its other dependencies pinned here (those the lock pins at the lock's version: click is in the lock,
+# but only the dev tools pull it in); only these two targets install it.
+REPLAY_MODEL ?= dqn
+REPLAY_FOLD ?= 0
+REPLAY_SEED ?= 0
+REPLAY_FILL ?= close
+# paths.EVAL_BARS (tests/test_replay.py checks it): looked for before the extra is installed
+REPLAY_POSITIONS := results/eval/$(REPLAY_MODEL)/fold_$(REPLAY_FOLD)/seed_$(REPLAY_SEED)/bars.parquet
+REPLAY_OUT ?= results/replay/$(REPLAY_MODEL)/fold_$(REPLAY_FOLD)/seed_$(REPLAY_SEED)
+REPLAY_STAMP := $(VENV)/.installed-replay
+REPLAY_DEPS := nautilus_trader==1.221.0 msgspec==0.23.0 portion==2.6.3 pytz==2026.6 uvloop==0.22.1 click==8.5.1
+$(REPLAY_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps $(REPLAY_DEPS)
+	touch $(REPLAY_STAMP)
+
+replay: $(STAMP)
+	@test -f "$(REPLAY_POSITIONS)" || { echo "replay: $(REPLAY_POSITIONS) is missing: run make run first (or set REPLAY_MODEL, REPLAY_FOLD, REPLAY_SEED)" >&2; exit 2; }
+	@$(MAKE) --no-print-directory $(REPLAY_STAMP)
+	$(BIN)/python -m marketrl.evaluation.replay --model $(REPLAY_MODEL) --fold $(REPLAY_FOLD) --seed $(REPLAY_SEED) \
+	  --prices 'results/features/*.parquet' --config $(CONFIG) --fill $(REPLAY_FILL) --out "$(REPLAY_OUT)"
+
+# The replay tests with the extra installed (.ci/run's last step; `make test` skips them without it).
+test-replay: $(DEV_STAMP) $(REPLAY_STAMP)
+	$(BIN)/python -m pytest tests/test_replay.py $(PYTEST_ARGS)
+# --- end Replay -------------------------------------------------------------------------------------------------
 
 clean-results:
 	rm -rf results .snakemake

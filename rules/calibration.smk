@@ -13,6 +13,8 @@ rule calibration_worlds:
     conda:
         ENV_FILE
     threads: 1
+    resources:
+        mem_mb=fixed_mem_mb("calibration_worlds"),
     params:
         config=stage_config("calibration_worlds"),
         code=code_hash("calibration_worlds"),
@@ -33,6 +35,8 @@ rule calibration:
     conda:
         ENV_FILE
     threads: 1
+    resources:
+        mem_mb=fixed_mem_mb("calibration"),
     params:
         config=stage_config("calibration"),
         code=code_hash("calibration"),

@@ -2,7 +2,7 @@
 import sys
 
 from marketrl.settings import paths
-from marketrl.workflow import pipeline, stages
+from marketrl.workflow import pipeline, resources, stages
 from marketrl.calibration.plan import (
     CalibrationError,
     CalibrationSettings,
@@ -20,6 +20,7 @@ try:
     check_contract_specs(config)
     RAW_FILES = pipeline.raw_data_files(config)
     QUOTE_FILES = pipeline.quote_inputs(config)  # data.quotes, per bar file
+    FEATURE_BATCHES = pipeline.feature_batches(config)  # features.batch: stems per job
     CALIBRATION_JOBS = n_jobs(CalibrationSettings.from_config(config))
     # predict.files x predict.models (docs/PREDICT.md)
     PREDICT_OUTPUTS = pipeline.predict_outputs(config)
@@ -78,24 +79,73 @@ def code_hash(stage):
     return stages.code_hash(stage)
 
 
+def memory_limit_mb():
+    """The mem_mb Snakemake was given (--resources mem_mb=N, as make run does), or None."""
+    value = getattr(workflow.resource_settings.resources.get("mem_mb"), "value", None)
+    return value if isinstance(value, int) else None
+
+
+MEM_LIMIT_MB = memory_limit_mb()
+
+
+def fixed_mem_mb(rule_name):
+    """`resources: mem_mb` of a rule whose data do not grow with the history (resources.FIXED_MB, measured),
+    at most the limit Snakemake was given (resources.within_limit)."""
+    return resources.within_limit(resources.FIXED_MB[rule_name], MEM_LIMIT_MB)
+
+
+def train_mem_mb(wildcards, input):
+    """`resources: mem_mb` of a train job: the model's memory model at its fold's window (rows x features of
+    the manifest and fold plan, the best hyperparameters' window for LightGBM and ridge; Snakemake evaluates it
+    again once they exist, before the job starts).
+    """
+    request = resources.train_mem_mb(
+        config,
+        wildcards.model,
+        int(wildcards.fold),
+        input.manifest,
+        input.folds,
+        input.hparams,
+    )
+    return resources.within_limit(request, MEM_LIMIT_MB)
+
+
+def tuning_mem_mb(wildcards, input):
+    """`resources: mem_mb` of a hyperopt worker: the model's memory model at its study's tuning window."""
+    fold = wildcards.get("fold")
+    request = resources.tuning_mem_mb(
+        config,
+        wildcards.model,
+        None if fold is None else int(fold),
+        input.manifest,
+        input.folds,
+    )
+    return resources.within_limit(request, MEM_LIMIT_MB)
+
+
 def calibration_chunks():
     """The chunk files of the calibration's world jobs (calibration.worlds_per_job worlds each)."""
     return [paths.CALIBRATION_CHUNK.format(job=job) for job in range(CALIBRATION_JOBS)]
 
 
-def feature_inputs(wildcards):
-    """The DBN file of a feature table, plus the files before it (pipeline.CONTEXT_FILES, in time order) as
-    lookback context; the job decodes only as many of them as the lookbacks need."""
-    inputs = {"src": RAW_FILES[wildcards.stem]}
-    context = pipeline.previous_files(config, wildcards.stem)
-    if context:
-        inputs["context"] = context
-    quotes = QUOTE_FILES.get(wildcards.stem)
-    if quotes:  # data.quotes: the quote files of its days (pipeline.quote_inputs)
-        inputs["quotes"] = quotes
-    if config["features"][
-        "user"
-    ]:  # features.user: audited before any features job runs
+def feature_batch_files(stems):
+    """Per file of a features batch (time order): its table (dst), source, context (the files before it,
+    pipeline.CONTEXT_FILES of them, as lookback; the job decodes only as many as the lookbacks need) and
+    data.quotes files, for the job script (params: the inputs alone do not say which file is whose context).
+    """
+    return pipeline.feature_batch_files(RAW_FILES, stems, QUOTE_FILES)
+
+
+def feature_batch_inputs(stems):
+    """Every file a features batch reads (data: its files, their context and quotes; audit: the user features'
+    audit, audited before any features job runs, with features.user)."""
+    files = []
+    for entry in feature_batch_files(stems):
+        for path in [entry["src"], *entry["context"], *entry["quotes"]]:
+            if path not in files:
+                files.append(path)
+    inputs = {"data": files}
+    if config["features"]["user"]:
         inputs["audit"] = paths.USER_FEATURES_AUDIT
     return inputs
 
@@ -188,10 +238,13 @@ def predict_record_metrics(wildcards):
 
 def predict_feature_inputs(wildcards):
     """A new file of predict.files, plus the files that start before it (pipeline.predict_context) as lookback
-    context, as feature_inputs gives a training file."""
+    context and its days' quote files (pipeline.predict_quote_inputs), as feature_inputs gives them.
+    """
     try:
         inputs = {"src": pipeline.predict_files(config)[wildcards.stem]}
         context = pipeline.predict_context(config, wildcards.stem)
+        # data.quotes: the new file's days' quote files, paired as a training file's are
+        quotes = pipeline.predict_quote_inputs(config, wildcards.stem)
     except KeyError:
         raise ValueError(
             f"{wildcards.stem}: not a file of predict.files ({config['predict']['files']!r})"
@@ -201,11 +254,27 @@ def predict_feature_inputs(wildcards):
         sys.exit(1)
     if context:
         inputs["context"] = context
+    if quotes:
+        inputs["quotes"] = quotes
     if config["features"][
         "user"
     ]:  # the same audited user features as the training tables
         inputs["audit"] = paths.USER_FEATURES_AUDIT
     return inputs
+
+
+def predict_feature_files(wildcards):
+    """The one file of a predict_features job, as feature_batch_files gives a batch's files (its days' quotes
+    included)."""
+    inputs = predict_feature_inputs(wildcards)
+    return [
+        {
+            "dst": paths.PREDICT_FEATURES.format(stem=wildcards.stem),
+            "src": inputs["src"],
+            "context": inputs.get("context", []),
+            "quotes": inputs.get("quotes", []),
+        }
+    ]
 
 
 def predict_models(wildcards):

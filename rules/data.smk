@@ -8,6 +8,8 @@ rule demo_data:
     conda:
         ENV_FILE
     threads: 1
+    resources:
+        mem_mb=fixed_mem_mb("demo_data"),
     params:
         config=stage_config("demo_data"),
         code=code_hash("demo_data"),
@@ -25,6 +27,8 @@ rule download_databento:
     conda:
         ENV_FILE
     threads: 1
+    resources:
+        mem_mb=fixed_mem_mb("download_databento"),
     params:
         config=stage_config("download_databento"),
         code=code_hash("download_databento"),

@@ -19,6 +19,7 @@ rule evaluate:
         ENV_FILE
     threads: 1
     resources:
+        mem_mb=fixed_mem_mb("evaluate"),
         gpu=GPU_UNITS,
     params:
         config=model_stage_config("evaluate"),
@@ -55,6 +56,8 @@ rule baselines:
     conda:
         ENV_FILE
     threads: 1
+    resources:
+        mem_mb=fixed_mem_mb("baselines"),
     params:
         config=stage_config("baselines"),
         code=code_hash("baselines"),

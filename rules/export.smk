@@ -16,6 +16,8 @@ rule export:
     conda:
         ENV_FILE
     threads: 1
+    resources:
+        mem_mb=fixed_mem_mb("export"),
     params:
         config=model_stage_config("export"),
         code=code_hash("export"),

@@ -10,6 +10,8 @@ rule folds:
     conda:
         ENV_FILE
     threads: 1
+    resources:
+        mem_mb=fixed_mem_mb("folds"),
     params:
         config=stage_config("folds"),
         code=code_hash("folds"),

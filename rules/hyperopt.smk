@@ -13,6 +13,7 @@ rule hyperopt_worker:
         ENV_FILE
     threads: 1
     resources:
+        mem_mb=tuning_mem_mb,
         gpu=GPU_UNITS,
     params:
         config=model_stage_config("hyperopt_worker"),
@@ -35,6 +36,8 @@ rule hyperopt_best:
     conda:
         ENV_FILE
     threads: 1
+    resources:
+        mem_mb=fixed_mem_mb("hyperopt_best"),
     params:
         config=model_stage_config("hyperopt_best"),
         code=code_hash("hyperopt_best"),

@@ -2,9 +2,9 @@
 #   snakemake --cores 2 predict_all            (or one table: results/predict/{model}/{stem}.parquet)
 
 
-# A new file's feature table: the features rule (same job script, config slice and code hash), with the files that
-# start before it among the training inputs and predict.files as lookback context. Shared by every model.
-use rule features as predict_features with:
+# A new file's feature table: the features stage's job script, config slice and code hash on one file, with the
+# files that start before it among the training inputs and predict.files as lookback context. Shared by every model.
+rule predict_features:
     input:
         unpack(predict_feature_inputs),
     output:
@@ -13,6 +13,18 @@ use rule features as predict_features with:
         paths.log("predict/features/{stem}"),
     benchmark:
         paths.benchmark("predict/features/{stem}")
+    conda:
+        ENV_FILE
+    threads: 1
+    resources:
+        mem_mb=fixed_mem_mb("predict_features"),
+    params:
+        config=stage_config("features"),
+        code=code_hash("features"),
+        user=user_features_hash(),
+        files=predict_feature_files,
+    script:
+        "../workflow_scripts/features.py"
 
 
 # One job per model x new file: every seed's positions (and a forecaster's predictions), their ensemble and PnL.
@@ -33,6 +45,7 @@ rule predict:
         ENV_FILE
     threads: 1
     resources:
+        mem_mb=fixed_mem_mb("predict"),
         gpu=GPU_UNITS,
     params:
         config=model_stage_config("predict"),

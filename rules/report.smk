@@ -16,6 +16,8 @@ rule report:
     conda:
         ENV_FILE
     threads: 1
+    resources:
+        mem_mb=fixed_mem_mb("report"),
     params:
         config=stage_config("report"),
         code=code_hash("report"),

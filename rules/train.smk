@@ -18,6 +18,7 @@ rule train:
         ENV_FILE
     threads: 1
     resources:
+        mem_mb=train_mem_mb,
         gpu=GPU_UNITS,
     params:
         config=model_stage_config("train"),

@@ -37,6 +37,7 @@ SB3 = [] if HAS_SB3 else ["--skip-sb3"]
 QUICK_TESTS = {
     "speed/agents.py": "test_agents_quick_runs_every_configuration",
     "speed/dag.py": "test_dag_quick_plans_the_jobs",
+    "speed/dropout.py": "test_dropout_quick_times_both_dropouts",
     "speed/env.py": "test_env_quick_checks_the_same_transitions",
     "speed/eval_vs_train.py": "test_eval_vs_train_quick_times_both_jobs_of_the_shared_run",
     "speed/evaluate.py": "test_evaluate_quick_checks_equal_summaries",
@@ -75,6 +76,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "speed/evaluate.py": (),
     "speed/job_imports.py": (),
     "speed/launches.py": (),
+    "speed/dropout.py": (),
     "speed/evaluate_job.py": (),
     "speed/env.py": (),
     "studies/demo_detectable.py": (),
@@ -204,6 +206,16 @@ def test_launches_quick_counts_every_part(quick: QuickRuns) -> None:
         assert ("dqn", n_seeds, "vector step (act, env, replay insert)") in parts
         assert {("ppo", n_seeds, f"epoch of {m} minibatches") for m in (1, 2)} <= parts
     assert all(float(row[3]) > 0 for row in rows)
+
+
+@pytest.mark.bench
+def test_dropout_quick_times_both_dropouts(quick: QuickRuns) -> None:
+    """Both sides timed after the equal-work check (same weights, same loss without dropout) passed."""
+    out = quick.stdout("speed/dropout.py")
+    rates = dict(re.findall(r"^\| (per value|per feature) \| ([0-9.]+) \|$", out, flags=re.M))
+    assert set(rates) == {"per value", "per feature"}
+    assert all(float(rate) > 0 for rate in rates.values())
+    assert re.search(r"^per feature / per value: [0-9.]+x \(median of 2 rounds\)$", out, flags=re.M)
 
 
 @pytest.mark.bench

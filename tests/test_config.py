@@ -66,6 +66,9 @@ def test_every_schema_key_has_description_and_default() -> None:
             if entry.get("type") != "object":  # plain values (training.extra_models: "module:SPEC" strings)
                 assert entry.get("type") and node.get("description"), f"{path}: untyped or undescribed"
                 return
+            if "propertyNames" in entry:  # a map of maps (hyperopt.fixed: model -> parameter -> value)
+                walk(entry, f"{path}.<name>")
+                return
             assert entry.get("additionalProperties") is False, (
                 f"{path}.<name>: additionalProperties must be false"
             )
@@ -166,6 +169,7 @@ def test_errors_are_one_line(default_config: dict) -> None:
         ({"data.source": "files", "data.files": ""}, "data.files"),
         ({"folds.validation_days": 12, "folds.train_days": 12}, "folds.validation_days"),
         ({"folds.tuning_validation_days": 5, "folds.tuning_days": 5}, "folds.tuning_validation_days"),
+        ({"folds.max_train_days": 11, "folds.train_days": 12}, "folds.max_train_days"),
         ({"hyperopt.workers": 9, "hyperopt.n_trials": 8}, "hyperopt.workers"),
     ],
 )

@@ -182,6 +182,20 @@ def test_the_time_left_weighs_each_stage_by_its_own_mean_run_time(tmp_path: Path
     assert console.status() == "[2/4  50%] · about 2m left · running: slow fold 3 (40s)"
 
 
+def test_the_features_batches_share_one_run_time(tmp_path: Path) -> None:
+    # features.batch: one rule per month (features_2024_02, ...): a finished month times the months to go
+    now = [0.0]
+    console = Console(lambda *_: None, clock=lambda: now[0], cwd=tmp_path)
+    stats = ["features_2024_02 1", "features_2024_03 1", "features_2024_04 1", "total 3"]
+    for line in ["Provided cores: 1", "Job stats:", "job count", "----- -----", *stats, ""]:
+        console.feed(line)
+    for line in ["rule features_2024_02:", "    jobid: 1", "Shell command: None"]:
+        console.feed(line)
+    now[0] = 30.0
+    console.feed("Finished jobid: 1 (Rule: features_2024_02)")
+    assert console.time_left(30.0) == (pytest.approx(60.0), [])  # two months to go at 30 s each
+
+
 def test_durations_read_like_a_clock() -> None:
     assert [format_duration(s) for s in (0.04, 9.2, 42, 250, 3900)] == [
         "0.0s",
@@ -195,7 +209,10 @@ def test_durations_read_like_a_clock() -> None:
 def test_make_run_goes_through_the_console_with_cores() -> None:
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
     recipe = makefile.split("\nrun: ", 1)[1].splitlines()[1].strip()
-    assert recipe == "$(BIN)/python -m marketrl.workflow.console --cores $(CORES) results/eval_report.html"
+    # $(RESOURCES): the memory Snakemake may hand out (docs/PERFORMANCE.md "Bounded memory")
+    assert recipe == (
+        "$(BIN)/python -m marketrl.workflow.console $(RESOURCES) --cores $(CORES) results/eval_report.html"
+    )
 
 
 def test_a_real_failing_job_ends_with_the_one_line_error_and_its_log_path(tmp_path: Path) -> None:
@@ -233,5 +250,6 @@ def test_a_real_failing_job_ends_with_the_one_line_error_and_its_log_path(tmp_pa
     lines = result.stdout.splitlines()
     assert result.returncode == 1, result.stdout
     assert lines[-2].startswith(f"marketrl error: DataFileError: {corrupt}") and "truncated zstd" in lines[-2]
-    assert lines[-1] == f"  log: {FAILED_LOG}" and (workdir / FAILED_LOG).exists()
+    batch_log = "results/logs/features/2024-01.log"  # features.batch: month, the month of both files
+    assert lines[-1] == f"  log: {batch_log}" and (workdir / batch_log).exists()
     assert "Traceback" not in result.stdout and len(lines) < 10, result.stdout

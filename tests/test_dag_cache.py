@@ -129,6 +129,25 @@ def test_costs_rerun_everything_after_the_folds(
     }
 
 
+def test_training_window_cap_reruns_the_folds_and_what_reads_them(
+    finished_run: Path, run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """folds.max_train_days is read by the folds job alone (its slice), so its change reruns the plan and, through
+    folds.json, everything that reads it; not the data, the features or the manifest. The tuning windows do not
+    depend on it, yet hyperopt reruns: it reads folds.json (docs/FOLDS.md)."""
+    changes = {"folds": {"max_train_days": run_config["folds"]["train_days"]}}
+    models = run_config["training"]["models"]
+    assert planned_jobs(finished_run, changes, config_dir=tmp_path) == {
+        "folds": 1,
+        "hyperopt_worker": len(models) * run_config["hyperopt"]["workers"],
+        "hyperopt_best": len(models),
+        "train": n_models(run_config),
+        "evaluate": n_evaluations(run_config),
+        "baselines": run_config["folds"]["n"],
+        "report": 1,
+    }
+
+
 def test_stage_tables_name_real_config_keys() -> None:
     keys = set(stages.config_keys(validate_config({})))
     assert set(stages.DAG_KEYS) <= keys
@@ -391,9 +410,10 @@ def test_downstream_table_matches_snakemakes_rulegraph(tmp_path: Path) -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    # a `*_once` rule (one run of a deterministic model) is its stage's rule for those models
+    # a `*_once` rule (one run of a deterministic model) is its stage's rule for those models, a batch's features
+    # rule the features stage's
     names = {
-        node: rule.removesuffix("_once")
+        node: pipeline.rule_stage(rule)
         for node, rule in re.findall(r'^\s*(\d+)\[label = "(\w+)"', result.stdout, re.MULTILINE)
     }
     edges = {(names[a], names[b]) for a, b in re.findall(r"^\s*(\d+) -> (\d+)", result.stdout, re.MULTILINE)}

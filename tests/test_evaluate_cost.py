@@ -52,6 +52,29 @@ def test_reading_the_days_tables_gives_the_rows_of_reading_all(per_day_tables: t
             expected = select_rows(everything, fold, split)
             assert select_rows(some, fold, split).equals(expected), (fold.index, split)
             assert expected.height > 0
+    # a training job's read (marketrl.training.train): the window's tables, and of them only the window's rows
+    for fold in plan.folds:
+        window = load_features_for_days(manifest, fold.train_days, only_days=True)
+        assert set(window["trading_day"].unique().to_list()) == set(fold.train_days)
+        for split in ("train", "validation", "train_full"):
+            assert select_rows(window, fold, split).equals(select_rows(everything, fold, split))
+
+
+def test_only_days_reads_only_those_rows_of_a_table_holding_more(tmp_path: Path) -> None:
+    """One table holding every day: `only_days` still returns the asked days' rows alone (the filter is applied
+    while reading), equal to the rows of those days of the whole table."""
+    frame, _, folds, _ = synthetic_job_inputs(tmp_path, n_instruments=2)
+    table = tmp_path / "all_days.parquet"
+    frame.write_parquet(table, row_group_size=500)
+    manifest = tmp_path / "one_table_manifest.json"
+    write_feature_manifest([table], manifest)
+    fold = FoldPlan.load(folds).folds[-1]
+    everything = load_features(manifest)
+    window = load_features_for_days(manifest, fold.train_days, only_days=True)
+    wanted = pl.col("trading_day").is_in(pl.Series(fold.train_days, dtype=pl.Date).implode())
+    assert window.equals(everything.filter(wanted))
+    assert 0 < window.height < everything.height
+    assert load_features_for_days(manifest, fold.train_days).height == everything.height  # the whole table
 
 
 def test_a_changed_table_is_refused_when_read_and_unread_otherwise(

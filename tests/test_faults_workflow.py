@@ -39,10 +39,11 @@ def test_corrupt_dbn_file_fails_its_features_job(tmp_path: Path) -> None:
     lines = error_lines(result.stdout + result.stderr)
     assert len(lines) == 1 and str(corrupt) in lines[0] and "truncated zstd" in lines[0]
     assert "Traceback" not in result.stdout + result.stderr
-    log = (workdir / "results/logs/features/glbx-mdp3-20240102.ohlcv-1m.log").read_text()
+    log = (workdir / "results/logs/features/2024-01.log").read_text()  # features.batch: month, both files
     assert lines[0].removeprefix("marketrl error: ") in log
     assert "Traceback (most recent call last)" in log and "in read_bars" in log
     assert not (workdir / target).exists()
+    assert list((workdir / "results/features").glob("*.parquet")) == []  # no table of the failed batch
     assert damaged_files(workdir / "results") == []  # and no temp file either
 
 
@@ -76,6 +77,10 @@ def test_file_without_a_readable_header_is_skipped_with_a_note_under_skip(tmp_pa
     assert parsed.namespace["RAW_FILES"]["glbx-mdp3-20240102.ohlcv-1m"] == str(corrupt)
     features = pipeline.feature_files(parsed.config)
     assert "results/features/glbx-mdp3-20240102.ohlcv-1m.parquet" in features
+    # a batch of its own (no month without a readable header): its skip touches no other file's job
+    batches = pipeline.feature_batches(parsed.config)
+    assert batches["glbx-mdp3-20240102.ohlcv-1m"] == ["glbx-mdp3-20240102.ohlcv-1m"]
+    assert sorted(s for stems in batches.values() for s in stems) == sorted(parsed.namespace["RAW_FILES"])
 
 
 @pytest.mark.slow

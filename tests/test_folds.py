@@ -23,6 +23,7 @@ from marketrl.splits.folds import (
     select_tuning_rows,
     write_fold_plan,
 )
+from marketrl.splits.normalize import FeatureNormalizer
 
 FEATURES = ["f0", "f1"]
 PROPERTY_SETTINGS = settings(
@@ -137,6 +138,7 @@ fold_setups = st.fixed_dictionaries(
         "tuning_days": st.integers(2, 6),
         "tuning_validation_frac": st.floats(0.0, 0.99),
         "embargo_bars": st.integers(1, 5),
+        "max_train_extra": st.one_of(st.none(), st.integers(0, 6)),  # the cap, above train_days; None: no cap
         "extra_days": st.integers(-2, 3),
         "n_instruments": st.integers(1, 3),
         "bars_per_day": st.integers(1, 6),
@@ -159,6 +161,9 @@ def test_fold_plan_properties(setup: dict) -> None:
         tuning_days=setup["tuning_days"],
         tuning_validation_days=1 + int(setup["tuning_validation_frac"] * (setup["tuning_days"] - 1)),
         embargo_bars=setup["embargo_bars"],
+        max_train_days=(
+            None if setup["max_train_extra"] is None else setup["train_days"] + setup["max_train_extra"]
+        ),
     )
     n_days = max(cfg.required_days + setup["extra_days"], 1)
     days = _calendar(n_days, setup["gaps"])
@@ -194,11 +199,17 @@ def test_fold_plan_properties(setup: dict) -> None:
         assert max(fold.train_days) < fold.first_test_day
         assert not set(fold.train_days) & {d for later in plan.folds[k:] for d in later.test_days}
         assert days.index(fold.first_test_day) == days.index(fold.last_train_day) + 1
+        history = len(days) - (cfg.n - k) * cfg.test_days  # trading days before this fold's test window
+        cap = history if cfg.max_train_days is None else cfg.max_train_days
         if cfg.scheme == "rolling":
             assert len(fold.train_days) == cfg.train_days
         else:
-            assert fold.first_train_day == days[0]
-            assert len(fold.train_days) == len(days) - (cfg.n - k) * cfg.test_days >= cfg.train_days
+            # expanding: all history, or with folds.max_train_days its most recent cap days
+            assert len(fold.train_days) == min(history, cap) >= cfg.train_days
+            assert fold.first_train_day == days[history - len(fold.train_days)]
+            if history <= cap:
+                assert fold.first_train_day == days[0]
+        assert len(fold.train_days) <= cap
         if k:
             previous = plan.folds[k - 1]
             assert previous.last_test_day < fold.first_test_day
@@ -285,6 +296,66 @@ def test_expanding_plan_grows_from_the_first_day() -> None:
     assert plan.folds[2].validation_days == tuple(days[8:10])
 
 
+def test_max_train_days_caps_expanding_windows_to_the_most_recent_days() -> None:
+    days = _calendar(16, gaps=[0, 0, 0, 0, 2])  # weekends: the cap counts trading days, not calendar days
+    plan = make_fold_plan(days, _config(scheme="expanding", max_train_days=7))
+    # tests start at days[10], days[12], days[14]; fold 0 has 10 days of history, so all three folds are capped
+    assert [f.train_days for f in plan.folds] == [tuple(days[3:10]), tuple(days[5:12]), tuple(days[7:14])]
+    assert plan.folds[2].validation_days == tuple(days[12:14])
+    # a cap above the history leaves the window expanding; the tuning window never depends on the cap
+    uncapped = make_fold_plan(days, _config(scheme="expanding"))
+    assert make_fold_plan(days, _config(scheme="expanding", max_train_days=14)).folds == uncapped.folds
+    assert plan.tuning == uncapped.tuning
+    assert [f.tuning for f in plan.folds] == [f.tuning for f in uncapped.folds]
+    # rolling windows are train_days long, so a cap at or above train_days changes nothing
+    rolling = make_fold_plan(days, _config(scheme="rolling"))
+    assert make_fold_plan(days, _config(scheme="rolling", max_train_days=5)).folds == rolling.folds
+
+
+def test_max_train_days_cuts_by_session_date_and_leaves_no_trace_of_cut_or_future_days() -> None:
+    """The cut is by `trading_day` (the session), not by the UTC date of ts_event: a session that opens the
+    evening before (CME Globex) is kept whole, and the session before the cut is dropped whole. Perturbing the
+    days outside a fold's capped window (before the cut, and the test days and after) changes neither the
+    training rows nor their normalization statistics."""
+    days = _calendar(16)
+    rows = []
+    for d, day in enumerate(days):
+        evening = datetime(day.year, day.month, day.day, 22, 0, tzinfo=UTC) - timedelta(days=1)
+        for b in range(6):  # 3 bars on the evening before (previous UTC date), 3 on the day itself
+            ts = evening + timedelta(minutes=b) if b < 3 else evening + timedelta(hours=12, minutes=b)
+            rows.append((ts, day, d))
+    ts, trading_day, index = zip(*rows, strict=True)
+    df = pl.DataFrame(
+        {
+            "ts_event": pl.Series(ts, dtype=pl.Datetime("ns", "UTC")),
+            "trading_day": pl.Series(trading_day, dtype=pl.Date),
+            "instrument_id": pl.Series([7] * len(rows), dtype=pl.UInt32),
+            "f0": pl.Series(index, dtype=pl.Float32),
+            "f1": np.random.default_rng(0).normal(0, 1, len(rows)).astype(np.float32),
+        }
+    )
+    plan = make_fold_plan(days, _config(scheme="expanding", max_train_days=7, embargo_bars=2))
+    fold = plan.folds[1]  # tests days[12:14]; trains on days[5:12]
+    full = select_rows(df, fold, "train_full")
+    assert sorted(set(full["trading_day"].to_list())) == list(days[5:12])
+    first = full.filter(pl.col("trading_day") == days[5])
+    assert first.height == 6  # the whole first session, its evening bars dated the day before in UTC
+    assert first["ts_event"].dt.date().min() == days[4]  # ... which is the cut session's date: not a date cut
+    inside = pl.col("trading_day").is_in(pl.Series(fold.train_days, dtype=pl.Date).implode())
+    perturbed = df.with_columns(
+        pl.when(inside).then(pl.col(name)).otherwise(pl.col(name) * 1e3 + 7.0).alias(name)
+        for name in FEATURES
+    )
+    for split in ("train", "validation", "train_full"):
+        assert select_rows(df, fold, split).equals(select_rows(perturbed, fold, split))
+    assert FeatureNormalizer().fit(select_rows(df, fold, "train"), FEATURES).state_dict() == (
+        FeatureNormalizer().fit(select_rows(perturbed, fold, "train"), FEATURES).state_dict()
+    )
+    # the uncapped window does see the perturbed early days: the test above can fail
+    uncapped = make_fold_plan(days, _config(scheme="expanding", embargo_bars=2)).folds[1]
+    assert not select_rows(df, uncapped, "train").equals(select_rows(perturbed, uncapped, "train"))
+
+
 def test_embargo_is_per_instrument_and_independent_of_row_order() -> None:
     days = _calendar(12)
     cfg = _config(embargo_bars=3)
@@ -349,6 +420,9 @@ def _section(**overrides: object) -> dict:
             r"folds.embargo_bars must be at least the longest feature lookback \(30 bars\)",
         ),
         ({"trian_days": 3}, "folds.trian_days is not a fold setting"),
+        ({"max_train_days": 19}, r"folds.max_train_days must be null or at least folds.train_days=20"),
+        ({"max_train_days": 0}, "folds.max_train_days must be null or a positive integer, got 0"),
+        ({"max_train_days": "250"}, "folds.max_train_days must be null or a positive integer, got '250'"),
     ],
 )
 def test_from_config_errors_name_the_key(overrides: dict, message: str) -> None:
@@ -390,10 +464,21 @@ def test_save_load_round_trip_is_atomic_and_self_describing(tmp_path: Path) -> N
     assert data["n_folds"] == 3 and data["n_trading_days"] == 12
     assert data["folds"][2]["test"]["last_day"] == plan.trading_days[-1].isoformat()
     assert data["tuning"]["validation"]["n_days"] == 1
+    assert data["config"]["max_train_days"] is data["max_train_days"] is None
     # every fold carries its own tuning window (nested tuning), ending right before its first test day
     for fold, entry in zip(plan.folds, data["folds"], strict=True):
         assert entry["tuning"]["last_day"] == fold.tuning.last_day.isoformat()
         assert entry["tuning"]["day_index"][1] == entry["test"]["day_index"][0]
+    # the cap is recorded, round-trips, and a hand-edited cap that disagrees with the windows is refused
+    capped = make_fold_plan(_calendar(16), _config(scheme="expanding", max_train_days=7))
+    capped.save(path)
+    data = json.loads(path.read_text())
+    assert data["config"]["max_train_days"] == data["max_train_days"] == 7
+    assert [entry["train"]["n_days"] for entry in data["folds"]] == [7, 7, 7]
+    assert FoldPlan.load(path) == capped
+    data["config"]["max_train_days"] = None
+    with pytest.raises(FoldError, match="windows differ from the plan"):
+        FoldPlan.from_json(data)
 
 
 def test_load_errors_are_one_line(tmp_path: Path) -> None:

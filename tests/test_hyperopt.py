@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import multiprocessing
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +15,13 @@ import pytest
 
 from gpu_utils import NonFiniteError
 from marketrl.agents import dqn, ppo
-from marketrl.settings.config import validate_config
+from marketrl.settings.config import ConfigError, validate_config
 from marketrl.splits.folds import FoldConfig, make_fold_plan
 from marketrl.training.hyperopt import (
     INTERRUPTED,
     OWNER,
     HyperoptError,
+    check_fixed,
     claim_trial,
     counted_trials,
     load_study,
@@ -27,6 +29,7 @@ from marketrl.training.hyperopt import (
     write_study_summary,
 )
 from marketrl.training.train import HparamsError, load_hparams
+from marketrl.workflow.stages import stage_config
 
 
 def make_config(n_trials: int = 6, workers: int = 1) -> dict:
@@ -182,13 +185,11 @@ def test_batch_choices_respect_hardware_bounds() -> None:
     assert seen <= {64, 128}
 
 
-def test_summary_json_carries_best_params_and_every_trial(tmp_path: Path) -> None:
-    config = make_config(n_trials=5)
-    study = load_study(config, "dqn", 0, tmp_path / "results")
-    work_on_study(study, "dqn", 5, quadratic, tmp_path / "results")
+def summarize_dqn_study(tmp_path: Path, config: dict) -> dict:
+    """write_study_summary of the dqn study under tmp_path/results, its five trials run by one worker."""
     worker = tmp_path / "results/hyperopt/dqn/worker_0.json"
     worker.write_text(json.dumps({"trials_run": list(range(5)), "precision": {"mode": "fp32"}}))
-    summary = write_study_summary(
+    return write_study_summary(
         model="dqn",
         worker_summaries=[str(worker)],
         folds_path=write_fold_plan(tmp_path / "folds.json"),
@@ -196,6 +197,13 @@ def test_summary_json_carries_best_params_and_every_trial(tmp_path: Path) -> Non
         out_path=str(tmp_path / "results/hyperopt/dqn.json"),
         results_dir=tmp_path / "results",
     )
+
+
+def test_summary_json_carries_best_params_and_every_trial(tmp_path: Path) -> None:
+    config = make_config(n_trials=5)
+    study = load_study(config, "dqn", 0, tmp_path / "results")
+    work_on_study(study, "dqn", 5, quadratic, tmp_path / "results")
+    summary = summarize_dqn_study(tmp_path, config)
     assert summary["tuning_window"]["first_day"] == "2024-01-01"
     assert summary["n_trials"] == 5 == len(summary["trials"]) == len(summary["trial_sharpe_daily"])
     assert summary["best_value"] == max(t["value"] for t in summary["trials"])
@@ -271,3 +279,65 @@ def test_postgres_url_without_the_driver_says_which_extra_to_install(monkeypatch
     message = str(excinfo.value)
     assert message.startswith("config key 'hyperopt.storage': postgresql://ana@db.invalid:5432/optuna needs")
     assert "'.[postgres]'" in message and "s3cret" not in message and "\n" not in message
+
+
+def two_params(trial: optuna.Trial) -> float:
+    x = trial.suggest_float("x", -2.0, 2.0)
+    width = trial.suggest_categorical("width", [16, 32, 64])
+    trial.set_user_attr("val_sharpe_daily", -(x**2) / 16.0)
+    return -(x**2) + width / 1000.0
+
+
+def test_fixed_parameters_are_pinned_in_every_trial_and_the_summary(tmp_path: Path) -> None:
+    """hyperopt.fixed pins a parameter in every trial (also after the per-slot reseeding), the others are still
+    searched, and the summary's best parameters and `fixed_params` carry it."""
+    config = validate_config({"hyperopt": {"n_trials": 5, "fixed": {"dqn": {"width": 32}}}, "seed": 5})
+    study = load_study(config, "dqn", 0, tmp_path / "results")
+    work_on_study(study, "dqn", 5, two_params, tmp_path / "results", seed=11, fixed={"width": 32})
+    assert [t.params["width"] for t in study.trials] == [32] * 5
+    assert len({t.params["x"] for t in study.trials}) == 5  # x still searched
+    free = load_study(make_config(n_trials=5), "dqn", 0, tmp_path / "free")
+    work_on_study(free, "dqn", 5, two_params, tmp_path / "free", seed=11)
+    # without the pin the same slots draw other widths
+    assert {t.params["width"] for t in free.trials} != {32}
+    summary = summarize_dqn_study(tmp_path, config)
+    assert summary["best_params"]["width"] == 32 and summary["fixed_params"] == {"width": 32}
+
+
+@pytest.mark.parametrize(
+    ("fixed", "message"),
+    [
+        ({"hidden": 64}, "'hyperopt.fixed.dqn.hidden': not a parameter of dqn's search"),
+        (
+            {"hidden_dim_base": 512},
+            "'hyperopt.fixed.dqn.hidden_dim_base': 512 is outside dqn's search (one of 64",
+        ),
+        (
+            {"learning_rate": 0.01},
+            "'hyperopt.fixed.dqn.learning_rate': 0.01 is outside dqn's search (1e-05 … 0.0001)",
+        ),
+        ({"gradient_steps": True}, "'hyperopt.fixed.dqn.gradient_steps': True is outside"),
+    ],
+)
+def test_fixed_parameters_outside_the_search_are_config_errors(fixed: dict, message: str) -> None:
+    """A pinned name the model does not search, or a value outside its range or choices, is one line naming the
+    key; values inside pass (4 among gradient_steps' choices, a float inside the learning-rate range)."""
+    space = lambda trial: dqn.search_space(trial, (64, 512))  # noqa: E731
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_fixed(space, fixed, "dqn")
+    check_fixed(space, {"gradient_steps": 4, "learning_rate": 3e-5, "reward_scale": 1.0}, "dqn")
+
+
+def test_fixed_parameters_of_an_unknown_model_are_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=re.escape("'hyperopt.fixed.dqm': unknown model 'dqm'")):
+        validate_config({"hyperopt": {"fixed": {"dqm": {"gamma": 0.8}}}})
+
+
+def test_a_models_fixed_parameters_are_in_its_own_jobs_params_only() -> None:
+    """Pinning DQN's parameters changes DQN's hyperopt jobs' params (so they rerun) and no other model's."""
+    base = validate_config({})
+    pinned = validate_config({"hyperopt": {"fixed": {"dqn": {"gradient_steps": 4}}}})
+    for stage in ("hyperopt_worker", "hyperopt_best"):
+        assert stage_config(base, stage, model="ppo") == stage_config(pinned, stage, model="ppo")
+        assert stage_config(base, stage, model="dqn") != stage_config(pinned, stage, model="dqn")
+        assert stage_config(pinned, stage, model="dqn")["hyperopt"]["fixed"] == {"dqn": {"gradient_steps": 4}}

@@ -155,8 +155,8 @@ def test_evaluation_jobs_load_only_what_they_use() -> None:
 
 
 def test_features_job_never_imports_torch(tmp_path: Path) -> None:
-    """The features jobs (one per input file, ~37 in make run) decode and write Parquet: neither the job script's
-    imports nor building a feature table may load torch (~3 CPU-s of import per job; issue 24)."""
+    """The features jobs (one per batch of input files, features.batch) decode and write Parquet: neither the job
+    script's imports nor building a feature table may load torch (~3 CPU-s of import per job; issue 24)."""
     from marketrl.data.dbn_writer import encode_dbn, write_dbn
     from tests.support.job_scripts import script_imports
     from tests.support.synthetic import ohlcv_messages, random_walk_bars
@@ -168,13 +168,13 @@ def test_features_job_never_imports_torch(tmp_path: Path) -> None:
         encode_dbn(ohlcv_messages(bars), schema="ohlcv-1m", start_ns=start, end_ns=end, symbols={"ESH4": 7}),
     )
     imports = script_imports("features")  # what bench/speed/job_imports.py times
-    assert any("build_feature_file" in line for line in imports)  # the probe runs what the job imports
+    assert any("build_feature_batch" in line for line in imports)  # the probe runs what the job imports
     probe = "\n".join(
         [
             "import sys",
             *imports,
             "after_imports = 'torch' in sys.modules",
-            f"build_feature_file(Path({str(src)!r}), Path({str(tmp_path / 'es.parquet')!r}))",
+            f"build_feature_batch([FeatureJob(Path({str(src)!r}), Path({str(tmp_path / 'es.parquet')!r}))])",
             "print(after_imports, 'torch' in sys.modules)",
         ]
     )

@@ -38,8 +38,18 @@ def test_every_expected_file_exists(shared_run: Path) -> None:
     assert missing == []
     leftovers = [str(p) for p in (shared_run / "results").rglob("*.tmp*")]
     assert leftovers == []  # atomic writes leave no temp files behind
-    assert len(list((shared_run / "results" / "logs").rglob("*.log"))) >= 20
-    assert len(list((shared_run / "results" / "benchmarks").rglob("*.tsv"))) >= 20
+    # one log and one benchmark per job: a features batch's, every train and evaluate job's
+    batches = list(pipeline.feature_batches(config))
+    job_files = [f"features/{batch}" for batch in batches]
+    job_files += [
+        f"{stage}/{model}/fold_{fold}"
+        for stage in ("train", "evaluate")
+        for model in config["training"]["models"]
+        for fold in pipeline.fold_indices(config)
+    ]
+    for name in job_files:
+        assert (shared_run / "results" / "logs" / f"{name}.log").is_file(), name
+        assert (shared_run / "results" / "benchmarks" / f"{name}.tsv").is_file(), name
 
 
 def test_feature_tables_follow_the_contract(shared_run: Path) -> None:

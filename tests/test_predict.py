@@ -1,8 +1,9 @@
 """The predict stage (docs/PREDICT.md): a finished run's models applied to new DBN files.
 
-One cheap finished run (one fold, dqn and linear, two seeds, up to the evaluation outputs) is shared by the
-module. A "held-back" file holding exactly the fold's test days (re-encoded from the run's own demo files) must
-give, seed by seed and bar by bar, the positions and PnL that evaluation gave on the same bars; a file of training
+One cheap finished run (one fold, dqn and linear, two seeds, up to the evaluation outputs; quote-aware fills at
+the demo's bbo-1m quotes) is shared by the module. A "held-back" file holding exactly the fold's test days
+(re-encoded from the run's own demo files) must give, seed by seed and bar by bar, the positions and PnL that
+evaluation gave on the same bars, its fills paired with the same quotes; a file of training
 days (look-ahead) and one of another instrument fail in one line; a changed predict.files plans only predict jobs.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import databento_dbn as dbn
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
@@ -23,6 +25,8 @@ import yaml
 import zstandard
 
 from marketrl.data.dbn_writer import MappingInterval, SymbolMapping, encode_dbn, write_dbn
+from marketrl.data.quotes import QUOTE_COLUMNS
+from marketrl.env import EnvConfig, MarketData, evaluate_positions
 from marketrl.evaluation.predict import (
     ENSEMBLE,
     PredictInputError,
@@ -33,14 +37,18 @@ from marketrl.evaluation.predict import (
     read_provenance,
     with_stand_in_bars,
 )
+from marketrl.instruments.costs import costs_from_config
 from marketrl.settings import paths
 from marketrl.settings.config import ConfigError, validate_config
+from marketrl.splits.datasets import feature_names_of
 from marketrl.splits.folds import FoldPlan
+from marketrl.splits.normalize import FeatureNormalizer
 from tests.faults.pipeline import fast_tiny_config, new_workdir, snakemake_command
 from tests.test_workflow import job_counts
 
 MODELS = ["dqn", "linear"]
-CONFIG = fast_tiny_config(training={"models": MODELS, "seeds": 2})
+# quote-aware fills (the demo's bbo-1m quotes): predict pairs a new file with its days' quotes as training did
+CONFIG = fast_tiny_config(training={"models": MODELS, "seeds": 2}, data={"quotes": "demo"})
 
 
 def run(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -139,6 +147,8 @@ def test_held_back_file_gives_evaluations_positions(finished: Path, held_back: P
             member = table.filter(pl.col("member") == f"seed_{seed}")
             predicted = member.filter(~pl.col("pending")).select(evaluated.columns)
             assert predicted.height > 0 and predicted.equals(evaluated), model
+            # ...fills included: the same quotes' half-spreads, the same fallbacks, the same costs
+            assert evaluated["quote_fallback"].null_count() == 0  # evaluation filled at the demo's quotes
             # the file's last bar of each symbol: one pending decision, after evaluation's last row
             pending = member.filter(pl.col("pending"))
             assert sorted(pending["symbol"].to_list()) == sorted(evaluated["symbol"].unique().to_list())
@@ -150,6 +160,7 @@ def test_held_back_file_gives_evaluations_positions(finished: Path, held_back: P
         assert provenance["fold"] == 0 and len(provenance["checkpoints"]) == len(seeds)
         assert provenance["features"]["source_file"] == held_back.name
         assert provenance["costs"]["kind"]
+    _same_fills_as_evaluation(finished)
     # A changed predict.files plans predict jobs only (the rest of the run is untouched).
     other = finished / "again"
     other.mkdir()
@@ -161,6 +172,37 @@ def test_held_back_file_gives_evaluations_positions(finished: Path, held_back: P
         "predict": len(MODELS),
         "predict_all": 1,
     }
+
+
+def _same_fills_as_evaluation(finished: Path) -> None:
+    """The held-back file's feature table carries the quotes the training tables carry on the same bars, so a
+    trader who trades at every bar pays the same spreads and costs in predict as in evaluation (the models above
+    may stay flat under their gate)."""
+    keys = ["instrument_id", "ts_event"]  # MarketData's row order
+    new = pl.read_parquet(finished / paths.PREDICT_FEATURES.format(stem="held-back.ohlcv-1m")).sort(keys)
+    assert (
+        pq.read_schema(finished / paths.PREDICT_FEATURES.format(stem="held-back.ohlcv-1m")).metadata[
+            b"marketrl.quotes"
+        ]
+        != b"null"
+    )
+    tables = pl.concat(
+        [pl.read_parquet(p) for p in sorted((finished / "results/features").glob("*.parquet"))]
+    )
+    same_bars = tables.join(new.select(keys), on=keys, how="semi").sort(keys)
+    assert same_bars.height == new.height > 0
+    assert new.select(*keys, *QUOTE_COLUMNS).equals(same_bars.select(*keys, *QUOTE_COLUMNS))
+    config = validate_config(CONFIG)
+    costs = costs_from_config(config["costs"])
+    fills = []
+    for frame in (new, same_bars):
+        names = feature_names_of(frame)
+        data = MarketData.from_frame(frame, names, FeatureNormalizer().fit(frame, names), costs)
+        flipping = (np.arange(data.n_rows) % 2 * 2 - 1).astype(np.float32)  # long, short, long, ...
+        bars = evaluate_positions(data, flipping, EnvConfig(fill=config["env"]["fill"]))
+        fills.append(bars.select("traded", "half_spread_ticks", "quote_fallback", "cost"))
+    assert fills[0].equals(fills[1])
+    assert fills[0]["cost"].sum() > 0 and (fills[0]["half_spread_ticks"] > 0.5).any()  # the quotes' spreads
 
 
 @pytest.mark.slow
@@ -321,14 +363,17 @@ def test_predict_files_glob_matching_nothing_fails_at_parse(tmp_path: Path) -> N
     assert "Traceback" not in result.stderr
 
 
-def _table(path: Path, schema: str, bar_size: str, symbols: list[str], day: dt.date) -> pl.DataFrame:
-    """A minimal feature table with the metadata the features stage writes."""
+def _table(
+    path: Path, schema: str, bar_size: str, symbols: list[str], day: dt.date, **extra: str
+) -> pl.DataFrame:
+    """A minimal feature table with the metadata the features stage writes (``extra``: more of it)."""
     rows = pl.DataFrame({"trading_day": [day] * len(symbols), "symbol": symbols})
     metadata = {
         "marketrl.source_file": "new.dbn.zst",
         "marketrl.dataset": "GLBX.MDP3",
         "marketrl.schema": schema,
         "marketrl.bar_size": bar_size,
+        **{f"marketrl.{key}": value for key, value in extra.items()},
     }
     pq.write_table(rows.to_arrow().replace_schema_metadata(metadata), path)
     return rows
@@ -359,6 +404,37 @@ def test_check_new_file_names_the_file_and_what_the_model_was_trained_on(tmp_pat
         check_new_file(path, _table(path, "ohlcv-1m", "1m", ["ESM4"], dt.date(2024, 3, 12)), trained, "dqn")
     with pytest.raises(PredictInputError, match=r"no feature rows to predict"):
         check_new_file(path, _table(path, "ohlcv-1m", "1m", [], dt.date(2024, 3, 13)), trained, "dqn")
+
+
+def test_check_new_file_wants_quotes_where_evaluation_had_them(tmp_path: Path) -> None:
+    quoted = TrainedOn(
+        {"dataset": "GLBX.MDP3", "schema": "ohlcv-1m", "bar_size": "1m", "quotes": '["a.bbo-1s.dbn.zst"]'},
+        ("ES",),
+        dt.date(2024, 3, 12),
+        0,
+    )
+    path, day = tmp_path / "new.parquet", dt.date(2024, 3, 13)
+    check_new_file(
+        path, _table(path, "ohlcv-1m", "1m", ["ESM4"], day, quotes='["b.bbo-1s.dbn.zst"]'), quoted, "dqn"
+    )
+    for metadata in ({}, {"quotes": "null"}):
+        with pytest.raises(
+            PredictInputError,
+            match=r"^new.dbn.zst: has no quotes, the dqn models of fold 0 were evaluated with quote-aware fills",
+        ):
+            check_new_file(path, _table(path, "ohlcv-1m", "1m", ["ESM4"], day, **metadata), quoted, "dqn")
+    with pytest.raises(
+        PredictInputError, match=r"^new.dbn.zst: quotes joined with env.fill_delay 2, .* with 0$"
+    ):
+        table = _table(path, "ohlcv-1m", "1m", ["ESM4"], day, quotes='["b.bbo-1s.dbn.zst"]', fill_delay="2")
+        check_new_file(path, table, quoted, "dqn")
+    unquoted = TrainedOn({**quoted.data, "quotes": "null"}, ("ES",), dt.date(2024, 3, 12), 0)
+    with pytest.raises(
+        PredictInputError, match=r"carries quotes, .* were evaluated without quote-aware fills"
+    ):
+        check_new_file(
+            path, _table(path, "ohlcv-1m", "1m", ["ESM4"], day, quotes='"mbp-1 book"'), unquoted, "dqn"
+        )
 
 
 def test_default_models_are_the_reports_winners_else_all(tmp_path: Path) -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-import databento_dbn as dbn
 import numpy as np
 import polars as pl
 import pytest
 
-from marketrl.data.dbn_writer import PRICE_SCALE, PUBLISHER_ID, encode_dbn, write_dbn
+from marketrl.data.dbn_writer import encode_dbn, write_dbn
 from marketrl.data.quotes import QUOTE_COLUMNS, load_quotes, quotes_at_bars, read_quotes
 from marketrl.data.reader import DataFileError, read_bars
 from marketrl.env import EnvConfig, MarketData
@@ -20,7 +19,7 @@ from marketrl.env.rollout import evaluate_positions, fill_columns, position_resu
 from marketrl.instruments.costs import CostModel
 from marketrl.settings.config import ConfigError
 from marketrl.workflow import pipeline
-from tests.support.synthetic import ohlcv_messages
+from tests.support.synthetic import bbo_message, ohlcv_messages
 
 SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dbn-samples" / "nautilus_trader"
 BBO_1M = SAMPLES / "options_catalog/databento/futures_bbo-1m_2024-05-09T09-55_2024-05-09T10-05.dbn.zst"
@@ -195,28 +194,11 @@ def test_the_join_keeps_instruments_apart_and_ignores_stale_quotes() -> None:
 # ------------------------------------------------------------------------------------------- quote files
 
 
-def _bbo(instrument_id: int, ts_recv: int, bid: float, ask: float) -> dbn.BBOMsg:
-    return dbn.BBOMsg(
-        dbn.RType.BBO_1M,
-        PUBLISHER_ID,
-        instrument_id,
-        ts_recv - 1000,
-        round(bid * PRICE_SCALE),
-        1,
-        dbn.Side.NONE,
-        ts_recv,
-        flags=130,
-        levels=dbn.BidAskPair(
-            bid_px=round(bid * PRICE_SCALE), ask_px=round(ask * PRICE_SCALE), bid_sz=5, ask_sz=5
-        ),
-    )
-
-
 def _quote_file(
     path: Path, quotes: list[tuple[int, float, float]], symbol: str = "ESM4", iid: int = 5602
 ) -> Path:
     day = T0 // (86_400 * 10**9) * 86_400 * 10**9
-    messages = [_bbo(iid, ts, bid, ask) for ts, bid, ask in quotes]
+    messages = [bbo_message(ts, bid, ask, instrument_id=iid) for ts, bid, ask in quotes]
     data = encode_dbn(
         messages, schema="bbo-1m", start_ns=day, end_ns=day + 86_400 * 10**9, symbols={symbol: iid}
     )
@@ -292,7 +274,7 @@ def test_a_quote_file_without_its_bars_is_a_config_error_naming_it(tmp_path: Pat
     stray = tmp_path / "quotes" / "b.bbo-1m.dbn.zst"
     next_week = T0 + 7 * 86_400 * 10**9
     data = encode_dbn(
-        [_bbo(5602, next_week, 5000.0, 5000.25)],
+        [bbo_message(next_week, 5000.0, 5000.25, instrument_id=5602)],
         schema="bbo-1m",
         start_ns=next_week - MINUTE,
         end_ns=next_week + MINUTE,
@@ -347,3 +329,96 @@ def test_a_real_mbp_1_sample_decodes_as_quotes() -> None:
     frame = quotes.quotes
     assert frame.height > 2000 and (frame["bid_px"] <= frame["ask_px"]).all()
     assert frame["quote_ts"].is_sorted()
+
+
+def test_a_new_file_pairs_with_its_days_quotes_or_fails_naming_it(tmp_path: Path) -> None:
+    """predict.files: a new file's quotes are paired as a training file's are; quote files of its days are no
+    stray files for the training pairing; a new file with no quote file of its span fails in one line."""
+    for folder in ("bars", "quotes", "new"):
+        (tmp_path / folder).mkdir()
+    _bar_file(tmp_path / "bars" / "es.ohlcv-1m.dbn.zst")
+    own = _quote_file(tmp_path / "quotes" / "a.bbo-1m.dbn.zst", [(T0 + MINUTE, 5000.0, 5000.25)])
+    week = 7 * 86_400 * 10**9
+    new_bars = pl.DataFrame(
+        {
+            "ts_event": T0 + week + np.arange(5) * MINUTE,
+            "instrument_id": [5602] * 5,
+            "open": [5000.0] * 5,
+            "high": [5000.5] * 5,
+            "low": [4999.75] * 5,
+            "close": [5000.25] * 5,
+            "volume": [10] * 5,
+        }
+    )
+    new = tmp_path / "new" / "later.ohlcv-1m.dbn.zst"
+    write_dbn(
+        new,
+        encode_dbn(
+            ohlcv_messages(new_bars),
+            schema="ohlcv-1m",
+            start_ns=T0 + week,
+            end_ns=T0 + week + 5 * MINUTE,
+            symbols={"ESM4": 5602},
+        ),
+    )
+    config = {
+        "data": {
+            "source": "files",
+            "files": str(tmp_path / "bars" / "*.dbn.zst"),
+            "quotes": str(tmp_path / "quotes" / "*.dbn.zst"),
+            "on_bad_file": "error",
+        },
+        "predict": {"files": str(tmp_path / "new" / "*.dbn.zst")},
+    }
+    with pytest.raises(
+        ConfigError, match=r"no quote file covers the span of the new file .*later\.ohlcv-1m"
+    ) as err:
+        pipeline.predict_quote_inputs(config, "later.ohlcv-1m")
+    assert "\n" not in str(err.value)
+    later = tmp_path / "quotes" / "later.bbo-1m.dbn.zst"
+    write_dbn(
+        later,
+        encode_dbn(
+            [bbo_message(T0 + week + MINUTE, 5000.0, 5000.25, instrument_id=5602)],
+            schema="bbo-1m",
+            start_ns=T0 + week,
+            end_ns=T0 + week + 5 * MINUTE,
+            symbols={"ESM4": 5602},
+        ),
+    )
+    assert pipeline.predict_quote_inputs(config, "later.ohlcv-1m") == [str(later)]
+    assert pipeline.quote_inputs(config) == {"es.ohlcv-1m": [str(own)]}  # the new file's: no stray file
+    no_quotes = {**config, "data": {**config["data"], "quotes": ""}}
+    assert pipeline.predict_quote_inputs(no_quotes, "later.ohlcv-1m") == []
+
+
+def test_a_file_of_several_days_takes_a_later_contracts_quotes_from_a_later_days_file(tmp_path: Path) -> None:
+    """A new file spanning a roll (predict.files): the next contract's bars come after the first day, and so do
+    its quotes; one quoted in none of the files its span overlaps is still an error naming the quote file."""
+    day = 86_400 * 10**9
+    bars = pl.DataFrame(
+        {
+            "ts_event": pl.Series([T0, T0 + MINUTE, T0 + day, T0 + day + MINUTE]).cast(
+                pl.Datetime("ns", "UTC")
+            ),
+            "instrument_id": pl.Series([5602, 5602, 17077, 17077], dtype=pl.UInt32),
+            "symbol": ["ES.c.0"] * 4,
+        }
+    )
+    first = _quote_file(tmp_path / "d1.bbo-1m.dbn.zst", [(T0 + MINUTE, 5000.0, 5000.25)])
+    start = T0 // day * day + day
+    second = tmp_path / "d2.bbo-1m.dbn.zst"
+    write_dbn(
+        second,
+        encode_dbn(
+            [bbo_message(T0 + day + MINUTE, 5050.0, 5050.25, instrument_id=17077)],
+            schema="bbo-1m",
+            start_ns=start,
+            end_ns=start + day,
+            symbols={"ESM4": 17077},
+        ),
+    )
+    joined = quotes_at_bars(bars, load_quotes([first, second], bars, Path("new.dbn.zst"), MINUTE), MINUTE)
+    assert joined["bid_px"].to_list() == [5000.0, 5000.0, 5050.0, 5050.0]
+    with pytest.raises(DataFileError, match=r"d1\.bbo-1m\.dbn\.zst: no quote of ES\.c\.0 \(17077\)"):
+        load_quotes([first], bars, Path("new.dbn.zst"), MINUTE)

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from marketrl.settings.config import validate_config
 from marketrl.training.hyperopt import INTERRUPTED, SLOT
+from marketrl.workflow import pipeline
 from tests.faults.pipeline import (
     KillableRun,
     baseline_run,
@@ -69,10 +71,12 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     results = workdir / "results"
     seen: dict = {"workdir": workdir, "damaged": {}}
 
-    # One feature job is held with its table written but not yet renamed into place; another has finished.
+    # The features job (one per month, features.batch: the tiny data are one month) is held with its second table
+    # written but not yet renamed into place; its first table has been finished.
+    second = list(pipeline.raw_data_files(validate_config(fast_tiny_config())))[1]
     seen["damaged"]["features"] = _kill_held(
         workdir,
-        "atomic_write_before_rename:*/features/*.parquet",
+        f"atomic_write_before_rename:*/features/{second}.parquet",
         "a feature table being written",
         also=lambda: bool(_feature_tables(results)),
         first=True,

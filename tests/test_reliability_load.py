@@ -64,10 +64,11 @@ def test_many_small_jobs_complete_without_lock_errors() -> None:
     assert counts["train"] == counts["evaluate"] == 2 * 2 * 1
     assert counts["hyperopt_worker"] == 4 and counts["baselines"] == 2
     logs = [p.read_text(errors="replace") for p in (workdir / "results" / "logs").rglob("*.log")]
-    # one log per job: 25 = 6 feature tables (5 sessions in 6 UTC-day files: the Sunday file opens Monday's)
-    # + manifest, folds, 2 x (2 hyperopt workers + best), 4 train, 4 evaluate, 2 baselines, report
-    assert counts["features"] == 6
-    assert len(logs) == sum(n for rule, n in counts.items() if rule != "all") == 25
+    # one log per job: 20 = one features batch (features.batch: month; its 6 UTC-day files hold 5 sessions, the
+    # Sunday file opens Monday's) + manifest, folds, 2 x (2 hyperopt workers + best), 4 train, 4 evaluate,
+    # 2 baselines, report
+    assert counts["features"] == 1
+    assert len(logs) == sum(n for rule, n in counts.items() if rule != "all") == 20
     troubled = [text for text in [output, *logs] if LOCK_TROUBLE.search(text)]
     assert troubled == []
     assert not any("Traceback" in text or "marketrl error" in text for text in logs)

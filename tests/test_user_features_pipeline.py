@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from marketrl.features import CATALOG
+from marketrl.settings.config import validate_config
 from marketrl.workflow import pipeline
 from tests.conftest import REPO_ROOT
 from tests.test_dag_cache import planned_jobs
@@ -90,7 +91,7 @@ def test_editing_the_file_reruns_the_features_and_everything_after(finished: Pat
         planned = planned_jobs(finished)
     finally:
         user.write_text(original)
-    config = _config(user="my_features.py")
     assert planned["user_features_audit"] == 1
-    assert planned["features"] == len(pipeline.demo_files(config))
+    # every features batch (the user file only adds columns: the batches are those of the config without it)
+    assert planned["features"] == len(pipeline.feature_batches(validate_config(_config())))
     assert {"feature_manifest", "folds", "train", "evaluate", "baselines", "report"} <= set(planned)

@@ -33,12 +33,12 @@ def snakemake(*args: str, cwd: Path, timeout: int = 300) -> subprocess.Completed
 
 
 def job_counts(output: str) -> dict[str, int]:
-    """The 'Job stats' table of a dry-run, as {rule: count}; a ``*_once`` rule (the one-run variant of a
-    model x fold rule, for a deterministic model) counts as its base rule."""
+    """The 'Job stats' table of a dry-run, as {stage: count} (pipeline.rule_stage: a ``*_once`` rule, the one-run
+    variant of a model x fold rule, counts as its base rule, and a batch's features rule as ``features``)."""
     table = output.split("Job stats:")[1].split("total")[0]
     counts: dict[str, int] = {}
     for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE):
-        rule = m.group(1).removesuffix("_once")
+        rule = pipeline.rule_stage(m.group(1))
         counts[rule] = counts.get(rule, 0) + int(m.group(2))
     return counts
 
@@ -60,10 +60,12 @@ def test_full_dag_dry_run_default_config(tmp_path: Path) -> None:
     # one train and one evaluate job per model x fold, whatever the seeds (they run as one batch)
     n_models = len(config["training"]["models"]) * config["folds"]["n"]
     assert counts["demo_data"] == 1
-    # one feature job per UTC-day file: every session's weekday file plus a Sunday file per weekend crossed
+    # one feature job per calendar month (features.batch: month) of the UTC-day files: every session's weekday
+    # file plus a Sunday file per weekend crossed
     demo = config["data"]["demo"]
-    assert counts["features"] == len(demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"]))
-    assert counts["features"] > demo["days"]
+    days = demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"])
+    assert config["features"]["batch"] == "month" and len(days) > demo["days"]
+    assert counts["features"] == len({(d.year, d.month) for d in days}) > 1
     assert counts["train"] == n_models
     assert counts["evaluate"] == n_models  # one evaluation job scores every seed of a model x fold
     assert counts["baselines"] == config["folds"]["n"]
@@ -104,9 +106,10 @@ def test_one_seeds_evaluation_target_runs_its_model_and_folds_evaluation(
     assert "report" not in counts and "baselines" not in counts
 
 
-def test_a_features_job_gets_the_files_before_it_as_context_inputs(tmp_path: Path) -> None:
-    # Monday 2024-03-11 of the tiny demo: its features job may read Thursday, Friday and the Sunday file
-    # (pipeline.CONTEXT_FILES) besides its own; the first file has only its own.
+def test_a_features_batch_job_writes_its_months_tables_from_its_files(tmp_path: Path) -> None:
+    # features.batch: month. The tiny demo's files are all of March 2024: asking for two of its tables plans the
+    # one job of the month, which reads every file (each file's context, the pipeline.CONTEXT_FILES before it,
+    # is among them: tests/test_features_batch.py) and writes every table.
     config = validate_config(yaml.safe_load(TINY.read_text()))
     files = pipeline.raw_data_files(config)
     stems = list(files)
@@ -116,9 +119,10 @@ def test_a_features_job_gets_the_files_before_it_as_context_inputs(tmp_path: Pat
     result = snakemake("-n", *targets, cwd=workdir_with_config(tmp_path, TINY))
     assert result.returncode == 0, result.stderr[-2000:]
     listed = result.stdout + result.stderr
-    jobs = re.findall(r"rule features:\n\s+input: (.*)\n\s+output: results/features/(.*)\.parquet", listed)
-    inputs = {stem: line.split(", ") for line, stem in jobs}
-    assert inputs == {monday: [files[s] for s in [monday, *stems[:3]]], first: [files[first]]}
+    jobs = re.findall(r"rule (features_\w+):\n\s+input: (.*)\n\s+output: (.*)\n", listed)
+    assert [(rule, set(inputs.split(", ")), outputs.split(", ")) for rule, inputs, outputs in jobs] == [
+        ("features_2024_03", set(files.values()), [paths.FEATURES.format(stem=stem) for stem in stems])
+    ]
 
 
 # Config errors: rules/common.smk's parse-time checks, run in process (tests/support/dag_parse.py). The one real

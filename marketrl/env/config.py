@@ -28,6 +28,11 @@ class EnvDataError(ValueError):
     """The feature table cannot feed the environment (missing columns, bad order, bad prices, no episodes)."""
 
 
+#: `env` keys applied when the feature tables are built, not by the env: env.fill_delay moves the quotes a fill
+#: reads (marketrl.data.quotes), so the table's quote columns already hold them.
+BUILD_TIME_KEYS = ("fill_delay",)
+
+
 @dataclass(frozen=True)
 class EnvConfig:
     """Environment settings (`env.*` in config.yaml).
@@ -58,12 +63,13 @@ class EnvConfig:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> EnvConfig:
-        """Build from the `env` config mapping; `max_gap` accepts '90m', '6h', '2d', seconds or null."""
-        known = {item.name for item in fields(cls)}
+        """Build from the `env` config mapping; `max_gap` accepts '90m', '6h', '2d', seconds or null. The keys of
+        `BUILD_TIME_KEYS` are accepted and left to the feature tables."""
+        known = {item.name for item in fields(cls)} | set(BUILD_TIME_KEYS)
         unknown = sorted(set(config) - known)
         if unknown:
             raise EnvConfigError(f"env.{unknown[0]}: unknown key (allowed: {', '.join(sorted(known))})")
-        values = dict(config)
+        values = {key: value for key, value in config.items() if key not in BUILD_TIME_KEYS}
         if "max_gap" in values:
             values["max_gap"] = parse_duration(values["max_gap"], key="env.max_gap")
         return cls(**values)

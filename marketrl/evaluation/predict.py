@@ -54,6 +54,8 @@ _UNKNOWN_YET = ("ts_event", "trading_day", "gross_return", "cost", "net_return")
 PROVENANCE_KEY = "marketrl.predict"
 # what must agree between a new file's feature table and the training tables (their Parquet metadata)
 _DATA_KEYS = ("dataset", "schema", "bar_size")
+# ...and what the fills read (quote-aware fills: the quotes' source, null or absent without; env.fill_delay)
+_FILL_KEYS = ("quotes", "fill_delay")
 
 
 class PredictInputError(ValueError):
@@ -90,13 +92,14 @@ def trained_on(manifest_path: str | Path, folds_path: str | Path, fold: int) -> 
 def _table_data(path: str | Path) -> dict[str, str]:
     """A feature table's source file, dataset, schema and bar size (its Parquet metadata)."""
     metadata = pq.read_schema(path).metadata or {}
-    keys = ("source_file", "source_sha256", *_DATA_KEYS)
+    keys = ("source_file", "source_sha256", *_DATA_KEYS, *_FILL_KEYS)
     return {key: metadata.get(f"marketrl.{key}".encode(), b"").decode() for key in keys}
 
 
 def check_new_file(features_path: str | Path, rows: pl.DataFrame, trained: TrainedOn, model: str) -> None:
     """Raise `PredictInputError` (one line naming the file) unless `rows` may be predicted by the models of
-    `trained`: feature rows exist, same dataset/schema/bar size, known symbol roots, no training day."""
+    `trained`: feature rows exist, same dataset/schema/bar size, quotes where the training tables had them
+    (joined with the same ``env.fill_delay``), known symbol roots, no training day."""
     data = _table_data(features_path)
     source = data["source_file"] or Path(features_path).name
     if rows.is_empty():
@@ -109,6 +112,18 @@ def check_new_file(features_path: str | Path, rows: pl.DataFrame, trained: Train
         raise PredictInputError(
             f"{source}: holds {_describe(theirs)} bars, the {model} models of fold {trained.fold} were trained on "
             f"{_describe(ours)}"
+        )
+    quoted, trained_quoted = _quoted(data), _quoted(trained.data)
+    if quoted != trained_quoted:
+        raise PredictInputError(
+            f"{source}: {'carries' if quoted else 'has no'} quotes, the {model} models of fold {trained.fold} were "
+            f"evaluated with{'out' if not trained_quoted else ''} quote-aware fills (data.quotes): its costs "
+            "would not be evaluation's"
+        )
+    if data.get("fill_delay", "") != trained.data.get("fill_delay", ""):
+        raise PredictInputError(
+            f"{source}: quotes joined with env.fill_delay {data.get('fill_delay') or 0}, the {model} models of "
+            f"fold {trained.fold} with {trained.data.get('fill_delay') or 0}"
         )
     roots = sorted({symbol_root(symbol) for symbol in rows["symbol"].unique().to_list()})
     unknown = [root for root in roots if root not in trained.roots]
@@ -123,6 +138,11 @@ def check_new_file(features_path: str | Path, rows: pl.DataFrame, trained: Train
             f"{source}: starts on trading day {first_day}, on or before {trained.last_train_day}, the last "
             f"training day of fold {trained.fold}: predicting it would be look-ahead"
         )
+
+
+def _quoted(data: Mapping[str, str]) -> bool:
+    """Whether a feature table's metadata says it carries quotes (quote-aware fills)."""
+    return data.get("quotes", "") not in ("", "null")
 
 
 def _describe(data: Mapping[str, str]) -> str:

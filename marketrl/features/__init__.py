@@ -32,6 +32,8 @@ from marketrl.features.user_audit import audit_user_features
 #: that jobs which only read feature tables (evaluate, baselines) do not import it
 _BUILD_NAMES = (
     "PARQUET_ZSTD_LEVEL",
+    "FeatureJob",
+    "build_feature_batch",
     "build_feature_file",
     "feature_options",
     "resorted_note",
@@ -61,10 +63,12 @@ __all__ = [
     "MAX_LOOKBACK",
     "PARQUET_ZSTD_LEVEL",
     "FeatureChunks",
+    "FeatureJob",
     "FeatureSpec",
     "UserFeatureError",
     "UserFeatures",
     "audit_user_features",
+    "build_feature_batch",
     "build_feature_file",
     "feature_chunks",
     "feature_options",

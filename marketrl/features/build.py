@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,10 +19,20 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from marketrl.calendars.sessions import SessionCalendar
+from marketrl.data.file_order import CONTEXT_FILES
 from marketrl.data.labels import Labels, first_conflict, labels_of, odd_file
-from marketrl.data.quotes import QUOTE_COLUMNS, bar_quotes, load_quotes, quotes_at_bars
+from marketrl.data.quotes import (
+    QUOTE_COLUMNS,
+    bar_quotes,
+    check_fill_delay,
+    fill_delay_ns,
+    load_quotes,
+    quotes_at_bars,
+    read_quotes,
+)
 from marketrl.data.reader import (
     DEFAULT_MAX_PRICE_JUMP,
+    QUOTE_SCHEMAS,
     BarFile,
     DataConfigError,
     DataFileError,
@@ -42,7 +53,9 @@ __all__ = [
     "MAX_CONTEXT_GAP",
     "ON_BAD_FILE_KEY",
     "PARQUET_ZSTD_LEVEL",
+    "FeatureJob",
     "OnBadFile",
+    "build_feature_batch",
     "build_feature_file",
     "feature_options",
     "resorted_note",
@@ -178,6 +191,7 @@ def build_feature_file(
     on_bad_file: OnBadFile = "error",
     user: UserFeatures | None = None,
     quote_srcs: Sequence[Path] = (),
+    fill_delay: float = 0.0,
 ) -> dict[str, Any]:
     """Decode ``src`` once, featurize it and atomically write ``dst`` (zstd Parquet with provenance metadata).
 
@@ -198,7 +212,7 @@ def build_feature_file(
     with ``"skip"`` it yields an empty feature table whose metadata (``marketrl.skipped``, see
     ``skipped_reason``) and summary (``skipped``) say why. Every error names the file its record came from: a
     bad context file (unreadable, or bad data such as a zero price) fails this file's job naming that file with
-    ``"error"``; with ``"skip"`` only that file is skipped (in its own job), and here the context drops it and
+    ``"error"``; with ``"skip"`` only that file is skipped (as its own table), and here the context drops it and
     every file before it (a lookback across it would have a hole), with a warning. Features are computed and written in chunks of ``CHUNK_BARS`` bars, so memory
     beyond the bars stays bounded however long the file is.
 
@@ -208,31 +222,88 @@ def build_feature_file(
     Quotes (``QUOTE_COLUMNS``, for quote-aware fills; marketrl.data.quotes): from ``quote_srcs`` (``data.quotes``:
     the bbo-1s/bbo-1m/mbp-1 files paired with ``src``), or, for a quote schema (tbbo, mbp-1, mbp-10), from the
     bars' own top of book; each row gets the quote as of its bar's close and open (null where none). They are
-    not features: the observation does not see them.
+    not features: the observation does not see them. ``fill_delay`` (``env.fill_delay``, seconds, shorter than a
+    bar) moves both instants that many seconds later, so the columns hold the quote a fill meets after the
+    delay; it needs quotes at 1 s resolution or finer (bbo-1s or mbp-1 files, or the records of tbbo, mbp-1 or
+    mbp-10 bars, read from ``src`` itself), else a ``DataConfigError`` naming the key and the schema found.
     """
-    src, dst = Path(src), Path(dst)
     if on_bad_file not in ("error", "skip"):
         raise ValueError(f"{ON_BAD_FILE_KEY}: expected 'error' or 'skip', got {on_bad_file!r}")
     if prev_src is not None:
         if context_srcs:
             raise ValueError("build_feature_file: give context_srcs or prev_src, not both")
         context_srcs = [prev_src]
+    job = FeatureJob(
+        Path(src), Path(dst), tuple(Path(p) for p in context_srcs), tuple(Path(p) for p in quote_srcs)
+    )
     options = {"session": session, "max_price_jump": max_price_jump}
+    return _build_or_skip(job, bar_size, options, on_bad_file, user, _DecodedFiles(0), fill_delay)
+
+
+@dataclass(frozen=True)
+class FeatureJob:
+    """One file of a features batch: its source, its feature table, and the ``context_srcs`` and ``quote_srcs``
+    that ``build_feature_file`` takes for it."""
+
+    src: Path
+    dst: Path
+    context_srcs: tuple[Path, ...] = ()
+    quote_srcs: tuple[Path, ...] = ()
+
+
+def build_feature_batch(
+    jobs: Sequence[FeatureJob],
+    *,
+    bar_size: str = "1m",
+    session: SessionCalendar | Mapping[str, Any] | None = None,
+    max_price_jump: float = DEFAULT_MAX_PRICE_JUMP,
+    on_bad_file: OnBadFile = "error",
+    user: UserFeatures | None = None,
+    fill_delay: float = 0.0,
+) -> list[dict[str, Any]]:
+    """``build_feature_file`` for each of ``jobs`` in turn (one features job of ``features.batch``: a month of
+    files, in time order, with the same options), each table the same bytes as its own call would write;
+    returns their summaries.
+
+    The batch pays the process start-up once, and decodes each file once: the last ``CONTEXT_FILES + 1`` decoded
+    files are kept, so a file read as ``src`` is reused as the next files' context. Each table is written
+    atomically as it is done; an error (``on_bad_file="error"``, or a bug) stops the batch, and the workflow
+    removes the tables the failed job had written.
+    """
+    if on_bad_file not in ("error", "skip"):
+        raise ValueError(f"{ON_BAD_FILE_KEY}: expected 'error' or 'skip', got {on_bad_file!r}")
+    options = {"session": session, "max_price_jump": max_price_jump}
+    decoded = _DecodedFiles(CONTEXT_FILES + 1)
+    return [_build_or_skip(job, bar_size, options, on_bad_file, user, decoded, fill_delay) for job in jobs]
+
+
+def _build_or_skip(
+    job: FeatureJob,
+    bar_size: str,
+    options: dict[str, Any],
+    on_bad_file: OnBadFile,
+    user: UserFeatures | None,
+    decoded: _DecodedFiles,
+    fill_delay: float,
+) -> dict[str, Any]:
+    """One file's table, or with ``on_bad_file="skip"`` the empty table of a bad ``job.src``."""
     try:
         return _build_feature_file(
-            src,
-            dst,
+            job.src,
+            job.dst,
             bar_size,
-            [Path(p) for p in context_srcs],
+            job.context_srcs,
             options,
             on_bad_file,
             user,
-            [Path(p) for p in quote_srcs],
+            job.quote_srcs,
+            decoded,
+            fill_delay,
         )
     except DataFileError as exc:
-        if on_bad_file == "error" or exc.path != src or isinstance(exc, DataConfigError):
+        if on_bad_file == "error" or exc.path != job.src or isinstance(exc, DataConfigError):
             raise
-        return _write_skipped(src, dst, bar_size, exc, user)
+        return _write_skipped(job.src, job.dst, bar_size, exc, user)
 
 
 def _user_metadata(user: UserFeatures | None) -> dict[str, str]:
@@ -291,23 +362,54 @@ class _Context:
     files: list[dict[str, str]]  # {"file": name, "sha256": ...}, oldest first
 
 
-def _read_file(path: Path, bar_size: str, options: dict[str, Any]) -> BarFile:
+class _DecodedFiles:
+    """The last ``size`` files decoded and checked by ``_read_file`` within one batch (``build_feature_batch``):
+    a batch's consecutive files are each other's context, so each file is decoded once rather than once as
+    ``src`` and again as the context of the next ``CONTEXT_FILES`` files. A file that fails is not kept (each
+    reader raises its own error again). Size 0 keeps nothing (one file per call)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.files: OrderedDict[Path, BarFile] = OrderedDict()
+
+    def get(self, path: Path) -> BarFile | None:
+        bar_file = self.files.get(path)
+        if bar_file is not None:
+            self.files.move_to_end(path)
+        return bar_file
+
+    def put(self, path: Path, bar_file: BarFile) -> None:
+        if self.size <= 0:
+            return
+        self.files[path] = bar_file
+        self.files.move_to_end(path)
+        while len(self.files) > self.size:
+            self.files.popitem(last=False)
+
+
+def _read_file(path: Path, bar_size: str, options: dict[str, Any], decoded: _DecodedFiles) -> BarFile:
     """``read_bars`` plus the checks that need no other file, so that a fault is reported against the file the
     record came from: checked later, on the bars of a file and its context together, a zero price in a context
     file would be blamed on (and, with ``on_bad_file: skip``, skip) the file that read it."""
-    bar_file = read_bars(path, bar_size, **options)
-    _check_positive_prices(bar_file.bars, bar_file.path)
+    path = Path(path)
+    bar_file = decoded.get(path)
+    if bar_file is None:
+        bar_file = read_bars(path, bar_size, **options)
+        _check_positive_prices(bar_file.bars, bar_file.path)
+        decoded.put(path, bar_file)
     return bar_file
 
 
-def _labels_of_files(paths: Sequence[Path], bar_size: str, options: dict[str, Any]) -> list[Labels]:
+def _labels_of_files(
+    paths: Sequence[Path], bar_size: str, options: dict[str, Any], decoded: _DecodedFiles
+) -> list[Labels]:
     """The labels of the files that can be read (the others have no say), in the order given."""
     labels = []
     for path in paths:
         try:
-            labels.append(labels_of(path, _read_file(path, bar_size, options).bars))
+            labels.append(labels_of(path, _read_file(path, bar_size, options, decoded).bars))
         except DataFileError:
-            continue  # an unreadable file is reported in its own job
+            continue  # an unreadable file is reported as its own table
     return labels
 
 
@@ -317,6 +419,7 @@ def _read_context(
     bar_size: str,
     options: dict[str, Any],
     on_bad_file: OnBadFile,
+    decoded: _DecodedFiles,
 ) -> _Context:
     """Decode ``context_srcs`` (in time order) newest first, stopping as soon as every instrument of
     ``current`` seen in the context so far has ``MAX_LOOKBACK`` context bars and the context reaches back
@@ -344,7 +447,7 @@ def _read_context(
     )  # accepted: context files' labels, newest first
     for path in reversed(context_srcs):
         try:
-            earlier = _read_file(path, bar_size, options)
+            earlier = _read_file(path, bar_size, options, decoded)
         except DataFileError as exc:
             if on_bad_file == "error" or isinstance(exc, DataConfigError):
                 raise
@@ -374,7 +477,7 @@ def _read_context(
         if conflict is not None:
             older = context_srcs[: list(context_srcs).index(path)]
             voters = [
-                *_labels_of_files(older, bar_size, options),
+                *_labels_of_files(older, bar_size, options, decoded),
                 earlier_labels,
                 *accepted[::-1],
                 current_labels,
@@ -408,9 +511,11 @@ def _build_feature_file(
     options: dict[str, Any],
     on_bad_file: OnBadFile,
     user: UserFeatures | None,
-    quote_srcs: Sequence[Path] = (),
+    quote_srcs: Sequence[Path],
+    decoded: _DecodedFiles,
+    fill_delay: float = 0.0,
 ) -> dict[str, Any]:
-    current = _read_file(src, bar_size, options)
+    current = _read_file(src, bar_size, options, decoded)
     if user is not None and user.reads_book and not current.has_book:
         raise UserFeatureError(
             f"features.user: {user.path} reads the book (bid_px, ask_px, bid_sz, ask_sz or a book_* feature), "
@@ -422,8 +527,14 @@ def _build_feature_file(
             f"no tradable bars in this {current.schema} file (a holiday, or snapshots only?)"
             + (_SKIP_HINT if on_bad_file == "error" else ""),
         )
-    quotes = load_quotes(quote_srcs, current.bars, src, current.bar_ns) if quote_srcs else None
-    context = _read_context(current, context_srcs, bar_size, options, on_bad_file)
+    # after the context: a bar file that relabels an instrument is named as such (marketrl.data.labels) before
+    # its quotes are found to be another instrument's
+    context = _read_context(current, context_srcs, bar_size, options, on_bad_file, decoded)
+    delay_ns = fill_delay_ns(fill_delay)
+    quotes = load_quotes(quote_srcs, current.bars, src, current.bar_ns, fill_delay) if quote_srcs else None
+    if quotes is None and delay_ns:  # the bars' closes are too coarse: the file's own records, or an error
+        check_fill_delay(fill_delay, current.bar_ns, current.schema if current.has_book else None, src)
+        quotes = read_quotes(src, QUOTE_SCHEMAS).quotes
     bars, keep_from = current.bars, None
     if context.files:
         keep_from = bars["ts_event"].min()
@@ -468,6 +579,8 @@ def _build_feature_file(
         ),
         **_user_metadata(user),
     }
+    if delay_ns:  # absent at 0: the quotes then sit at the bars' closes and opens, as without the key
+        metadata["marketrl.fill_delay"] = f"{fill_delay:g}"
     if current.resorted_note:  # read_bars logged it too; the open/close of same-ns trades may differ
         metadata["marketrl.resorted"] = current.resorted_note
     if context.files:  # the nearest earlier file, as before multi-file context
@@ -492,7 +605,7 @@ def _build_feature_file(
         else:
             chunks = iter(selection)
             if quotes is not None:
-                chunks = (quotes_at_bars(chunk, quotes, current.bar_ns) for chunk in selection)
+                chunks = (quotes_at_bars(chunk, quotes, current.bar_ns, delay_ns) for chunk in selection)
             written = _write_chunks(chunks, tmp, metadata, src)
             if written != selection.rows:  # inside the block: a wrong file is never renamed into place
                 raise RuntimeError(f"{src}: wrote {written} feature rows, counted {selection.rows}")

@@ -1,6 +1,9 @@
 """DLinear: each feature's window is split into a trend (centred moving average over the window, edges
 replicated) and a remainder; one linear map over time per part gives ``hidden_dim_base`` values per feature,
-and a linear head maps all features' values to the prediction. Linear end to end.
+and a linear head maps all features' values to the prediction. Linear end to end. Dropout drops whole features
+(all ``hidden_dim_base`` values of one feature in one sample): a head that cannot lean on any one feature, at one
+random draw per feature instead of one per value (per-value dropout's random numbers were 40% of a fold's
+training CPU, bench/speed/models.py).
 
 The moving average runs over the window's own rows only (t-window+1..t), so it never reads a later bar.
 """
@@ -53,7 +56,7 @@ class DLinear(nn.Module):
         self.kernel = kernel if kernel % 2 == 1 else kernel - 1
         self.trend = nn.Linear(hp.window, hp.hidden_dim_base)
         self.remainder = nn.Linear(hp.window, hp.hidden_dim_base)
-        self.drop = nn.Dropout(hp.dropout)
+        self.drop = nn.Dropout1d(hp.dropout)  # [B, F, hidden]: drops features
         self.head = nn.Linear(n_features * hp.hidden_dim_base, 1)
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
@@ -63,7 +66,7 @@ class DLinear(nn.Module):
         padded = nn.functional.pad(series, (half, half), mode="replicate") if half else series
         trend = nn.functional.avg_pool1d(padded, self.kernel, stride=1)
         mixed = self.trend(trend) + self.remainder(series - trend)  # [B, F, hidden]
-        return self.head(self.drop(mixed.flatten(1))).squeeze(-1)
+        return self.head(self.drop(mixed).flatten(1)).squeeze(-1)
 
 
 def multiply_adds(hp: Mapping[str, Any], n_features: int) -> int:

@@ -566,8 +566,10 @@ def _cost_model_text(config: Mapping[str, Any], fill_rows: Sequence[Mapping[str,
     fallback = f"{costs.get('half_spread_ticks', 0.0):g} tick(s)"
     if any(row["fallback_fills"] is not None for row in fill_rows):
         source = config.get("data", {}).get("quotes") or "the bars' own top of book"
+        delay = float(config.get("env", {}).get("fill_delay", 0) or 0)
+        when = f"{delay:g} s after the fill time (env.fill_delay)" if delay else "at the fill time"
         return (
-            f"Quote-aware fills: a buy fills at the ask and a sell at the bid of the quote at the fill time "
+            f"Quote-aware fills: a buy fills at the ask and a sell at the bid of the quote {when} "
             f"(env.fill: {config.get('env', {}).get('fill', 'close')}; quotes: {source}), i.e. each side pays the quote's half-spread, "
             f"{commission}; a missing, zero or crossed quote falls back to costs.half_spread_ticks = {fallback} "
             "(the fallback fills are counted below)."

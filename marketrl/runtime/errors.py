@@ -27,6 +27,7 @@ KNOWN_ERRORS: frozenset[str] = frozenset(
         "marketrl.instruments.costs.CostConfigError",
         "marketrl.evaluation.evaluate.TrainedSettingsError",
         "marketrl.evaluation.predict.PredictInputError",
+        "marketrl.evaluation.replay.ReplayError",
         "marketrl.loop.hparams.AgentConfigError",
         "marketrl.loop.hparams.HParamError",
         "marketrl.models.supervised_data.ModelDataError",
@@ -51,6 +52,7 @@ KNOWN_ERRORS: frozenset[str] = frozenset(
 # diverges, which is worth a traceback): a traceback on the console helps whoever fixes it.
 INTERNAL_ERRORS: frozenset[str] = frozenset(
     {
+        "marketrl.evaluation.nautilus_replay.ReplayEngineError",  # NautilusTrader refused our order schedule
         "marketrl.scoring.metrics.MetricsInputError",
         "marketrl.scoring.stats.StatsInputError",
         "marketrl.splits.normalize.NormalizerError",

@@ -83,6 +83,11 @@ def check_renamed_keys(config: dict[str, Any]) -> None:
         )
 
 
+def known_models(extra_models: Mapping[str, str] | None = None) -> list[str]:
+    """The registered models' names, then training.extra_models'."""
+    return [*MODEL_NAMES, *(extra_models or {})]
+
+
 def check_models(models: list[str], extra_models: Mapping[str, str] | None = None) -> None:
     """Every name of training.models is a registered model or one of training.extra_models, which must not reuse
     a registered name (one line naming the key)."""
@@ -92,7 +97,7 @@ def check_models(models: list[str], extra_models: Mapping[str, str] | None = Non
         raise ConfigError(
             f"config key 'training.extra_models.{clash[0]}': {clash[0]!r} is a registered model; choose another name"
         )
-    known = [*MODEL_NAMES, *extra]
+    known = known_models(extra)
     unknown = [name for name in models if name not in known]
     if unknown:
         raise ConfigError(
@@ -103,6 +108,12 @@ def check_models(models: list[str], extra_models: Mapping[str, str] | None = Non
 def check_semantics(config: dict[str, Any]) -> None:
     """Cross-key checks that a JSON schema cannot express; raise ConfigError naming the key."""
     check_models(config["training"]["models"], config["training"]["extra_models"])
+    known = known_models(config["training"]["extra_models"])
+    for name in config["hyperopt"].get("fixed", {}):
+        if name not in known:
+            raise ConfigError(
+                f"config key 'hyperopt.fixed.{name}': unknown model {name!r}; known models: {', '.join(known)}"
+            )
     data = config["data"]
     if data["source"] == "files" and not data["files"].strip():
         raise ConfigError(
@@ -120,6 +131,11 @@ def check_semantics(config: dict[str, Any]) -> None:
             "config key 'folds.validation_days': must be smaller than folds.train_days "
             f"({folds['validation_days']} >= {folds['train_days']})"
         )
+    if folds["max_train_days"] is not None and folds["max_train_days"] < folds["train_days"]:
+        raise ConfigError(
+            "config key 'folds.max_train_days': must be null or at least folds.train_days "
+            f"({folds['max_train_days']} < {folds['train_days']})"
+        )
     if folds["tuning_validation_days"] >= folds["tuning_days"]:
         raise ConfigError(
             "config key 'folds.tuning_validation_days': must be smaller than folds.tuning_days "
@@ -135,6 +151,7 @@ def check_semantics(config: dict[str, Any]) -> None:
             "config key 'hyperopt.grace_seconds': must exceed hyperopt.heartbeat_seconds "
             f"({config['hyperopt']['grace_seconds']} <= {config['hyperopt']['heartbeat_seconds']})"
         )
+    check_fill_delay_config(config)
     predict = config["predict"]
     unknown = [name for name in predict["models"] if name not in config["training"]["models"]]
     if unknown:
@@ -145,6 +162,45 @@ def check_semantics(config: dict[str, Any]) -> None:
     if predict["fold"] >= folds["n"]:
         raise ConfigError(
             f"config key 'predict.fold': no fold {predict['fold']} (folds.n is {folds['n']}; -1 = the last fold)"
+        )
+
+
+_BAR_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+# Quote schemas at 1 s resolution or finer (marketrl.data.quotes.FINE_QUOTE_SCHEMAS, which the features job
+# checks against the files' headers); bars of these schemas carry their own quotes.
+_BOOK_BAR_SCHEMAS = ("tbbo", "mbp-1", "mbp-10")
+
+
+def check_fill_delay_config(config: Mapping[str, Any]) -> None:
+    """``env.fill_delay`` against what the config alone tells: shorter than ``data.bar_size``, and, where the
+    quotes' schema is known before any file is read (the demo's bbo-1m quotes; a download of a trade-only schema
+    without quotes), at 1 s resolution or finer. Quote files of ``data.quotes`` are checked by the features job
+    (their headers). Raises ConfigError naming the key."""
+    delay = float(config["env"].get("fill_delay", 0))
+    if delay == 0:
+        return
+    data = config["data"]
+    bar_size = str(data["bar_size"])
+    bar_seconds = int(bar_size[:-1]) * _BAR_UNIT_SECONDS[bar_size[-1]]
+    if delay >= bar_seconds:
+        raise ConfigError(
+            f"config key 'env.fill_delay': {delay:g} s is not shorter than a bar (data.bar_size {bar_size}); the "
+            "delayed fill must come before the next decision"
+        )
+    quotes, source = data.get("quotes", "").strip(), data["source"]
+    found = None  # a glob under another source than files is data.quotes' own error (pipeline.quote_inputs)
+    if source == "demo" and quotes == "demo":
+        found = "the demo's bbo-1m quotes"
+    elif source == "demo" and not quotes:
+        found = "no quotes (the demo's ohlcv-1m bars, data.quotes unset)"
+    elif source == "databento" and quotes in ("", "demo"):
+        schema = data["databento"]["schema"]
+        if schema not in _BOOK_BAR_SCHEMAS:
+            found = f"no quotes (data.databento.schema {schema}, no quote files)"
+    if found is not None:
+        raise ConfigError(
+            f"config key 'env.fill_delay': {delay:g} s needs quotes at 1 s resolution or finer (bbo-1s or mbp-1 "
+            f"files in data.quotes, or tbbo/mbp-1/mbp-10 bars), found {found}"
         )
 
 

@@ -31,14 +31,19 @@ class DatasetError(ValueError):
     """Feature tables that cannot be combined (overlaps, missing columns, non-finite values)."""
 
 
-def load_feature_tables(feature_files: Sequence[str | Path]) -> pl.DataFrame:
-    """All feature tables in one frame sorted by (instrument_id, ts_event); overlapping bars are an error."""
+def load_feature_tables(
+    feature_files: Sequence[str | Path], days: Collection[date] | None = None
+) -> pl.DataFrame:
+    """All feature tables in one frame sorted by (instrument_id, ts_event); overlapping bars are an error.
+
+    `days`: only the rows of these trading days are read (a lazy scan with the filter pushed into the Parquet
+    reader, so a table's other rows are never held in memory); None, every row."""
     if not feature_files:
         raise DatasetError("no feature files given (data.files / data.demo produced nothing)")
     frames = []
     for path in feature_files:
         try:
-            frame = pl.read_parquet(path)
+            frame = _read_table(path, days)
         except (OSError, pl.exceptions.PolarsError) as exc:
             raise DatasetError(f"{path}: cannot read feature table: {exc}".splitlines()[0]) from exc
         missing = [name for name in FEATURE_NAMES if name not in frame.columns]
@@ -67,6 +72,15 @@ def load_feature_tables(feature_files: Sequence[str | Path]) -> pl.DataFrame:
         )
     _check_spans_disjoint(table)
     return table.drop("_source").sort("instrument_id", "ts_event")
+
+
+def _read_table(path: str | Path, days: Collection[date] | None) -> pl.DataFrame:
+    """One feature table, whole or only the rows of `days` (scan_parquet + filter: row groups and rows outside
+    them are skipped while reading, not read and then dropped)."""
+    if days is None:
+        return pl.read_parquet(path)
+    wanted = pl.Series(sorted(days), dtype=pl.Date).implode()
+    return pl.scan_parquet(path).filter(pl.col("trading_day").is_in(wanted)).collect()
 
 
 def _check_spans_disjoint(table: pl.DataFrame) -> None:
@@ -106,8 +120,8 @@ def _check_finite(frame: pl.DataFrame, path: str | Path) -> None:
 
 
 def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | Path) -> dict[str, Any]:
-    """results/features/manifest.json: every feature table with its sha256, rows, days, source file, bars dropped
-    outside the session (and in the daily halt), skip reason, warm-up-only note and re-sort note, the rolls of every
+    """results/features/manifest.json: the number of feature columns (``n_features``), every feature table with its
+    sha256, rows, days, source file, bars dropped outside the session (and in the daily halt), skip reason, warm-up-only note and re-sort note, the rolls of every
     continuous symbol, and the ``features.user`` features the tables carry (``user_features``: path, sha256,
     names, lookbacks, reference; None without).
 
@@ -147,8 +161,15 @@ def write_feature_manifest(feature_files: Sequence[str | Path], out_path: str | 
             }
         )
         spans.append(contract_spans(frame))
+    # the feature columns a window holds (rows x features: the train and tuning jobs' memory requests,
+    # marketrl.workflow.resources); from the first table with rows, as the jobs read them (feature_names_of)
+    with_rows = [entry["path"] for entry in entries if entry["rows"]]
+    n_features = (
+        len(feature_names_of(pl.DataFrame(schema=pl.read_parquet_schema(with_rows[0])))) if with_rows else 0
+    )
     manifest = {
         "files": entries,
+        "n_features": n_features,
         "rolls": continuous_rolls(pl.concat(spans)) if spans else [],
         "name_order": name_order_disagreement(entries),
         "user_features": user,
@@ -257,11 +278,15 @@ def load_features(manifest_path: str | Path) -> pl.DataFrame:
     return load_feature_tables(manifest_files(manifest_path))
 
 
-def load_features_for_days(manifest_path: str | Path, days: Collection[date]) -> pl.DataFrame:
+def load_features_for_days(
+    manifest_path: str | Path, days: Collection[date], only_days: bool = False
+) -> pl.DataFrame:
     """The feature tables of a manifest that hold a row of any of `days` (by each entry's first_day..last_day),
     each hash-checked, combined as `load_features` combines all of them: a fold split's rows selected from it are
-    the rows selected from `load_features` (tests/test_evaluation.py). A job that needs a few days (an evaluation,
-    one fold's test days) reads and hashes a few tables instead of every one."""
+    the rows selected from `load_features` (tests/test_evaluate_cost.py). A job that needs a few days (an
+    evaluation, one fold's test days, a training window) reads and hashes a few tables instead of every one.
+    `only_days`: of those tables, only the rows of `days` (`load_feature_tables`), for a job whose splits are
+    made of these days alone (a training job's fold window, a study's tuning window)."""
     wanted = {day.isoformat() for day in days}
     if not wanted:
         raise DatasetError("load_features_for_days: no trading days asked for")
@@ -273,7 +298,7 @@ def load_features_for_days(manifest_path: str | Path, days: Collection[date]) ->
     ]
     if not paths:
         raise DatasetError(f"{manifest_path}: no feature table holds a day of {min(wanted)}..{max(wanted)}")
-    return load_feature_tables(paths)
+    return load_feature_tables(paths, days=set(days) if only_days else None)
 
 
 def feature_names_of(table: pl.DataFrame) -> list[str]:

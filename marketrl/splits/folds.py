@@ -67,6 +67,9 @@ class FoldConfig:
     embargo_bars: int
     tuning_days: int
     tuning_validation_days: int
+    # Cap on a training window (validation tail included), in trading days; None: no cap (expanding stays
+    # expanding). With a cap an expanding window becomes a rolling one once the history is longer.
+    max_train_days: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("n", "train_days", "test_days", "validation_days", "embargo_bars", "tuning_days"):
@@ -84,6 +87,15 @@ class FoldConfig:
                 f"folds.tuning_validation_days must be smaller than folds.tuning_days={self.tuning_days}, "
                 f"got {self.tuning_validation_days}"
             )
+        if self.max_train_days is not None:
+            value = self.max_train_days
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise FoldError(f"folds.max_train_days must be null or a positive integer, got {value!r}")
+            if self.max_train_days < self.train_days:
+                raise FoldError(
+                    f"folds.max_train_days must be null or at least folds.train_days={self.train_days} "
+                    f"(the shortest training window), got {self.max_train_days}"
+                )
         if self.embargo_bars < LABEL_HORIZON_BARS:
             raise FoldError(
                 f"folds.embargo_bars must be at least the label horizon ({LABEL_HORIZON_BARS} bar), "
@@ -111,6 +123,7 @@ class FoldConfig:
             "embargo_bars",
             "tuning_days",
             "tuning_validation_days",
+            "max_train_days",
         }
         unknown = sorted(set(section) - known)
         if unknown:
@@ -126,6 +139,7 @@ class FoldConfig:
                     "folds.embargo_bars is required (no feature lookback was given to default it to)"
                 )
             values["embargo_bars"] = max(feature_lookback_bars, LABEL_HORIZON_BARS)
+        values.setdefault("max_train_days", None)  # absent: no cap
         missing = sorted(known - set(values))
         if missing:
             raise FoldError(f"folds.{missing[0]} is required")
@@ -262,13 +276,15 @@ class FoldPlan:
             "format": PLAN_FORMAT,
             "description": (
                 "Walk-forward folds. Windows are contiguous runs of `trading_days` (day_index is [start, stop)). "
-                "Each fold's train window includes its validation tail. When rows are selected, the last "
+                "Each fold's train window includes its validation tail and holds at most max_train_days "
+                "trading days (null: no cap), the most recent before its test window. When rows are selected, the last "
                 "embargo_bars bars per instrument of tuning.train, tuning.validation, fold train, validation "
                 "and train_full are dropped; test rows are not. Each fold's tuning window (used when "
                 "hyperopt.per_fold is true) ends right before that fold's first test day. See docs/FOLDS.md."
             ),
             "config": asdict(self.config),
             "embargo_bars": self.config.embargo_bars,
+            "max_train_days": self.config.max_train_days,
             "label_horizon_bars": LABEL_HORIZON_BARS,
             "n_folds": len(self.folds),
             "n_trading_days": len(self.trading_days),
@@ -379,6 +395,9 @@ def make_fold_plan(trading_days: Sequence[date], cfg: FoldConfig) -> FoldPlan:
         test_start = first_test + k * cfg.test_days
         # Expanding windows use all history from the first day; `train_days` is then fold 0's minimum.
         train_start = 0 if cfg.scheme == "expanding" else test_start - cfg.train_days
+        if cfg.max_train_days is not None:
+            # the cap: only the most recent max_train_days trading days before the test window
+            train_start = max(train_start, test_start - cfg.max_train_days)
         train = days[train_start:test_start]
         folds.append(
             Fold(
@@ -434,9 +453,11 @@ def write_fold_plan(
     plan = make_fold_plan(trading_days_of(feature_files), cfg)
     plan.save(output)
     log.info(
-        "fold plan: %d %s folds, tests %s..%s, tuning %s..%s, embargo %d bars, %d trading days -> %s",
+        "fold plan: %d %s folds (training window cap %s days), tests %s..%s, tuning %s..%s, embargo %d bars, "
+        "%d trading days -> %s",
         len(plan.folds),
         cfg.scheme,
+        cfg.max_train_days,
         plan.first_test_day,
         plan.trading_days[-1],
         plan.tuning.first_day,

@@ -32,8 +32,13 @@ from marketrl.runtime.io import write_json_atomic
 from marketrl.runtime.provenance import collect, package_versions, sha256_file
 from marketrl.runtime.testing_hooks import hold_point
 from marketrl.scoring.metrics import to_json_safe
-from marketrl.settings.config import derive_seed
-from marketrl.splits.datasets import WindowData, env_config_from_config, load_features, tuning_window
+from marketrl.settings.config import ConfigError, derive_seed
+from marketrl.splits.datasets import (
+    WindowData,
+    env_config_from_config,
+    load_features_for_days,
+    tuning_window,
+)
 from marketrl.splits.folds import FoldPlan
 from marketrl.training.study_storage import (  # claims, storage and recovery; the rest is re-exported for callers
     INTERRUPTED,  # noqa: F401
@@ -44,6 +49,7 @@ from marketrl.training.study_storage import (  # claims, storage and recovery; t
     JournalFlock,  # noqa: F401
     claim_trial,  # noqa: F401
     counted_trials,
+    make_sampler,
     open_storage,
     recover_interrupted,  # noqa: F401
     storage_label,
@@ -94,6 +100,59 @@ def study_key(config: Mapping[str, Any], input_paths: Sequence[str | Path], code
     return digest.hexdigest()[:12]
 
 
+def fixed_params(config: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """The parameters hyperopt.fixed pins for `model` (empty: all searched)."""
+    return dict(config["hyperopt"].get("fixed", {}).get(model, {}))
+
+
+def _inside(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        # 1 and 1.0 match; True and 1 do not
+        return any(
+            value == choice and isinstance(value, bool) == isinstance(choice, bool)
+            for choice in distribution.choices
+        )
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(distribution, optuna.distributions.IntDistribution) and not float(value).is_integer():
+        return False
+    return bool(distribution.low <= value <= distribution.high)  # type: ignore[attr-defined]
+
+
+def _described(distribution: optuna.distributions.BaseDistribution) -> str:
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return "one of " + ", ".join(repr(choice) for choice in distribution.choices)
+    return f"{distribution.low} … {distribution.high}"  # type: ignore[attr-defined]
+
+
+def check_fixed(space: SearchSpace, fixed: Mapping[str, Any], model: str, probes: int = 64) -> None:
+    """hyperopt.fixed.<model>: every name is one of the search's parameters and every value inside its range or
+    choices (the ranges bound a trial's cost); a one-line ConfigError naming the key otherwise.
+
+    The space is probed with `probes` random draws of a throwaway in-memory study, so parameters that only some
+    draws suggest (conditional ones) are found too."""
+    if not fixed:
+        return
+    probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen: dict[str, list[optuna.distributions.BaseDistribution]] = {}
+    for _ in range(probes):
+        trial = probe.ask()
+        space(trial)
+        for name, distribution in trial.distributions.items():
+            seen.setdefault(name, []).append(distribution)
+        probe.tell(trial, 0.0)
+    for name, value in fixed.items():
+        key = f"hyperopt.fixed.{model}.{name}"
+        if name not in seen:
+            raise ConfigError(
+                f"config key '{key}': not a parameter of {model}'s search (its parameters: {', '.join(sorted(seen))})"
+            )
+        if not any(_inside(distribution, value) for distribution in seen[name]):
+            raise ConfigError(
+                f"config key '{key}': {value!r} is outside {model}'s search ({_described(seen[name][0])})"
+            )
+
+
 def load_study(
     config: Mapping[str, Any],
     model: str,
@@ -103,10 +162,11 @@ def load_study(
     fold: int | None = None,
 ) -> optuna.Study:
     """Create or resume the study `name` (default: `study_name(model, fold=fold)`); the TPE sampler is seeded per
-    worker."""
+    worker and pins the model's hyperopt.fixed parameters."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(
-        seed=derive_seed(config["seed"], "hyperopt", *study_scope(model, fold), worker)
+    sampler = make_sampler(
+        derive_seed(config["seed"], "hyperopt", *study_scope(model, fold), worker),
+        fixed_params(config, model),
     )
     pruner = optuna.pruners.MedianPruner(
         n_startup_trials=2, n_warmup_steps=config["hyperopt"]["pruner_warmup_evals"]
@@ -218,10 +278,13 @@ def run_worker(
     device = resolve_device(config["training"]["device"])
     precision = detect_precision(device, config["training"]["precision"])
     plan = FoldPlan.load(folds_path)
-    window = tuning_window(load_features(manifest_path), plan, config, device, fold)
+    # only the tables and rows of the tuning window, not the whole history
+    table = load_features_for_days(manifest_path, plan.tuning_for(fold).days, only_days=True)
+    window = tuning_window(table, plan, config, device, fold)
     data_setup_s = time.perf_counter() - started
     budget = HardwareBudget.detect(device)
     space = entry.search_space(budget, window, config)
+    check_fixed(space, fixed_params(config, model), model)
     log.info(
         "worker %d of %s%s (%s): tuning data on %s in %.2fs; precision %s",
         worker,
@@ -242,7 +305,14 @@ def run_worker(
     sampler_seed = derive_seed(config["seed"], "hyperopt", *study_scope(model, fold))
     claims = trial_claims(config, model, results_dir)
     ran = work_on_study(
-        study, model, config["hyperopt"]["n_trials"], objective, results_dir, seed=sampler_seed, claims=claims
+        study,
+        model,
+        config["hyperopt"]["n_trials"],
+        objective,
+        results_dir,
+        seed=sampler_seed,
+        claims=claims,
+        fixed=fixed_params(config, model),
     )
     summary = {
         "algo": model,  # on-disk key kept for compatibility
@@ -334,6 +404,7 @@ def write_study_summary(
             t.user_attrs["val_sharpe_daily"] for t in complete if "val_sharpe_daily" in t.user_attrs
         ],
         "seeds_per_trial": config["hyperopt"]["seeds_per_trial"],
+        "fixed_params": fixed_params(config, model),  # hyperopt.fixed: pinned in every trial, not searched
         "sampler": {
             "name": "TPESampler",
             "seed": derive_seed(config["seed"], "hyperopt", *study_scope(model, fold)),

@@ -25,6 +25,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -264,12 +265,30 @@ def recover_interrupted(study: optuna.Study) -> int:
     return recovered
 
 
-def claim_trial(study: optuna.Study, n_trials: int, *, seed: int | None = None) -> optuna.Trial | None:
+def make_sampler(seed: int | None, fixed: Mapping[str, Any] | None = None) -> optuna.samplers.BaseSampler:
+    """The studies' sampler: TPE seeded with `seed`; with `fixed` (the model's hyperopt.fixed), those parameters
+    pinned in every trial (Optuna's PartialFixedSampler around the TPE)."""
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    if not fixed:
+        return sampler
+    with warnings.catch_warnings():  # "experimental since v2.4.0": its interface, not our results, may change
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.PartialFixedSampler(dict(fixed), sampler)
+
+
+def claim_trial(
+    study: optuna.Study,
+    n_trials: int,
+    *,
+    seed: int | None = None,
+    fixed: Mapping[str, Any] | None = None,
+) -> optuna.Trial | None:
     """Start the next trial (a re-enqueued one first) unless the study already holds n_trials; call under the
     claims' lock (`study_lock` for a journal).
 
     Every trial gets a slot (0..n_trials-1, kept by a re-enqueued trial). With `seed`, the sampler is reseeded
-    per slot, so the parameters a slot draws do not depend on which worker process claims it or on restarts.
+    per slot, so the parameters a slot draws do not depend on which worker process claims it or on restarts;
+    `fixed` keeps the model's pinned parameters (hyperopt.fixed) in the reseeded sampler.
     """
     counted = counted_trials(study)
     waiting = _waiting(counted)
@@ -280,7 +299,7 @@ def claim_trial(study: optuna.Study, n_trials: int, *, seed: int | None = None) 
     if waiting:  # ask() pops the oldest waiting (re-enqueued) trial, which keeps its slot
         slot = waiting[0].user_attrs.get(SLOT, slot)
     if seed is not None:
-        study.sampler = optuna.samplers.TPESampler(seed=slot_sampler_seed(seed, slot))
+        study.sampler = make_sampler(slot_sampler_seed(seed, slot), fixed)
     trial = study.ask()
     if SLOT not in trial.user_attrs:
         trial.set_user_attr(SLOT, slot)
@@ -512,18 +531,20 @@ def work_on_study(
     *,
     seed: int | None = None,
     claims: TrialClaims | None = None,
+    fixed: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Claim and run trials until the study holds `n_trials` (shared with other workers); return this worker's.
 
     `seed`: reseed the sampler per trial slot (see `claim_trial`). `claims`: how workers exclude each other and
-    recover dead workers' trials (`trial_claims`); default the journal's file lock under `results_dir`.
+    recover dead workers' trials (`trial_claims`); default the journal's file lock under `results_dir`. `fixed`:
+    the model's pinned parameters (hyperopt.fixed).
     """
     claims = claims or TrialClaims(model, results_dir)
     ran: list[int] = []
     while True:
         with claims.lock(study):
             recovered = claims.recover(study)
-            trial = claim_trial(study, n_trials, seed=seed)
+            trial = claim_trial(study, n_trials, seed=seed, fixed=fixed)
             if trial is not None:
                 claims.started(study, trial)
         if recovered:

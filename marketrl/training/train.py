@@ -24,7 +24,7 @@ from marketrl.runtime.io import write_json_atomic
 from marketrl.runtime.provenance import collect, sha256_file
 from marketrl.scoring.metrics import to_json_safe
 from marketrl.settings.config import derive_seed
-from marketrl.splits.datasets import cost_model_from_config, fold_window, load_features
+from marketrl.splits.datasets import cost_model_from_config, fold_window, load_features_for_days
 from marketrl.splits.folds import FoldPlan
 from marketrl.training.board import TrainingBoard
 from marketrl.training.zoo import EVALS_PER_RUN, Trained, TrainRequest, get_entry
@@ -145,7 +145,11 @@ def train_job(
     log.info("%s (%s), precision %s: %s", model, entry.kind, precision.mode, precision.reason)
     seeds = [derive_seed(config["seed"], "train", model, fold, index) for index in seed_indices]
     plan = FoldPlan.load(folds_path)
-    window = fold_window(load_features(manifest_path), plan, fold, config, device)
+    # only the tables and rows of the fold's training window (validation tail included): the job's memory follows
+    # the window (folds.max_train_days), not the whole history
+    table = load_features_for_days(manifest_path, plan.fold(fold).train_days, only_days=True)
+    window = fold_window(table, plan, fold, config, device)
+    del table
     # the run's length in the model's own steps (agents: env steps; forecasters: a cap on optimizer steps)
     budget_steps = entry.train_budget(config)
     # Only a state saved by this very run (same settings, seeds and inputs) is resumed.

@@ -90,6 +90,12 @@ class _Job:
     started: float = 0.0
 
 
+def _timing_key(rule: str) -> str:
+    """Whose run times estimate a rule's jobs: the features batches' rules (one per month, ``features_2024_03``:
+    marketrl.workflow.pipeline.feature_rule_name) share the features stage's; any other rule has its own."""
+    return "features" if rule.startswith("features_") else rule
+
+
 def _label(rule: str, wildcards: str) -> str:
     """``train dqn fold 0`` from rule ``train`` and ``model=dqn, fold=0``: a name's value alone, a number with its
     wildcard's name."""
@@ -240,7 +246,7 @@ class Console:
     def _job_finished(self, jobid: str, rule: str, now: float) -> None:
         job = self.running.pop(jobid, None) or self.jobs.get(jobid) or _Job(rule, rule, started=now)
         took = now - job.started
-        self.durations.setdefault(job.rule, []).append(took)
+        self.durations.setdefault(_timing_key(job.rule), []).append(took)
         self.done_by_rule[job.rule] = self.done_by_rule.get(job.rule, 0) + 1
         self.done = max(self.done, sum(self.done_by_rule.values()))
         left = self.time_left_text(now)
@@ -293,9 +299,10 @@ class Console:
             )
             if not pending and not running_by_rule.get(rule):
                 continue
-            own = self.durations.get(rule)
+            own = self.durations.get(_timing_key(rule))
             if not own:
-                untimed.append(rule)
+                if _timing_key(rule) not in untimed:
+                    untimed.append(_timing_key(rule))
                 continue
             mean = sum(own) / len(own)
             work += pending * mean

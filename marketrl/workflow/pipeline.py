@@ -107,21 +107,70 @@ def quote_inputs(config: dict[str, Any]) -> dict[str, list[str]]:
         raise ConfigError(f"config key 'data.quotes': {exc}") from None
     paired: dict[str, list[str]] = {}
     used: set[str] = set()
-    for stem, (start, end) in bar_spans.items():
-        own = [q for q, (qs, qe) in quote_spans.items() if qs < end and start < qe]
+    for stem, span in bar_spans.items():
+        own, near = _paired_quotes(span, quote_spans)
         if not own:
             raise ConfigError(f"config key 'data.quotes': no quote file covers the span of {stem}")
-        near = [
-            q
-            for q, (qs, qe) in quote_spans.items()
-            if q not in own and qs < end + QUOTE_MARGIN_NS and start - QUOTE_MARGIN_NS < qe
-        ]
         paired[stem] = own + near
         used.update(own)
+    used.update(
+        _quotes_of_new_files(config, quote_spans)
+    )  # the new files' days (predict.files) may be there too
     unused = [q for q in matched if q not in used]
     if unused:
         raise ConfigError(f"config key 'data.quotes': {unused[0]} covers the span of no bar file (its bars?)")
     return paired
+
+
+def _paired_quotes(
+    span: tuple[int, int], quote_spans: dict[str, tuple[int, int]]
+) -> tuple[list[str], list[str]]:
+    """The quote files whose header spans overlap a bar file's ``span`` (its own), and those within
+    ``QUOTE_MARGIN_NS`` of it (the neighbours, for the quotes around its first and last bar)."""
+    start, end = span
+    own = [q for q, (qs, qe) in quote_spans.items() if qs < end and start < qe]
+    near = [
+        q
+        for q, (qs, qe) in quote_spans.items()
+        if q not in own and qs < end + QUOTE_MARGIN_NS and start - QUOTE_MARGIN_NS < qe
+    ]
+    return own, near
+
+
+def _quotes_of_new_files(config: dict[str, Any], quote_spans: dict[str, tuple[int, int]]) -> set[str]:
+    """The quote files that cover a new file of ``predict.files`` (none without one)."""
+    if not config.get("predict", {}).get("files", "").strip():
+        return set()
+    try:
+        spans = [header_span_ns(path) for path in predict_files(config).values()]
+    except DbnHeaderError as exc:
+        raise ConfigError(f"config key 'predict.files': {exc}") from None
+    return {q for span in spans for q in _paired_quotes(span, quote_spans)[0]}
+
+
+def predict_quote_inputs(config: dict[str, Any], stem: str) -> list[str]:
+    """``data.quotes`` for a new file of ``predict.files``, paired as ``quote_inputs`` pairs a training file (its
+    own span's quote files first, then the neighbours; the demo's bbo-1m files by their header spans), so that
+    predict's fills pay the spreads evaluation's do; [] where the training files have no quote files. A new file
+    that no quote file covers is a ConfigError naming it."""
+    pattern = config["data"].get("quotes", "").strip()
+    if not pattern or (pattern == DEMO_QUOTES and config["data"]["source"] != "demo"):
+        return []
+    new = predict_files(config)[stem]
+    candidates = (
+        demo_quote_files(config) if pattern == DEMO_QUOTES else sorted(glob.glob(pattern, recursive=True))
+    )
+    try:
+        quote_spans = {path: header_span_ns(path) for path in candidates if Path(path).is_file()}
+        own, near = _paired_quotes(header_span_ns(new), quote_spans)
+    except DbnHeaderError as exc:
+        raise ConfigError(f"config key 'data.quotes': {exc}") from None
+    if not own:
+        raise ConfigError(
+            f"config key 'data.quotes': no quote file covers the span of the new file {new} (predict.files); the "
+            "models were evaluated with quote-aware fills, so predict needs the quotes of its days too"
+        )
+    return own + near
 
 
 def batch_file_days(dataset: str, start: dt.date, end: dt.date) -> list[dt.date]:
@@ -205,6 +254,95 @@ def previous_files(config: dict[str, Any], stem: str, k: int = CONTEXT_FILES) ->
 def feature_files(config: dict[str, Any]) -> list[str]:
     """One Parquet feature table per input file."""
     return [paths.FEATURES.format(stem=stem) for stem in raw_data_files(config)]
+
+
+BATCH_MONTH = "month"
+
+
+def _file_days(config: dict[str, Any]) -> dict[str, dt.date | None]:
+    """Each input file's stem -> the UTC day its data starts (demo and download: the day of its name; own files:
+    its header's start), None for a file whose header cannot be read (``data.on_bad_file: skip``)."""
+    files = raw_data_files(config)
+    source = config["data"]["source"]
+    if source == "demo":
+        demo = config["data"]["demo"]
+        days: list[dt.date | None] = list(demo_file_days(dt.date.fromisoformat(demo["start"]), demo["days"]))
+        return dict(zip(files, days, strict=True))
+    if source == "databento":
+        spec = config["data"]["databento"]
+        start, end = dt.date.fromisoformat(spec["start"]), dt.date.fromisoformat(spec["end"])
+        return dict(zip(files, batch_file_days(spec["dataset"], start, end), strict=True))
+    starts: dict[str, dt.date | None] = {}
+    for stem, path in files.items():
+        try:
+            ns = header_start_ns(path)
+        except DbnHeaderError:  # raw_data_files let it through: data.on_bad_file is skip
+            starts[stem] = None
+            continue
+        starts[stem] = dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).date()
+    return starts
+
+
+def feature_batches(config: dict[str, Any]) -> dict[str, list[str]]:
+    """``features.batch``: the files (stems, in time order) of each features job, keyed by the batch's name.
+    ``month``: the files whose data starts in one calendar month (UTC), named ``YYYY-MM``; ``file``: one job per
+    file, named by its stem. An unreadable file (``data.on_bad_file: skip``) is a batch of its own, so that its
+    skip touches no other file's job."""
+    if config["features"]["batch"] != BATCH_MONTH:
+        per_file = {stem: [stem] for stem in raw_data_files(config)}
+        _check_rule_names(per_file)
+        return per_file
+    batches: dict[str, list[str]] = {}
+    for stem, day in _file_days(config).items():
+        batches.setdefault(stem if day is None else f"{day:%Y-%m}", []).append(stem)
+    return batches
+
+
+def _check_rule_names(batches: dict[str, list[str]]) -> None:
+    """Two batch names that give one rule name (stems differing only in punctuation) are a config error."""
+    seen: dict[str, str] = {}
+    for batch in batches:
+        other = seen.setdefault(feature_rule_name(batch), batch)
+        if other != batch:
+            raise ConfigError(
+                f"config key 'features.batch': files {other} and {batch} give one rule name; use features.batch: month"
+            )
+
+
+def feature_rule_name(batch: str) -> str:
+    """The name of the features rule of one batch (``features_2024_02``): Snakemake needs one rule per batch,
+    since a rule's outputs cannot depend on a wildcard."""
+    return "features_" + "".join(c if c.isalnum() else "_" for c in batch)
+
+
+def feature_batch_files(
+    files: dict[str, str], stems: list[str], quotes: dict[str, list[str]], k: int = CONTEXT_FILES
+) -> list[dict[str, Any]]:
+    """Per file of a features batch (``stems``, time order): its table (``dst``), its DBN file (``src``), the
+    (up to) ``k`` files before it in ``files`` (every input file by stem, time order: ``raw_data_files``) as
+    lookback ``context``, as when each file had its own job, and its ``data.quotes`` files (``quotes``:
+    ``quote_inputs``). A batch's first file takes its context from the batch before."""
+    order = list(files)
+    batch = []
+    for stem in stems:
+        position = order.index(stem)
+        batch.append(
+            {
+                "dst": paths.FEATURES.format(stem=stem),
+                "src": files[stem],
+                "context": [files[s] for s in order[max(0, position - k) : position]],
+                "quotes": list(quotes.get(stem, [])),
+            }
+        )
+    return batch
+
+
+def rule_stage(rule: str) -> str:
+    """The stage a rule runs: a batch's features rule (``feature_rule_name``) is ``features``, a ``*_once`` rule
+    (one run of a deterministic model) its model x fold stage, any other rule its own name."""
+    if rule.startswith("features_"):
+        return "features"
+    return rule.removesuffix("_once")
 
 
 def fold_indices(config: dict[str, Any]) -> list[int]:

@@ -43,6 +43,7 @@ _FOLDS = tuple(
     f"folds.{k}"
     for k in (
         "embargo_bars",
+        "max_train_days",
         "n",
         "scheme",
         "test_days",
@@ -99,6 +100,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "data.on_bad_file",
         "data.quotes",
         "data.session",
+        "env.fill_delay",
         "features.user",
     ),
     "user_features_audit": ("features.user",),
@@ -108,6 +110,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "seed",
         *_COSTS,
         *_ENV,
+        "hyperopt.fixed",
         "hyperopt.grace_seconds",
         "hyperopt.heartbeat_seconds",
         "hyperopt.n_trials",
@@ -127,6 +130,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
     ),
     "hyperopt_best": (
         "seed",
+        "hyperopt.fixed",
         "hyperopt.n_trials",
         "hyperopt.pruner_warmup_evals",
         "hyperopt.seeds_per_trial",
@@ -222,6 +226,7 @@ DAG_KEYS: dict[str, str] = {
     "training.gpu_jobs": "gpu resource only",
     "training.device": "gpu resource",
     "features.user": "user_features_audit job",
+    "features.batch": "features jobs (per month or per file); a change reruns them (new job inputs) and what follows",
     "predict.files": "predict jobs",
     "predict.models": "predict jobs",
     "predict.fold": "predict jobs' model inputs",
@@ -252,7 +257,7 @@ STAGES = tuple(DOWNSTREAM)
 
 # Mappings keyed by model name, of which a model's jobs get only their own entry (`stage_config(..., model=)`):
 # registering one more model by config changes no other model's job params, so it reruns nothing else.
-PER_MODEL_KEYS = ("training.extra_models",)
+PER_MODEL_KEYS = ("hyperopt.fixed", "training.extra_models")
 
 
 class StageError(ValueError):
@@ -293,7 +298,7 @@ def _in_all_keys(key: str) -> bool:
 
 
 # Mappings that a stage reads as one value (their keys are the user's: symbol roots, calendar fields, model names).
-WHOLE_VALUE_KEYS = ("costs.instruments", "data.session", "training.extra_models")
+WHOLE_VALUE_KEYS = ("costs.instruments", "data.session", "hyperopt.fixed", "training.extra_models")
 
 
 def config_keys(config: Mapping[str, Any], prefix: str = "") -> Iterator[str]:

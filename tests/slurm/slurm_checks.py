@@ -82,7 +82,8 @@ def fit_profile(profile: dict[str, Any]) -> dict[str, Any]:
 
 def _fit_resources(resources: dict[str, Any]) -> dict[str, Any]:
     fitted = dict(resources)
-    fitted["mem_mb"] = min(int(resources.get("mem_mb", TEST_MEM_MB)), TEST_MEM_MB)
+    if "mem_mb" in resources:  # absent: the rule's own request (its memory model) stands
+        fitted["mem_mb"] = min(int(resources["mem_mb"]), TEST_MEM_MB)
     fitted["runtime"] = min(int(resources.get("runtime", TEST_RUNTIME_MIN)), TEST_RUNTIME_MIN)
     return fitted
 

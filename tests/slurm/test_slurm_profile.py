@@ -19,6 +19,8 @@ from tests.slurm import slurm_checks
 
 PROFILE = REPO_ROOT / "profiles" / "slurm" / "config.yaml"
 TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
+# rules whose mem_mb is their window's memory model (rules/common.smk, marketrl.workflow.resources)
+MODELLED_MEMORY = {"hyperopt_worker", "train", "train_once"}
 
 
 def workflow_rules() -> set[str]:
@@ -46,10 +48,13 @@ def test_profile_uses_the_slurm_executor_and_polls_squeue(profile: dict) -> None
 
 def test_every_rule_has_memory_and_runtime(profile: dict) -> None:
     rules = workflow_rules()
-    assert {"train", "evaluate", "hyperopt_worker", "features", "train_once", "predict_features"} <= rules
+    assert {"train", "evaluate", "hyperopt_worker", "train_once", "predict_features"} <= rules
     assert set(profile["set-resources"]) == rules  # no rule left to the defaults, no typo'd rule name
     for rule, resources in profile["set-resources"].items():
-        assert isinstance(resources["mem_mb"], int) and resources["mem_mb"] >= 1000, rule
+        if rule in MODELLED_MEMORY:  # the rule's memory model requests it; a value here would override it
+            assert "mem_mb" not in resources, rule
+        else:
+            assert isinstance(resources["mem_mb"], int) and resources["mem_mb"] >= 1000, rule
         assert isinstance(resources["runtime"], int) and resources["runtime"] >= 5, rule
     assert set(profile["set-threads"]) <= rules
     assert {"mem_mb", "runtime"} <= set(profile["default-resources"])
@@ -79,9 +84,13 @@ def test_dry_run_through_the_profile_requests_gpus_threads_and_memory(tmp_path: 
     )
     assert result.returncode == 0, result.stderr[-3000:]
     train = result.stdout.split("rule train:")[1].split("\n\n")[0]
-    assert "gpu=1" in train and "mem_mb=32000" in train and "runtime=480" in train
+    assert "gpu=1" in train and "runtime=480" in train
+    # the memory model's request (before the manifest exists: the config's longest window at demo bars per day)
+    requested = int(re.search(r"mem_mb=(\d+)", train).group(1))
+    assert 500 <= requested < 32000
     assert re.search(r"threads: 4\b", train)
-    features = result.stdout.split("rule features:")[1].split("\n\n")[0]
+    # a features batch rule (rules/features.smk, one per month) declares its own resources
+    features = re.split(r"rule features_\w+:", result.stdout)[1].split("\n\n")[0]
     assert "gpu=" not in features and "mem_mb=8000" in features
 
 
@@ -109,7 +118,8 @@ def test_fit_profile_keeps_the_executor_settings_and_fits_the_node(profile: dict
     fitted = slurm_checks.fit_profile(copy.deepcopy(profile))
     assert fitted["slurm-status-command"] == "squeue" and fitted["executor"] == "slurm"
     assert set(fitted["set-resources"]) == set(profile["set-resources"])
-    assert max(r["mem_mb"] for r in fitted["set-resources"].values()) <= slurm_checks.TEST_MEM_MB
+    assert max(r.get("mem_mb", 0) for r in fitted["set-resources"].values()) <= slurm_checks.TEST_MEM_MB
+    assert all("mem_mb" not in fitted["set-resources"][rule] for rule in MODELLED_MEMORY)
     assert set(fitted["set-threads"].values()) == {1}
     broken = {key: value for key, value in profile.items() if key != "executor"}
     with pytest.raises(slurm_checks.CheckError, match="executor"):

@@ -72,6 +72,28 @@ def trade_messages(trades: pl.DataFrame, schema: str = "trades") -> list[object]
     return out
 
 
+def bbo_message(
+    ts_recv: int,
+    bid: float,
+    ask: float,
+    instrument_id: int = 5602,
+    rtype: dbn.RType = dbn.RType.BBO_1M,
+) -> dbn.BBOMsg:
+    """One bbo-1s/bbo-1m record: the top of book (5 lots a side) as of ``ts_recv`` (UTC ns)."""
+    return dbn.BBOMsg(
+        rtype,
+        PUBLISHER_ID,
+        instrument_id,
+        ts_recv - 1000,
+        _to_fixed(bid),
+        1,
+        dbn.Side.NONE,
+        ts_recv,
+        flags=130,
+        levels=dbn.BidAskPair(bid_px=_to_fixed(bid), ask_px=_to_fixed(ask), bid_sz=5, ask_sz=5),
+    )
+
+
 def random_walk_bars(
     n_bars: int,
     instruments: dict[int, float],

@@ -1,0 +1,227 @@
+"""Memory requests of the rules (marketrl.workflow.resources, rules/common.smk): monotone in the window, bounded
+by the training-window cap, covering the measured peaks, and declared by every rule."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from datetime import date, timedelta
+from pathlib import Path
+
+import pytest
+
+from marketrl.settings.registry import MODEL_NAMES
+from marketrl.splits.folds import FoldConfig, make_fold_plan
+from marketrl.workflow import pipeline, resources
+from marketrl.workflow.resources import (
+    MEMORY_MODELS,
+    flattened_window,
+    memory_model,
+    model_mem_mb,
+    train_mem_mb,
+    window_cells,
+)
+from tests.conftest import REPO_ROOT
+
+# Measured peak RSS (MB) of train jobs and their windows' cells (rows x features), docs/PERFORMANCE.md "Bounded
+# memory": (model, cells, max_rss_mb). The model must cover each with its headroom and stay near it.
+# Cells are rows x 51 features (x the window 4 of ridge, 5 of LightGBM: their tuned window in these runs).
+MEASURED: list[tuple[str, int, float]] = [
+    ("dqn", 4_204_644, 583.77),  # fold 0, 30 days (no cap)
+    ("dqn", 4_204_644, 588.89),  # fold 0 (cap 40: the same window)
+    ("dqn", 5_733_471, 647.26),  # fold 5, cap 40
+    ("dqn", 18_514_377, 931.54),  # fold 5, 130 days (no cap)
+    ("linear", 4 * 4_204_644, 545.50),
+    ("linear", 4 * 4_204_644, 521.41),
+    ("linear", 4 * 5_733_471, 567.81),
+    ("linear", 4 * 18_514_377, 937.84),
+    ("lightgbm", 5 * 4_204_644, 1410.41),
+    ("lightgbm", 5 * 4_204_644, 1539.87),
+    ("lightgbm", 5 * 5_733_471, 1804.50),
+    ("lightgbm", 5 * 18_514_377, 4221.01),
+]
+SEEDS = {"training": {"seeds": 5}, "hyperopt": {"seeds_per_trial": 1}}
+# The same at training.seeds 1 (fold 0, cap 40): (model, cells, seeds, max_rss_mb).
+MEASURED_SEEDS: list[tuple[str, int, int, float]] = [
+    ("dqn", 4_204_644, 1, 510.43),
+    ("lightgbm", 5 * 4_204_644, 1, 909.47),
+]
+
+
+@pytest.mark.parametrize("kind", sorted(MEMORY_MODELS))
+def test_requests_grow_with_the_window_and_cover_the_estimate(kind: str) -> None:
+    model = MEMORY_MODELS[kind]
+    cells = [0, 10**5, 10**6, 10**7, 5 * 10**7, 10**8, 10**9]
+    requests = [model.request_mb(c) for c in cells]
+    assert requests == sorted(requests) and requests[0] < requests[-1]
+    for c, request in zip(cells, requests, strict=True):
+        assert (
+            model.estimate_mb(c) * resources.HEADROOM
+            <= request
+            < model.estimate_mb(c) * resources.HEADROOM + 100
+        )
+        assert request % 100 == 0
+    assert model.base_mb > 0 and model.mb_per_mcell > 0
+
+
+def test_every_registered_model_has_a_model_and_an_unknown_one_the_largest() -> None:
+    largest = max(m.request_mb(10**8) for m in MEMORY_MODELS.values())
+    for name in MODEL_NAMES:
+        assert memory_model(name) in MEMORY_MODELS.values()
+    assert memory_model("not_registered").request_mb(10**8) == largest
+    assert memory_model("linear") is MEMORY_MODELS["linear"]
+    assert memory_model("dqn") is MEMORY_MODELS["agent"] and memory_model("ppo") is MEMORY_MODELS["agent"]
+    assert memory_model("lightgbm") is MEMORY_MODELS["boosted"]
+    assert memory_model("mlp") is MEMORY_MODELS["forecaster"]
+
+
+@pytest.mark.parametrize(
+    ("model", "cells", "max_rss_mb"), MEASURED or [pytest.param("", 0, 0.0, marks=pytest.mark.skip)]
+)
+def test_requests_cover_every_measured_peak(model: str, cells: int, max_rss_mb: float) -> None:
+    _covers(model, cells, 5, max_rss_mb)
+
+
+@pytest.mark.parametrize(("model", "cells", "seeds", "max_rss_mb"), MEASURED_SEEDS)
+def test_requests_follow_the_seeds(model: str, cells: int, seeds: int, max_rss_mb: float) -> None:
+    _covers(model, cells, seeds, max_rss_mb)
+    assert model_mem_mb(model, cells, seeds=seeds) <= model_mem_mb(model, cells, seeds=seeds + 4)
+    assert model_mem_mb("linear", cells, seeds=1) == model_mem_mb("linear", cells, seeds=5)  # one run
+
+
+def _covers(model: str, cells: int, seeds: int, max_rss_mb: float) -> None:
+    assert model_mem_mb(model, cells, seeds=seeds) >= max_rss_mb
+    # and is not far above it: the request is what the scheduler packs jobs by
+    assert memory_model(model).estimate_mb(cells, seeds) == pytest.approx(max_rss_mb, rel=0.2)
+
+
+def _write_inputs(root: Path, n_days: int, cap: int | None, rows_per_day: int = 1000) -> tuple[Path, Path]:
+    """A manifest of one table per trading day and a 3-fold expanding plan over `n_days` days."""
+    days = [date(2020, 1, 1) + timedelta(days=i) for i in range(n_days)]
+    manifest = {
+        "n_features": 50,
+        "files": [
+            {
+                "path": f"t{i}.parquet",
+                "rows": rows_per_day,
+                "first_day": d.isoformat(),
+                "last_day": d.isoformat(),
+            }
+            for i, d in enumerate(days)
+        ],
+    }
+    cfg = FoldConfig(
+        n=3, scheme="expanding", train_days=10, test_days=20, validation_days=2, embargo_bars=30,
+        tuning_days=10, tuning_validation_days=4, max_train_days=cap,
+    )  # fmt: skip
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    make_fold_plan(days, cfg).save(root / "folds.json")
+    return root / "manifest.json", root / "folds.json"
+
+
+def test_window_cells_count_the_windows_rows_times_features(tmp_path: Path) -> None:
+    manifest, folds = _write_inputs(tmp_path, n_days=100, cap=None)
+    # folds test the last 60 days: fold 0 trains on 40 days, fold 2 on 80
+    assert window_cells(manifest, folds, "train", 0) == 40 * 1000 * 50
+    assert window_cells(manifest, folds, "train", 2) == 80 * 1000 * 50
+    assert window_cells(manifest, folds, "tuning", None) == 10 * 1000 * 50
+    assert window_cells(manifest, folds, "tuning", 2) == 10 * 1000 * 50
+    # a table spanning two days counts by its share of the window
+    data = json.loads(manifest.read_text())
+    data["files"][0]["last_day"] = data["files"][1]["first_day"]
+    data["files"][0]["rows"] = 2000
+    del data["files"][1]
+    manifest.write_text(json.dumps(data))
+    assert window_cells(manifest, folds, "train", 0) == 40 * 1000 * 50
+    assert window_cells(tmp_path / "missing.json", folds, "train", 0) is None
+
+
+def test_the_cap_bounds_the_request_whatever_the_history(tmp_path: Path) -> None:
+    config = {
+        "folds": {"max_train_days": 250, "tuning_days": 10},
+        "data": {"source": "files", "demo": {}},
+        **SEEDS,
+    }
+    capped, uncapped = [], []
+    for years in (2, 5, 10):
+        n_days = 252 * years
+        capped.append(
+            train_mem_mb(config, "lightgbm", 2, *_write_inputs(tmp_path / f"c{years}", n_days, 250))
+        )
+        uncapped.append(
+            train_mem_mb(config, "lightgbm", 2, *_write_inputs(tmp_path / f"u{years}", n_days, None))
+        )
+    # no hyperparameters yet: LightGBM's largest window (8) flattens each cell 8 times
+    assert capped[0] == capped[1] == capped[2] == model_mem_mb("lightgbm", 250 * 1000 * 50, 8)
+    assert uncapped[0] < uncapped[1] < uncapped[2]
+    assert capped[2] < uncapped[2]
+
+
+def test_flattening_models_count_their_window(tmp_path: Path) -> None:
+    hparams = tmp_path / "lightgbm.json"
+    hparams.write_text(json.dumps({"best_params": {"window": 3, "num_leaves": 8}}))
+    assert flattened_window("lightgbm", hparams) == 3
+    assert flattened_window("lightgbm", tmp_path / "missing.json") == 8
+    assert flattened_window("linear", None) == 16
+    assert flattened_window("dqn", hparams) == flattened_window("mlp", hparams) == 1
+    manifest, folds = _write_inputs(tmp_path / "w", n_days=100, cap=None)
+    config = {"folds": {"max_train_days": None}, "data": {"source": "files", "demo": {}}, **SEEDS}
+    assert train_mem_mb(config, "lightgbm", 0, manifest, folds, hparams) == model_mem_mb(
+        "lightgbm", 40 * 1000 * 50 * 3
+    )
+    assert train_mem_mb(config, "lightgbm", 0, manifest, folds, hparams) < train_mem_mb(
+        config, "lightgbm", 0, manifest, folds
+    )
+
+
+def test_a_request_never_exceeds_the_limit_snakemake_was_given() -> None:
+    assert resources.within_limit(15100, None) == 15100
+    assert resources.within_limit(15100, 12000) == 12000  # runs alone rather than failing the run
+    assert resources.within_limit(900, 12000) == 900
+
+
+def test_before_the_inputs_exist_the_request_is_the_configs_longest_window(tmp_path: Path) -> None:
+    config = {
+        **SEEDS,
+        "folds": {"max_train_days": 250, "tuning_days": 12},
+        "data": {"source": "demo", "demo": {"days": 72}},
+    }
+    request = train_mem_mb(config, "dqn", 0, tmp_path / "manifest.json", tmp_path / "folds.json")
+    days = 72  # the demo's whole history, below the cap
+    assert request == model_mem_mb("dqn", days * resources.DEFAULT_ROWS_PER_DAY * resources.DEFAULT_FEATURES)
+    config["data"] = {"source": "files", "demo": {}}
+    longer = train_mem_mb(config, "dqn", 0, tmp_path / "manifest.json", tmp_path / "folds.json")
+    assert longer == model_mem_mb("dqn", 250 * resources.DEFAULT_ROWS_PER_DAY * resources.DEFAULT_FEATURES)
+
+
+def test_every_rule_declares_mem_mb(tmp_path: Path) -> None:
+    """Every rule that runs a job declares resources mem_mb (the fixed ones by name from FIXED_MB), as Snakemake
+    itself parses the workflow: a dry run of the whole DAG, calibration and predict included, prints it per job."""
+    names = set()
+    for path in (REPO_ROOT / "rules").glob("*.smk"):
+        names |= set(re.findall(r"^rule (\w+):", path.read_text(), re.MULTILINE))
+    for name in names - {"train", "hyperopt_worker"}:
+        assert name in resources.FIXED_MB, name
+    (tmp_path / "config.yaml").write_text((REPO_ROOT / "config.yaml").read_text())
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO_ROOT / "Snakefile"), "-n", "--cores", "2",
+         "results/eval_report.html", "results/calibration/calibration.html"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    jobs = re.findall(r"^rule (\w+):\n((?:    .*\n)+)", result.stdout, re.MULTILINE)
+    # a features batch's rule is features_<batch> (rules/features.smk)
+    assert {pipeline.rule_stage(rule) for rule, _ in jobs} >= {
+        "demo_data",
+        "features",
+        "folds",
+        "train",
+        "evaluate",
+        "report",
+    }
+    for rule, block in jobs:
+        match = re.search(r"mem_mb=(\d+)", block)
+        assert match and int(match.group(1)) >= 500, (rule, block)
