@@ -390,6 +390,7 @@ def write_pipeline_outputs(
     flat_models: Sequence[str] = (),
     gated: Mapping[str, Collection[tuple[int, int]]] | None = None,
     validation_trend: Mapping[str, float] | None = None,
+    random_cost_per_side: float | None = None,
 ) -> PipelineOutputs:
     """Write a complete set of the fan-out's outputs under `root` (see the module docstring); `per_fold`: one
     hyperopt summary per model x fold (hyperopt.per_fold) instead of one per model.
@@ -398,7 +399,8 @@ def write_pipeline_outputs(
     `flat_models` never leave flat; every run of a model in `gated` carries a validation gate record
     (metrics.json `flat_gate`), which sets its (fold, seed index) pairs flat (no position on any test bar);
     a model in `validation_trend` logs EVALS_PER_RUN validation Sharpes (train_log.json `validation`) that
-    change by that much per evaluation, with a little noise."""
+    change by that much per evaluation, with a little noise. `random_cost_per_side` prices the random-baseline
+    traders' trades apart from everyone else's (default: `cost_per_side`)."""
     root = Path(root)
     rng = np.random.default_rng(seed)
     skill = dict(skill or {})
@@ -493,7 +495,11 @@ def write_pipeline_outputs(
             for name, pos in strategies.items()
         ]
         random_tables = [
-            _bars(market, _random_positions(n, rng), cost_per_side).with_columns(
+            _bars(
+                market,
+                _random_positions(n, rng),
+                cost_per_side if random_cost_per_side is None else random_cost_per_side,
+            ).with_columns(
                 pl.lit(f"random_{i}").alias("strategy")
             )
             for i in range(random_seeds)

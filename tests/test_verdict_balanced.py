@@ -226,6 +226,18 @@ def test_an_all_flat_run_falls_back_to_the_reference_trader(tmp_path: Path) -> N
     assert again["detectable_sharpe_difference"] == figure  # seeded: the same inputs give the same figure
 
 
+def test_the_reference_trader_is_priced_before_costs(tmp_path: Path) -> None:
+    """The random traders change position at most bars; at 1x costs their churn (and on real data the spread's
+    outliers) would set the reference's figure, not the days. Before costs their figure is the days' own: the
+    same however dear their trades."""
+    flat = {"models": ("dqn", "ppo"), "flat_models": ("dqn", "ppo"), "random_seeds": 10}
+    cheap, _ = _report(tmp_path / "cheap", **flat, random_cost_per_side=2e-5)
+    dear, _ = _report(tmp_path / "dear", **flat, random_cost_per_side=3e-4)
+    assert cheap["headline"]["basis"] == dear["headline"]["basis"] == "reference_trader"
+    assert "before costs" in dear["headline"]["definition"]
+    assert dear["detectable_sharpe_difference"] == pytest.approx(cheap["detectable_sharpe_difference"], rel=1e-9)
+
+
 def test_the_measured_notes_say_which_procedure_they_were_measured_with() -> None:
     note = headline_power_note(60, 0.8, MEASURED_LAYOUT)
     assert ("earlier max-t stepdown" in note) == (MEASURED_PROCEDURE != PROCEDURE)

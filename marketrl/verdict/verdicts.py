@@ -268,6 +268,12 @@ def _aligned_matrix(series: Sequence[ReturnSeries | DailySeries]) -> tuple[np.nd
     return days, matrix
 
 
+def _gross_series(strategy: Strategy) -> DailySeries:
+    """A strategy's pooled daily returns before costs (its positions' returns at 0x costs)."""
+    assert isinstance(strategy.pooled, ReturnSeries)
+    return DailySeries(*strategy.pooled.daily(0.0))
+
+
 def lag1_autocorrelation(daily: np.ndarray) -> float:
     """Sample lag-1 autocorrelation (NaN below 3 days or for a constant series)."""
     if daily.size < 3:
@@ -594,9 +600,10 @@ HEADLINE_DEFINITION = (
 #: ... and when no model trades: the same figure for a reference trader on the run's own test days
 REFERENCE_DEFINITION = (
     "no model trades on {share:.0f}% of its test days, so the figure is that of a reference trader on this run's "
-    "test days: {seeds} of the run's random-baseline traders as the seeds of one model, compared with buy & hold, "
-    "flat, momentum and the mean of the other {others} random traders (which trade as often as it does, so that "
-    "comparison is also its turnover-matched one), its critical value from its own bootstrap at the level the "
+    "test days: {seeds} of the run's random-baseline traders, before costs (a trader with no skill and no cost "
+    "drag), as the seeds of one model, compared with buy & hold, flat, momentum and the mean of the other {others} "
+    "random traders before costs (which trade as often as it does, so that comparison is also its turnover-matched "
+    "one), its critical value from its own bootstrap at the level the "
     "balanced stepdown gives each of this run's {models} model(s) ({level:.2f}%), {power:.0f}% power"
 )
 
@@ -808,20 +815,24 @@ def model_verdicts(
         n_reference = min(max((len(members[m]) for m in models), default=1), len(random_seeds) // 2)
         headline = math.nan
         if n_reference >= 1 and n_days >= 3:
-            reference, others = random_seeds[:n_reference], random_seeds[n_reference:]
-            reference_row = np.zeros(len(pooled))
-            reference_row[[column_of[id(r)] for r in reference]] = 1.0 / n_reference
+            # the random traders before costs: a trader with no skill and no cost drag (at 1x costs their churn at
+            # nearly every bar makes their Sharpe so negative that its spread, not the days', would set the figure)
+            gross = [_gross_series(r) for r in random_seeds]
+            _, reference_matrix = _aligned_matrix([*(b.pooled for b in fixed), *gross])
+            n_fixed = len(fixed)
+            reference_row = np.zeros(reference_matrix.shape[1])
+            reference_row[n_fixed : n_fixed + n_reference] = 1.0 / n_reference
             reference_pairs = []
-            for baseline in [*fixed, None]:
+            for k in range(n_fixed + 1):
                 row = reference_row.copy()
-                if baseline is None:
-                    row[[column_of[id(r)] for r in others]] -= 1.0 / len(others)
+                if k == n_fixed:  # the mean of the other random traders, also before costs
+                    row[n_fixed + n_reference :] -= 1.0 / (len(random_seeds) - n_reference)
                 else:
-                    row[column_of[id(baseline)]] -= 1.0
+                    row[k] -= 1.0
                 reference_pairs.append(row)
             headline = (
                 reference_detectable(
-                    matrix,
+                    reference_matrix,
                     reference_row,
                     reference_pairs,
                     result.primary.level,
