@@ -499,9 +499,7 @@ def write_pipeline_outputs(
                 market,
                 _random_positions(n, rng),
                 cost_per_side if random_cost_per_side is None else random_cost_per_side,
-            ).with_columns(
-                pl.lit(f"random_{i}").alias("strategy")
-            )
+            ).with_columns(pl.lit(f"random_{i}").alias("strategy"))
             for i in range(random_seeds)
         ]
         all_bars = pl.concat(tables + random_tables)

@@ -235,7 +235,9 @@ def test_the_reference_trader_is_priced_before_costs(tmp_path: Path) -> None:
     dear, _ = _report(tmp_path / "dear", **flat, random_cost_per_side=3e-4)
     assert cheap["headline"]["basis"] == dear["headline"]["basis"] == "reference_trader"
     assert "before costs" in dear["headline"]["definition"]
-    assert dear["detectable_sharpe_difference"] == pytest.approx(cheap["detectable_sharpe_difference"], rel=1e-9)
+    assert dear["detectable_sharpe_difference"] == pytest.approx(
+        cheap["detectable_sharpe_difference"], rel=1e-9
+    )
 
 
 def test_the_measured_notes_say_which_procedure_they_were_measured_with() -> None:
