@@ -49,6 +49,7 @@ QUICK_TESTS = {
     "speed/job_imports.py": "test_job_imports_quick_times_every_stage",
     "speed/launches.py": "test_launches_quick_counts_every_part",
     "speed/models.py": "test_models_quick_reports_every_model",
+    "speed/scale.py": "test_scale_quick_measures_every_stage_at_two_lengths",
     "speed/seeds.py": "test_seeds_quick_times_batched_and_sequential_seeds",
     "speed/time_to_quality.py": "test_time_to_quality_quick_runs_both_algorithms",
     "studies/calibration.py": "test_calibration_quick_summarizes_both_arms",
@@ -65,6 +66,7 @@ QUICK_TESTS = {
 #: The arguments of each run `quick` starts ({out}: the module's temp dir), the longest first (they run two at a time).
 RUNS: dict[str, tuple[str, ...]] = {
     "studies/sanity.py": ("--cores", "1", "--json", "{out}/sanity.json"),
+    "speed/scale.py": ("--cores", "1", "--json", "{out}/scale.json"),
     "speed/hyperopt_cost.py": ("--json", "{out}/cost.json"),
     "speed/features.py": (),
     "speed/models.py": ("--clock", "cpu", "--rounds", "4", "--json", "{out}/models.json"),
@@ -206,6 +208,27 @@ def test_launches_quick_counts_every_part(quick: QuickRuns) -> None:
         assert ("dqn", n_seeds, "vector step (act, env, replay insert)") in parts
         assert {("ppo", n_seeds, f"epoch of {m} minibatches") for m in (1, 2)} <= parts
     assert all(float(row[3]) > 0 for row in rows)
+
+
+@pytest.mark.bench
+def test_scale_quick_measures_every_stage_at_two_lengths(quick: QuickRuns) -> None:
+    """Both lengths ran the whole pipeline; every stage of the DAG has its jobs, costs and a growth exponent;
+    the checks are there and the per-fold train CPU has a figure once there are two folds."""
+    out = quick.stdout("speed/scale.py")
+    record = json.loads((quick.out / "scale.json").read_text())
+    runs = record["runs"]
+    assert [run["days"] for run in runs] == [8, 12] and record["models"] == ["linear"]
+    assert runs[0]["folds"] < runs[1]["folds"]
+    for run in runs:
+        assert run["wall_s"] > 0 and run["cpu_s"] > 0
+        stages = run["stages"]
+        assert {"demo_data", "features", "folds", "hyperopt", "train", "evaluate", "report"} <= set(stages)
+        assert stages["train"]["jobs"] == run["folds"] and len(run["train_fold_cpu"]) == run["folds"]
+        assert all(stage["jobs"] >= 1 and stage["max_rss_mb"] > 0 for stage in stages.values())
+        assert stages["train"]["cpu_s"] > 0 and stages["evaluate"]["cpu_s"] > 0
+    assert re.search(r"^\| train \| .* \| -?[0-9.]+ \|$", out, flags=re.M)  # its fitted growth
+    checks = {(c["days"], c["check"]) for c in record["checks"]}
+    assert (12, "no job above 4,096 MB") in checks and len(checks) == 6
 
 
 @pytest.mark.bench
