@@ -603,8 +603,8 @@ REFERENCE_DEFINITION = (
     "test days: {seeds} of the run's random-baseline traders, before costs (a trader with no skill and no cost "
     "drag), as the seeds of one model, compared with buy & hold, flat, momentum and the mean of the other {others} "
     "random traders before costs (which trade as often as it does, so that comparison is also its turnover-matched "
-    "one), its critical value from its own bootstrap at the level the "
-    "balanced stepdown gives each of this run's {models} model(s) ({level:.2f}%), {power:.0f}% power"
+    "one), its critical value from its own bootstrap at the level the balanced stepdown gives each of this run's "
+    "{models} model(s) ({level:.2f}%), {power:.0f}% power"
 )
 
 
