@@ -45,6 +45,7 @@ from marketrl.verdict.strategies import (
     VerdictRules,
     build_strategies,
     config_value,
+    random_seed_strategies,
 )
 from marketrl.verdict.verdicts import FamilySummary, ModelVerdict, deflation_for, model_verdicts, sharpe_stats
 
@@ -437,7 +438,7 @@ def build_context(
 
     agents = build_strategies(inputs.model_runs)
     baselines = tables.baseline_order(build_strategies(inputs.baseline_runs))
-    random_seeds = build_strategies(inputs.random_seed_runs)
+    random_seeds = random_seed_strategies(inputs)
     strategies = [*agents, *baselines]
 
     verdicts, family = model_verdicts(inputs, agents, baselines, random_seeds, rules, root_seed)

@@ -91,20 +91,18 @@ def fills_paid(strategies: Sequence[Strategy]) -> list[dict[str, Any]]:
     pooled: dict[str, list[Any]] = {}
     for strategy in strategies:
         for run in strategy.fold_runs.values():
-            if "traded" in run.bars.columns:
-                pooled.setdefault(strategy.name, [strategy.is_agent]).append(run.bars)
+            fills = run.fills_paid()
+            if fills is not None:
+                pooled.setdefault(strategy.name, [strategy.is_agent]).append(fills)
     rows = []
-    for name, (is_agent, *frames) in pooled.items():
-        traded = np.concatenate([f["traded"].to_numpy() for f in frames]).astype(np.float64)
-        ticks = np.concatenate([f["half_spread_ticks"].fill_null(np.nan).to_numpy() for f in frames])
-        fallback = [f["quote_fallback"] for f in frames]
-        filled = (traded > 0) & np.isfinite(ticks)
-        if not filled.any():
+    for name, (is_agent, *runs) in pooled.items():
+        if not any(fills.traded.size for fills in runs):
             continue
-        weight, paid = traded[filled], ticks[filled].astype(np.float64)
+        weight = np.concatenate([fills.traded for fills in runs])
+        paid = np.concatenate([fills.ticks for fills in runs])
         order = np.argsort(paid, kind="stable")
         cumulative = np.cumsum(weight[order]) / weight.sum()
-        quoted = all(series.null_count() < series.len() for series in fallback)
+        quoted = all(fills.quoted for fills in runs)
         rows.append(
             {
                 "name": name,
@@ -113,9 +111,7 @@ def fills_paid(strategies: Sequence[Strategy]) -> list[dict[str, Any]]:
                 "mean_ticks": float(np.average(paid, weights=weight)),
                 "p95_ticks": float(paid[order][np.searchsorted(cumulative, 0.95)]),
                 "wide_share": float(weight[paid > WIDE_HALF_SPREAD_TICKS].sum() / weight.sum()),
-                "fallback_fills": (
-                    int(sum(int(series.fill_null(False).sum()) for series in fallback)) if quoted else None
-                ),
+                "fallback_fills": (sum(fills.fallback for fills in runs) if quoted else None),
             }
         )
     return rows

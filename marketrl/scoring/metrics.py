@@ -7,7 +7,7 @@ per-bar statistics never annualised, equal-weight portfolio across instruments r
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -147,26 +147,34 @@ def portfolio_bars(bars: pl.DataFrame, return_column: str = "net_return") -> pl.
     )
 
 
-def average_strategies(tables: Sequence[pl.DataFrame]) -> pl.DataFrame:
+def average_strategies(tables: Iterable[pl.DataFrame]) -> pl.DataFrame:
     """One strategy that gives each of ``tables`` (per-bar tables of the same bars) an equal share of capital: per
     (symbol, bar) the mean position, gross return and cost over the tables, in their order; net = gross − cost.
 
     This is how the random baseline's seeds become one baseline, in the evaluation job and in the report alike.
+    ``tables`` may be a generator: one table is held at a time.
     """
-    if not tables:
-        raise MetricsInputError("average_strategies: expected at least one per-bar table")
     keys = ["symbol", "ts_event"]
-    ordered = [table.sort(keys) for table in tables]
-    first = ordered[0].select(REQUIRED_COLUMNS[:3])
-    for table in ordered[1:]:
-        if not table.select(keys).equals(first.select(keys)):
+    columns = ("position", "gross_return", "cost")
+    first: pl.DataFrame | None = None
+    sums: dict[str, np.ndarray] = {}
+    count = 0
+    for table in tables:
+        ordered = table.sort(keys)
+        if first is None:
+            first = ordered.select(REQUIRED_COLUMNS[:3])
+        elif not ordered.select(keys).equals(first.select(keys)):
             raise MetricsInputError(
                 "average_strategies: the tables must hold the same (symbol, ts_event) bars"
             )
-    means = {
-        column: np.mean([table[column].cast(pl.Float64).to_numpy() for table in ordered], axis=0)
-        for column in ("position", "gross_return", "cost")
-    }
+        values = {column: ordered[column].cast(pl.Float64).to_numpy() for column in columns}
+        # Added in table order, then divided: the same bits as np.mean over the stacked tables (numpy sums the
+        # leading axis in order), without stacking them.
+        sums = values if not sums else {column: sums[column] + values[column] for column in columns}
+        count += 1
+    if first is None:
+        raise MetricsInputError("average_strategies: expected at least one per-bar table")
+    means = {column: sums[column] / count for column in columns}
     return first.with_columns(**means).with_columns(net_return=pl.col("gross_return") - pl.col("cost"))
 
 

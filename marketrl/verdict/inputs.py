@@ -3,13 +3,17 @@
 Required inputs (every listed eval file, its bars.parquet, the fold plan, every listed hyperopt JSON and train log)
 raise a one-line :class:`ReportInputError` naming the file when missing or malformed. Optional content (no completed
 hyperopt trials, no training history) is kept as empty and reported by its section instead.
+
+Only the columns the report uses are read. The random baseline's traders (most of a run's rows) are checked here
+fold by fold but not kept: `RandomTraders` reads them again one trader at a time, and the report keeps their
+daily returns and summaries (marketrl.verdict.strategies.random_seed_strategies).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,11 +45,6 @@ FORECAST_COLUMNS = ("prediction", "forward_return")
 FILL_COLUMNS = ("traded", "half_spread_ticks", "quote_fallback")
 
 
-def _bar_columns(bars: pl.DataFrame) -> list[str]:
-    """REQUIRED_COLUMNS, and the fill columns where the table has them."""
-    return [*REQUIRED_COLUMNS, *(c for c in FILL_COLUMNS if c in bars.columns)]
-
-
 class ReportInputError(ValueError):
     """A report input is missing or malformed; the one-line message names the file (or config key)."""
 
@@ -57,6 +56,34 @@ class MatchedRandom:
     change_rate: float
     days: np.ndarray  # datetime64[D], ascending
     daily: np.ndarray
+
+
+@dataclass(frozen=True)
+class Fills:
+    """A run's fills at a known half-spread (`traded` > 0, `half_spread_ticks` finite) as float64, whether its
+    `quote_fallback` column holds any value (the data had quotes) and how many fills fell back: what the report's
+    fill table reads of a per-bar table (marketrl.report.tables.fills_paid)."""
+
+    traded: np.ndarray
+    ticks: np.ndarray
+    quoted: bool
+    fallback: int
+
+    @classmethod
+    def of(cls, bars: pl.DataFrame) -> Fills | None:
+        """The fills of a per-bar table; None where it predates the fill columns."""
+        if "traded" not in bars.columns:
+            return None
+        traded = bars["traded"].to_numpy().astype(np.float64)
+        ticks = bars["half_spread_ticks"].fill_null(np.nan).to_numpy()
+        filled = (traded > 0) & np.isfinite(ticks)
+        fallback = bars["quote_fallback"]
+        return cls(
+            traded[filled],
+            ticks[filled].astype(np.float64),
+            fallback.null_count() < fallback.len(),
+            int(fallback.fill_null(False).sum()),
+        )
 
 
 @dataclass(frozen=True)
@@ -80,6 +107,12 @@ class Run:
     forecasts: pl.DataFrame | None = None  # forecasters: trading_day, prediction, forward_return per bar
     # model runs: the validation gate's record (metrics.json "flat_gate"); None where the run has none (not gated)
     flat_gate: Mapping[str, Any] | None = None
+    # a run reduced to days (marketrl.verdict.strategies.digest): its fills, its `bars` then an empty table
+    fills: Fills | None = None
+
+    def fills_paid(self) -> Fills | None:
+        """The run's fills: kept from its digest, else from its per-bar table."""
+        return self.fills if self.fills is not None else Fills.of(self.bars)
 
     @property
     def label(self) -> str:
@@ -87,6 +120,34 @@ class Run:
         if self.is_agent:
             return f"{self.strategy} seed {self.seed_index}"
         return self.strategy
+
+
+@dataclass(frozen=True)
+class RandomTraders:
+    """The random baseline's traders as load_inputs found them: per fold (in the order given) its baselines'
+    bars.parquet and the traders' seeds with their strategy names. Their per-bar tables are most of a run's rows,
+    and the report needs only their days and summaries: `runs` reads one trader's tables at a time."""
+
+    files: dict[int, Path] = field(default_factory=dict)
+    names: dict[int, dict[int, str]] = field(default_factory=dict)  # fold -> seed -> strategy name
+
+    @property
+    def seeds(self) -> list[int]:
+        """Every trader's seed, ascending."""
+        return sorted({seed for names in self.names.values() for seed in names})
+
+    def runs(self, seed: int) -> list[Run]:
+        """The per-bar runs of trader `seed` in every fold that has it (checked when load_inputs read them)."""
+        runs = []
+        for fold, path in self.files.items():
+            name = self.names[fold].get(seed)
+            if name is None:
+                continue
+            scan, columns = _scan_bars(path, ("strategy",))
+            columns.remove("strategy")
+            table = _collect(scan.filter(pl.col("strategy") == name).select(columns), path)
+            runs.append(Run(RANDOM_BASELINE, False, fold, seed, table, path))
+        return runs
 
 
 @dataclass(frozen=True)
@@ -126,6 +187,8 @@ class ReportInputs:
     provenance_records: list[Mapping[str, Any]] = field(default_factory=list)
     # hyperopt.per_fold: each fold's own study, {model: {fold: summary}}; `hyperopt` then holds their pooled trials
     hyperopt_folds: dict[str, dict[int, HyperoptSummary]] = field(default_factory=dict)
+    # the random traders load_inputs left on disk (`random_seed_runs`: those given as tables, e.g. by the calibration)
+    random_traders: RandomTraders = field(default_factory=RandomTraders)
 
     @property
     def models(self) -> list[str]:
@@ -176,19 +239,34 @@ def _require(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], p
     return value
 
 
-def _read_bars(bars_path: Path, extra_columns: Sequence[str] = ()) -> tuple[Path, pl.DataFrame]:
+def _scan_bars(bars_path: Path, extra_columns: Sequence[str] = ()) -> tuple[pl.LazyFrame, list[str]]:
+    """A lazy scan of a per-bar table and the columns the report reads of it: REQUIRED_COLUMNS, the fill columns
+    where the table has them, then `extra_columns` (checked present)."""
     if not bars_path.is_file():
         raise ReportInputError(f"{bars_path}: per-bar evaluation table not found")
     try:
-        bars = pl.read_parquet(bars_path)
+        scan = pl.scan_parquet(bars_path)
+        names = scan.collect_schema().names()
     except Exception as err:  # polars raises several unrelated types for a bad file
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ReportInputError(f"{bars_path}: cannot read Parquet ({reason})") from None
-    missing = [c for c in (*REQUIRED_COLUMNS, *extra_columns) if c not in bars.columns]
+        raise _unreadable(bars_path, err) from None
+    missing = [c for c in (*REQUIRED_COLUMNS, *extra_columns) if c not in names]
     if missing:
         expected = [*REQUIRED_COLUMNS, *extra_columns]
         raise ReportInputError(f"{bars_path}: missing column(s) {missing}; expected {expected}")
-    return bars_path, bars
+    return scan, [*REQUIRED_COLUMNS, *(c for c in FILL_COLUMNS if c in names), *extra_columns]
+
+
+def _unreadable(bars_path: Path, err: Exception) -> ReportInputError:
+    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return ReportInputError(f"{bars_path}: cannot read Parquet ({reason})")
+
+
+def _collect(frame: pl.LazyFrame, bars_path: Path) -> pl.DataFrame:
+    """`frame` read, a damaged file reported as a one-line ReportInputError naming it."""
+    try:
+        return frame.collect()
+    except Exception as err:  # polars raises several unrelated types for a bad file
+        raise _unreadable(bars_path, err) from None
 
 
 def _checked(run: Run) -> Run:
@@ -215,7 +293,8 @@ def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
         horizon = _require(data, "horizon", int, path, what)
         if horizon < 1:
             raise ReportInputError(f"{path}: {what} field 'horizon' must be a positive number of bars")
-    bars_path, bars = _read_bars(bars_path, FORECAST_COLUMNS if kind == FORECASTER else ())
+    scan, columns = _scan_bars(bars_path, FORECAST_COLUMNS if kind == FORECASTER else ())
+    bars = _collect(scan.select(columns), bars_path)
     forecasts = None
     if kind == FORECASTER:
         forecasts = bars.select(
@@ -232,7 +311,7 @@ def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
             True,
             fold,
             seed_index,
-            bars.select(_bar_columns(bars)),
+            bars.drop(FORECAST_COLUMNS, strict=False),
             bars_path,
             stored,
             matched,
@@ -294,11 +373,15 @@ def _matched_random(path: Path, block: Any) -> MatchedRandom:
     return MatchedRandom(float(rate), day_array, returns)
 
 
-def _baseline_runs(path: Path, bars_path: Path, data: Mapping[str, Any]) -> tuple[list[Run], list[Run]]:
+def _baseline_runs(path: Path, bars_path: Path, data: Mapping[str, Any]) -> tuple[list[Run], dict[int, str]]:
+    """The fold's deterministic baselines and the seed-averaged random baseline (per-bar tables), and the random
+    traders' seeds and strategy names: their tables are checked here but not kept (`RandomTraders` reads them
+    again one trader at a time)."""
     fold = _require(data, "fold", int, path, "baseline evaluation")
     strategies = _require(data, "strategies", dict, path, "baseline evaluation")
-    bars_path, bars = _read_bars(bars_path, extra_columns=("strategy",))
-    names = sorted(bars["strategy"].unique().to_list())
+    scan, columns = _scan_bars(bars_path, extra_columns=("strategy",))
+    columns.remove("strategy")
+    names = sorted(_collect(scan.select(pl.col("strategy").unique()), bars_path)["strategy"].to_list())
     missing = [name for name in DETERMINISTIC_BASELINES if name not in names]
     random_names = [name for name in names if name.startswith(_RANDOM_PREFIX)]
     if missing or not random_names:
@@ -306,6 +389,9 @@ def _baseline_runs(path: Path, bars_path: Path, data: Mapping[str, Any]) -> tupl
         raise ReportInputError(
             f"{bars_path}: column 'strategy' lacks {missing or ['random_<i>']}; expected {expected}"
         )
+    fixed = _collect(
+        scan.filter(pl.col("strategy").is_in(DETERMINISTIC_BASELINES)).select(*columns, "strategy"), bars_path
+    )
     runs = [
         _checked(
             Run(
@@ -313,27 +399,33 @@ def _baseline_runs(path: Path, bars_path: Path, data: Mapping[str, Any]) -> tupl
                 False,
                 fold,
                 None,
-                bars.filter(pl.col("strategy") == name).select(_bar_columns(bars)),
+                fixed.filter(pl.col("strategy") == name).select(columns),
                 bars_path,
                 strategies.get(name),
             )
         )
         for name in DETERMINISTIC_BASELINES
     ]
-    random_runs = []
+    seeds: dict[int, str] = {}
     for name in random_names:
         suffix = name.removeprefix(_RANDOM_PREFIX)
         if not suffix.isdigit():
             raise ReportInputError(f"{bars_path}: strategy {name!r} is not random_<integer>")
-        table = bars.filter(pl.col("strategy") == name).select(_bar_columns(bars))
-        random_runs.append(_checked(Run(RANDOM_BASELINE, False, fold, int(suffix), table, bars_path)))
-    random_runs.sort(key=lambda run: run.seed_index or 0)
+        seeds[int(suffix)] = name
+
+    def traders() -> Iterator[pl.DataFrame]:
+        """Each trader's table, read alone and checked (the evaluation job writes one strategy after another: the
+        filtered read skips the other row groups)."""
+        for seed, name in sorted(seeds.items()):
+            table = _collect(scan.filter(pl.col("strategy") == name).select(REQUIRED_COLUMNS), bars_path)
+            yield _checked(Run(RANDOM_BASELINE, False, fold, seed, table, bars_path)).bars
+
     # The evaluation job's own average (same seeds, same order): its stored summary is checked like the others.
-    mean = average_strategies([run.bars for run in random_runs])
+    mean = average_strategies(traders())
     runs.append(
         _checked(Run(RANDOM_BASELINE, False, fold, None, mean, bars_path, strategies.get(RANDOM_BASELINE)))
     )
-    return runs, random_runs
+    return runs, dict(sorted(seeds.items()))
 
 
 def _hyperopt(path: Path) -> HyperoptSummary:
@@ -434,16 +526,17 @@ def load_inputs(
         raise ReportInputError(str(err)) from None
     model_runs: list[Run] = []
     baseline_runs: list[Run] = []
-    random_runs: list[Run] = []
+    traders = RandomTraders()
     records: list[Mapping[str, Any]] = []
     files: list[Path] = [Path(folds_path)]
     for name, bars_name in zip(eval_files, bar_files, strict=True):
         path, bars_path = Path(name), Path(bars_name)
         data = read_json_object(path, "evaluation metrics")
         if "strategies" in data:
-            runs, seeds = _baseline_runs(path, bars_path, data)
+            runs, names = _baseline_runs(path, bars_path, data)
             baseline_runs += runs
-            random_runs += seeds
+            traders.files[runs[0].fold] = bars_path
+            traders.names[runs[0].fold] = names
         else:
             model_runs.append(_agent_run(path, bars_path, data))
         files += [path, bars_path]
@@ -477,7 +570,7 @@ def load_inputs(
     records += [log.data.get("provenance") or {} for log in logs]
     records = [record for record in records if isinstance(record, Mapping)]
     inputs = ReportInputs(
-        model_runs, baseline_runs, random_runs, hyperopt, logs, plan, files, records, hyperopt_folds
+        model_runs, baseline_runs, [], hyperopt, logs, plan, files, records, hyperopt_folds, traders
     )
     _check_layout(inputs)
     return inputs

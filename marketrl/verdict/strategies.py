@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from marketrl.verdict.inputs import (
     MATCHED_RANDOM,
     RANDOM_BASELINE,
     ReportInputError,
+    ReportInputs,
     Run,
 )
 
@@ -91,6 +92,22 @@ class ReturnSeries:
 
 
 @dataclass(frozen=True)
+class DailyReturns:
+    """A strategy's pooled daily returns net of costs and before costs, without its bars (a random trader's
+    `digest`): `ReturnSeries.daily` at 1× and 0× costs, the only multipliers the report asks of a random trader."""
+
+    days: np.ndarray
+    net: np.ndarray
+    gross: np.ndarray
+
+    def daily(self, multiplier: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """(trading days, compounded daily returns) at 1× (net) or 0× (gross) costs."""
+        if multiplier not in (0.0, 1.0):
+            raise ValueError(f"DailyReturns: only 0x and 1x costs are kept, not {multiplier}x")
+        return self.days, self.net if multiplier == 1.0 else self.gross
+
+
+@dataclass(frozen=True)
 class DailySeries:
     """Daily net returns known only per day (a turnover-matched random trader, from metrics.json)."""
 
@@ -126,7 +143,7 @@ class Strategy:
     fold_runs: dict[int, Run]
     fold_summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
     pooled_summary: dict[str, Any] = field(default_factory=dict)
-    pooled: ReturnSeries | None = None
+    pooled: ReturnSeries | DailyReturns | None = None  # DailyReturns: a `digest`ed random trader
     long_share: float = math.nan
     short_share: float = math.nan
     trading_share: float = math.nan  # share of its pooled test days with a nonzero position at some bar
@@ -165,6 +182,30 @@ def build_strategies(runs: Sequence[Run], pooled_summary: bool = True) -> list[S
     return sorted(grouped.values(), key=lambda s: (not s.is_agent, s.name, s.seed_index or 0))
 
 
+def digest(strategy: Strategy) -> Strategy:
+    """`strategy` without its per-bar data: pooled daily returns at 1× and 0× costs (`DailyReturns`) and its runs'
+    fills instead of their tables; its summaries and shares as they were. What the report keeps of a random
+    trader (none of its figures draws one)."""
+    assert isinstance(strategy.pooled, ReturnSeries)
+    days, net = strategy.pooled.daily(1.0)
+    _, gross = strategy.pooled.daily(0.0)
+    runs = {
+        fold: replace(run, bars=run.bars.clear(), fills=run.fills_paid())
+        for fold, run in strategy.fold_runs.items()
+    }
+    return replace(strategy, fold_runs=runs, pooled=DailyReturns(days, net, gross))
+
+
+def random_seed_strategies(inputs: ReportInputs) -> list[Strategy]:
+    """The random baseline's traders as strategies: those given as tables (`random_seed_runs`) and those on disk
+    (`random_traders`), the latter read one trader at a time and `digest`ed before the next, so the report's memory
+    holds one trader's bars, not fifty."""
+    strategies = build_strategies(inputs.random_seed_runs)
+    for seed in inputs.random_traders.seeds:
+        strategies += [digest(s) for s in build_strategies(inputs.random_traders.runs(seed))]
+    return sorted(strategies, key=lambda s: (not s.is_agent, s.name, s.seed_index or 0))
+
+
 def trading_share(bars: pl.DataFrame) -> float:
     """Share of the trading days of ``bars`` (columns ``trading_day``, ``position``) on which a nonzero position
     is held at some bar; NaN without any day."""
@@ -187,7 +228,7 @@ def annualized_sharpe(daily: np.ndarray) -> float:
     return float(sharpe_ratio(daily)) * ANNUALIZER if daily.size >= 2 else math.nan
 
 
-def gross_and_net_sharpe(series: ReturnSeries) -> tuple[float, float]:
+def gross_and_net_sharpe(series: ReturnSeries | DailyReturns) -> tuple[float, float]:
     """Annualised Sharpe of the daily returns before costs (``gross_return``) and at 1× costs (``net_return``)."""
     return annualized_sharpe(series.daily(0.0)[1]), annualized_sharpe(series.daily(1.0)[1])
 

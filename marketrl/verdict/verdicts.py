@@ -44,6 +44,7 @@ from marketrl.verdict.inputs import (
 from marketrl.verdict.strategies import (
     BASELINE_LABELS,
     INTERRUPTED_ATTR,
+    DailyReturns,
     DailySeries,
     ReturnSeries,
     Strategy,
@@ -270,7 +271,7 @@ def _aligned_matrix(series: Sequence[ReturnSeries | DailySeries]) -> tuple[np.nd
 
 def _gross_series(strategy: Strategy) -> DailySeries:
     """A strategy's pooled daily returns before costs (its positions' returns at 0x costs)."""
-    assert isinstance(strategy.pooled, ReturnSeries)
+    assert isinstance(strategy.pooled, ReturnSeries | DailyReturns)
     return DailySeries(*strategy.pooled.daily(0.0))
 
 
