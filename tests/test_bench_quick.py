@@ -89,6 +89,9 @@ RUNS: dict[str, tuple[str, ...]] = {
     "studies/coverage.py": (),
 }
 WORKERS = min(2, os.cpu_count() or 1)
+#: A hang guard, not a time budget: the two that run whole Snakemake pipelines get more than run_quick's default,
+#: because on a loaded 2-core machine scale.py's two runs went past 240 s.
+TIMEOUTS = {"studies/sanity.py": 600, "speed/scale.py": 600}
 
 
 class QuickRuns:
@@ -97,7 +100,12 @@ class QuickRuns:
     def __init__(self, out: Path, pool: ThreadPoolExecutor, scripts: list[str]) -> None:
         self.out = out
         self.futures: dict[str, Future[str]] = {
-            script: pool.submit(run_quick, script, *(a.format(out=out) for a in RUNS[script]))
+            script: pool.submit(
+                run_quick,
+                script,
+                *(a.format(out=out) for a in RUNS[script]),
+                timeout=TIMEOUTS.get(script, 240),
+            )
             for script in scripts
         }
 
