@@ -136,25 +136,26 @@ def se_floor_for(n_days: int) -> float:
 _BLOCK_GRID_STEP = 0.5
 
 
-def contrast_mean_blocks(returns: object, weights: object) -> np.ndarray:
+def contrast_mean_blocks(returns: object, weights: object, pooled: object = None) -> np.ndarray:
     """Politis–White mean block of each contrast, from that contrast's own influence series u_k = IF·w_k.
 
     u_k is the first-order expansion of θ̂_k in the observations (means and variances of the series it
     weights), so its dependence is the dependence the bootstrap must keep for θ_k, and nothing more: a contrast
     is not handed the longest block of every other series of the matrix. Rounded to the nearest point of the
-    grid 2^(j/2), j = 0, 1, … (1, 1.41, 2, 2.83, …).
+    grid 2^(j/2), j = 0, 1, … (1, 1.41, 2, 2.83, …). ``pooled``: the rows whose autocorrelations
+    :func:`ar1_block_floors` pools (default all).
     """
     x = np.asarray(returns, dtype=np.float64)
     w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
     _, influence = _sharpe_and_influence(x)
     u = influence @ w.T
     blocks = np.array([optimal_mean_block(u[:, k]) for k in range(w.shape[0])])
-    blocks = np.maximum(blocks, ar1_block_floors(u))
+    blocks = np.maximum(blocks, ar1_block_floors(u, pooled))
     steps = np.round(np.log2(blocks) / _BLOCK_GRID_STEP)
     return np.maximum(1.0, 2.0 ** (steps * _BLOCK_GRID_STEP))
 
 
-def ar1_block_floors(series: object) -> np.ndarray:
+def ar1_block_floors(series: object, pooled: object = None) -> np.ndarray:
     """Per column of ``series`` [n, k] (the contrasts' influence series) a floor on its mean block: the
     Politis–White block of an AR(1), (2ρ/(1 − ρ²))^(2/3)·n^(1/3), clamped like :func:`optimal_mean_block`, 1 where
     ρ is at most one sampling SD (≈ 1/√n), with ρ the column's lag-1 autocorrelation (Kendall's bias −(1 + 3ρ)/n
@@ -164,7 +165,8 @@ def ar1_block_floors(series: object) -> np.ndarray:
     2·√(log10 n / n) ≈ 0.5 at 20 days), which then picks 1 under φ = 0.5 and the bootstrap drops the dependence.
     The contrasts of one report are measured on the same days: where they agree their pooled autocorrelation is
     precise enough to see φ = 0.5 and near 0 on independent days (blocks left at 1); where they truly differ the
-    shrinkage keeps each its own.
+    shrinkage keeps each its own. ``pooled`` [k] bool: the columns whose autocorrelations set the mean and the
+    spread (default all; the verdict leaves out the low-information models', so they cannot move the others').
     """
     u = np.asarray(series, dtype=np.float64)
     if u.ndim != 2:
@@ -180,10 +182,16 @@ def ar1_block_floors(series: object) -> np.ndarray:
         return floors
     lag1 = np.sum(centered[1:] * centered[:-1], axis=0)[usable] / variance[usable]
     rho = (n * lag1 + 1.0) / (n - 3.0)
+    in_pool = np.ones(k, bool) if pooled is None else np.asarray(pooled, dtype=bool)
+    if in_pool.shape != (k,):
+        raise StatsInputError(f"ar1_block_floors: expected a pooled mask of {k} columns, got {in_pool.shape}")
+    pool = rho[in_pool[usable]]
+    if pool.size == 0:
+        pool = rho
     noise = n / (n - 3.0) ** 2  # sampling variance of the corrected estimate under independence
-    spread = float(np.var(rho, ddof=1)) if rho.size > 1 else 0.0
+    spread = float(np.var(pool, ddof=1)) if pool.size > 1 else 0.0
     signal = max(0.0, spread - noise)
-    shrunk = rho.mean() + signal / (signal + noise) * (rho - rho.mean())
+    shrunk = pool.mean() + signal / (signal + noise) * (rho - pool.mean())
     # Only where the coefficient stands above one sampling SD of a single contrast's: below it the floor would
     # mostly lengthen independent days' blocks by chance (it cost the headline power 18 points at 20 days).
     shrunk = np.where(shrunk > math.sqrt(noise), np.minimum(shrunk, 0.9), 0.0)
@@ -200,15 +208,17 @@ def sharpe_contrasts(
     mean_block: float | None = None,
     seed: int = 0,
     se_floor: float | None = None,
+    pooled: object = None,
 ) -> SharpeContrasts:
     """Studentized stationary bootstrap of linear Sharpe contrasts of aligned series ``returns`` [n, S].
 
-    ``weights`` [k, S]: row k defines θ_k = Σ_s W_ks·SR_s (e.g. [1, −1] for a difference, [1/S…] for a mean).
-    ``mean_block=None`` gives each contrast its own block (:func:`contrast_mean_blocks`); contrasts with
-    different blocks are resampled from shared uniforms (coupled), and every series of a contrast with the same
-    day indices, so cross-correlations are kept. ``se_floor``: see :data:`SE_FLOOR` (None: :func:`se_floor_for` the
-    number of days). NaN estimates (undefined
-    Sharpes) give se = NaN. Needs n ≥ 3 days.
+        ``weights`` [k, S]: row k defines θ_k = Σ_s W_ks·SR_s (e.g. [1, −1] for a difference, [1/S…] for a mean).
+        ``mean_block=None`` gives each contrast its own block (:func:`contrast_mean_blocks`); contrasts with
+        different blocks are resampled from shared uniforms (coupled), and every series of a contrast with the same
+        day indices, so cross-correlations are kept. ``se_floor``: see :data:`SE_FLOOR` (None: :func:`se_floor_for` the
+        number of days). ``pooled``: the rows whose autocorrelations set the block floors
+    (:func:`ar1_block_floors`; default all). NaN estimates (undefined
+        Sharpes) give se = NaN. Needs n ≥ 3 days.
     """
     x = np.asarray(returns, dtype=np.float64)
     w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
@@ -227,7 +237,7 @@ def sharpe_contrasts(
     _check_bootstrap_params(n_boot, 0.05)
     n = x.shape[0]
     if mean_block is None:
-        blocks = contrast_mean_blocks(x, w)
+        blocks = contrast_mean_blocks(x, w, pooled)
     else:
         _check_block(mean_block)
         blocks = np.full(w.shape[0], float(mean_block))

@@ -420,7 +420,14 @@ def family_result(
             bonferroni_critical(n_pairs, rules.alpha),
             math.nan,
         )
-    contrasts = sharpe_contrasts(matrix, np.array(model_rows + pair_rows), rules.n_boot, seed=seed)
+    # The block floors pool the eligible models' comparisons only: a low-information model moves nobody's block.
+    in_family = [True] * n_models if eligible is None else [bool(e) for e in eligible]
+    pooled = np.zeros(n_models + n_pairs, bool)
+    for m, group in enumerate(groups):
+        pooled[[m, *(n_models + k for k in group)]] = in_family[m]
+    contrasts = sharpe_contrasts(
+        matrix, np.array(model_rows + pair_rows), rules.n_boot, seed=seed, pooled=pooled
+    )
     lo, hi = bootstrap_t_intervals(contrasts, 0.05)
     pairs = contrasts._replace(
         estimate=contrasts.estimate[n_models:],
