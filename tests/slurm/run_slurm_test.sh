@@ -68,6 +68,7 @@ PIDS_TO_STOP=() # daemons, newest first
 SAMPLER_PID=""
 PG_DIR=""
 RUN_SLURM_CREATED=0
+RUN_SLURM_SAVED=0
 [ -d /run/slurm ] || RUN_SLURM_CREATED=1
 
 stop_pid() { # stop one process we started: TERM, then KILL after 10 s
@@ -93,6 +94,9 @@ cleanup() {
   if [ "$(readlink /run/slurm/conf 2>/dev/null)" = "$CL" ]; then
     rm -f /run/slurm/conf # our link for srun inside jobs
     [ "$RUN_SLURM_CREATED" = 1 ] && rmdir /run/slurm 2>/dev/null
+  fi
+  if [ "$RUN_SLURM_SAVED" = 1 ] && [ ! -e /run/slurm/conf ] && [ ! -L /run/slurm/conf ]; then
+    mv "$WORK/run-slurm-conf.saved" /run/slurm/conf # what stood there before, back
   fi
   if [ "$status" = 0 ] && [ "$KEEP" != 1 ]; then
     rm -rf "$WORK"
@@ -181,7 +185,13 @@ EOF
 export SLURM_CONF=$CL/slurm.conf
 # The plugin strips SLURM_CONF from the environment of the srun inside each job; srun then looks for
 # /run/slurm/conf/slurm.conf (where a configless slurmd caches its config), so link our config directory there.
-[ -e /run/slurm/conf ] && fail "/run/slurm/conf exists already (another SLURM configuration on this machine?)"
+# No SLURM daemon runs here (checked above), so whatever stands at /run/slurm/conf is a leftover (a killed earlier
+# run's link, a configless cache): set it aside for the test and put it back on exit.
+if [ -e /run/slurm/conf ] || [ -L /run/slurm/conf ]; then
+  say "/run/slurm/conf exists with no SLURM daemon running; set aside to $WORK/run-slurm-conf.saved for the test"
+  mv /run/slurm/conf "$WORK/run-slurm-conf.saved" || fail "could not move /run/slurm/conf aside"
+  RUN_SLURM_SAVED=1
+fi
 mkdir -p /run/slurm
 ln -s "$CL" /run/slurm/conf
 
