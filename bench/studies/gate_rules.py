@@ -7,13 +7,14 @@ other thresholds of the validation gate and the walk-forward record, without tra
 
 Each argument is a finished run's directory (one world x root seed of bench/studies/sanity.py, or any pipeline
 run). Every model x fold x seed's metrics.json holds what the run would have made on its test days with no gate
-(`ungated`: daily net and gross returns, turnover) and its train_log.json the validation gate's t-statistic
-(`flat_gate.t_stat`). A rule `V:R` lets a run trade fold 0 when its validation t >= V, and every later fold when the
-model's walk-forward record (the seeds' mean ungated daily net over the earlier folds' test days) has t >= R, as
-`marketrl.scoring.gate.record_gate` decides; `V:-` applies the validation gate on every fold (no record). Per model
-it prints the mean over the runs (root seeds) of: the net Sharpe (annualised, pooled test days, mean over the
-model's seeds, as the report's leaderboard has it), the cost drag (gross − net), the contracts a day, and the
-smallest t-statistic of the seeds' mean daily net (a rough "worse than flat": the report's secondary family is
+(`ungated`: daily net and gross returns, turnover) and its train_log.json the validation gate's t-statistics
+(`flat_gate.t_stat`, the run's own, and `flat_gate.pooled_t`, the seeds' mean portfolio's). A rule `V:R` lets a
+run trade fold 0 when its validation t >= V (`pV:R`: every seed of fold 0 when the pooled t is), and every later
+fold when the model's walk-forward record (the seeds' mean ungated daily net over the earlier folds' test days) has
+t >= R, as `marketrl.scoring.gate.record_gate` decides; `V:-` applies the validation gate on every fold (no
+record). Per model it prints the mean over the runs (root seeds) of: the net Sharpe (annualised, pooled test
+days, mean over the model's seeds, as the report's leaderboard has it), the cost drag (gross − net), the contracts
+a day, and the smallest t-statistic of the seeds' mean daily net (a rough "worse than flat": the report's secondary family is
 the real test). The pipeline's own figures (the report's) are those of the rule the run was made with.
 `--quick` writes a synthetic run of three folds x two seeds (model `earner`: +5 bp a day net of costs, and
 `churner`: −10 bp a day, each with one seed of fold 0 passing the validation gate at 1.5) to a temp dir and compares
@@ -66,7 +67,7 @@ def load_run(workdir: Path) -> dict[str, dict[int, list[dict[str, Any]]]]:
             )
         train_log = workdir / "results" / "models" / model / metrics_path.parts[-3] / metrics_path.parts[-2]
         gate = json.loads((train_log / "train_log.json").read_text(encoding="utf-8")).get("flat_gate") or {}
-        t_stat = gate.get("t_stat")
+        t_stat, pooled_t = gate.get("t_stat"), gate.get("pooled_t")
         block = metrics["ungated"]
         runs.setdefault(model, {}).setdefault(int(metrics["fold"]), []).append(
             {
@@ -76,6 +77,7 @@ def load_run(workdir: Path) -> dict[str, dict[int, list[dict[str, Any]]]]:
                 "turnover": float(block["avg_daily_turnover"]),
                 "n_bars": int(block["n_bars"]),
                 "validation_t": math.nan if t_stat is None else float(t_stat),
+                "pooled_t": math.nan if pooled_t is None else float(pooled_t),
             }
         )
     return runs
@@ -92,14 +94,16 @@ def _fold_record(seeds: list[dict[str, Any]]) -> FoldRecord:
 
 
 def trades(
-    folds: dict[int, list[dict[str, Any]]], validation_t: float, record_t: float | None
+    folds: dict[int, list[dict[str, Any]]], validation_t: float, record_t: float | None, pooled: bool = False
 ) -> dict[int, list[bool]]:
     """Per fold, per seed: does the run trade under the rule (validation_t on fold 0, or every fold without a
-    record threshold; record_t on the later folds)?"""
+    record threshold, on the run's own validation t or with `pooled` the seeds' pooled one; record_t on the later
+    folds)?"""
     out: dict[int, list[bool]] = {}
+    statistic = "pooled_t" if pooled else "validation_t"
     for fold in sorted(folds):
         if record_t is None or fold == min(folds):
-            out[fold] = [bool(s["validation_t"] >= validation_t) for s in folds[fold]]
+            out[fold] = [bool(s[statistic] >= validation_t) for s in folds[fold]]
         else:
             record = [_fold_record(folds[earlier]) for earlier in sorted(folds) if earlier < fold]
             decision = record_gate(record, record_t)
@@ -108,10 +112,10 @@ def trades(
 
 
 def model_figures(
-    folds: dict[int, list[dict[str, Any]]], validation_t: float, record_t: float | None
+    folds: dict[int, list[dict[str, Any]]], validation_t: float, record_t: float | None, pooled: bool = False
 ) -> dict[str, float]:
     """One model of one run under a rule: net Sharpe, cost drag, turnover and the smallest seed-mean t."""
-    decided = trades(folds, validation_t, record_t)
+    decided = trades(folds, validation_t, record_t, pooled)
     order = sorted(folds)
     n_seeds = len(folds[order[0]])
     nets, grosses, turnovers = [], [], []
@@ -150,15 +154,20 @@ def write_synthetic_run(workdir: Path) -> Path:
                 metrics.write_text(json.dumps({"fold": fold, "ungated": block}), encoding="utf-8")
                 train_log = workdir / "results" / "models" / run / "train_log.json"
                 train_log.parent.mkdir(parents=True, exist_ok=True)
+                # a stand-in for the seeds' mean portfolio's t
+                pooled_t = float(np.mean(validation_t))
                 train_log.write_text(
-                    json.dumps({"flat_gate": {"t_stat": validation_t[seed]}}), encoding="utf-8"
+                    json.dumps({"flat_gate": {"t_stat": validation_t[seed], "pooled_t": pooled_t}}),
+                    encoding="utf-8",
                 )
     return workdir
 
 
-def parse_rule(text: str) -> tuple[float, float | None]:
-    validation, _, record = text.partition(":")
-    return float(validation), (None if record in ("", "-") else float(record))
+def parse_rule(text: str) -> tuple[float, float | None, bool]:
+    """`V:R`, `V:-`, or `pV:R` / `pV:-` (the validation gate on the seeds' pooled t, flat_gate.pooled_t)."""
+    pooled = text.startswith("p")
+    validation, _, record = text.removeprefix("p").partition(":")
+    return float(validation), (None if record in ("", "-") else float(record)), pooled
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -168,7 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a synthetic run in a temp dir (no measurement)")
     parser.add_argument(
-        "--rules", nargs="+", default=["1.0:-", "1.5:1.0"], help="V:R rules (V:- = no record)"
+        "--rules",
+        nargs="+",
+        default=["1.0:-", "1.5:1.0", "p1.5:1.0"],
+        help="V:R rules (V:- = no record; pV:R = the validation gate on the seeds' pooled t)",
     )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
@@ -187,9 +199,11 @@ def report(args: argparse.Namespace) -> int:
     models = sorted(set().union(*(run.keys() for run in runs)))
     table: dict[str, dict[str, dict[str, float]]] = {}
     for rule in args.rules:
-        validation_t, record_t = parse_rule(rule)
+        validation_t, record_t, pooled = parse_rule(rule)
         for model in models:
-            per_run = [model_figures(run[model], validation_t, record_t) for run in runs if model in run]
+            per_run = [
+                model_figures(run[model], validation_t, record_t, pooled) for run in runs if model in run
+            ]
             table.setdefault(rule, {})[model] = {
                 "net": float(np.mean([f["net"] for f in per_run])),
                 "drag": float(np.mean([f["drag"] for f in per_run])),

@@ -134,6 +134,17 @@ def score_positions(
     return TraderScores(layout.days, daily_returns, per_trader, gross_returns)
 
 
+def bar_net_returns(
+    data: MarketData, positions: torch.Tensor, config: EnvConfig, layout: BarLayout | None = None
+) -> np.ndarray:
+    """Net portfolio return per bar [K, n_bars] (float64) of K traders' target positions [K, T], the series
+    `performance_summary`'s ``bar_sharpe`` is taken over."""
+    layout = layout or BarLayout.of(data)
+    results = decision_results(data, positions, config)
+    net = results.gross_return.double() - results.cost.double()
+    return (_group_sum(net, layout.bar_id, layout.n_bars) / layout.n_instruments).cpu().numpy()
+
+
 def _score_chunk(
     data: MarketData, positions: torch.Tensor, config: EnvConfig, layout: BarLayout, summaries: bool
 ) -> tuple[np.ndarray, np.ndarray | None, list[dict[str, Any]]]:

@@ -42,9 +42,10 @@ import numpy as np
 import torch
 
 from marketrl.env import EnvConfig, MarketData
-from marketrl.scoring.batched import score_positions
+from marketrl.scoring.batched import BarLayout, bar_net_returns, score_positions
 
 __all__ = [
+    "POOLED",
     "RECORD",
     "VALIDATION",
     "FoldRecord",
@@ -54,8 +55,9 @@ __all__ = [
     "record_gate",
 ]
 
-#: what a decision was made on: the run's own validation tail, or the model's walk-forward record
-VALIDATION, RECORD = "validation", "record"
+#: what a decision was made on: the run's own validation tail, the seeds' mean portfolio on it, or the model's
+#: walk-forward record
+VALIDATION, POOLED, RECORD = "validation", "pooled", "record"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class GateDecision:
     n_bars: int
     n_days: int
     basis: str = VALIDATION
+    #: the t-statistic of the seeds' mean net bar return on the validation tail (every seed of the batch trading
+    #: its own policy on 1/S of the capital): the same for every run of a batch; NaN where not computed
+    pooled_t: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for a checkpoint or a JSON (NaN where a statistic is undefined)."""
@@ -90,20 +95,42 @@ def _number(value: Any) -> float:
     return float(value) if value is not None and math.isfinite(float(value)) else math.nan
 
 
+def _bar_t(bar_returns: np.ndarray) -> float:
+    """t = mean / sd x sqrt(n) of a bar return series (NaN when it never varies)."""
+    sd = float(bar_returns.std(ddof=1)) if bar_returns.size > 1 else 0.0
+    return float(bar_returns.mean() / sd * math.sqrt(bar_returns.size)) if sd > 0 else math.nan
+
+
 def flat_gates(
-    validation: MarketData, positions: torch.Tensor, env_config: EnvConfig, min_t: float
+    validation: MarketData,
+    positions: torch.Tensor,
+    env_config: EnvConfig,
+    min_t: float,
+    *,
+    pooled: bool = False,
 ) -> list[GateDecision]:
-    """The gate of K runs from their target positions [K, T] on the validation split, scored in one batch."""
-    scores = score_positions(validation, positions.to(torch.float32), env_config)
+    """The gate of K runs (the seeds of one batch) from their target positions [K, T] on the validation split,
+    scored in one batch. Each decision records its run's own t and the seeds' pooled t (``pooled_t``); it is made
+    on the run's own t, or with ``pooled`` on the pooled one (all seeds trade, or none: basis POOLED)."""
+    positions = positions.to(torch.float32)
+    layout = BarLayout.of(validation)
+    scores = score_positions(validation, positions, env_config, layout=layout)
     assert scores.summaries is not None
+    traded = [summary["avg_daily_turnover"] > 0 for summary in scores.summaries]
+    pooled_t = (
+        _bar_t(bar_net_returns(validation, positions, env_config, layout).mean(0))
+        if any(traded)
+        else math.nan
+    )
     decisions = []
-    for summary in scores.summaries:
+    for summary, trades in zip(scores.summaries, traded, strict=True):
         n_bars = int(summary["n_bars"])
         bar_sharpe = _number(summary["bar_sharpe"])
-        t_stat = bar_sharpe * math.sqrt(n_bars) if summary["avg_daily_turnover"] > 0 else math.nan
+        t_stat = bar_sharpe * math.sqrt(n_bars) if trades else math.nan
+        decided_on = pooled_t if pooled else t_stat
         decisions.append(
             GateDecision(
-                set_flat=not (t_stat >= min_t),  # NaN (never traded, or no variation) sets it flat
+                set_flat=not (decided_on >= min_t),  # NaN (never traded, or no variation) sets it flat
                 t_stat=t_stat,
                 min_t=float(min_t),
                 net_sharpe=_number(summary["sharpe"]),
@@ -111,6 +138,8 @@ def flat_gates(
                 turnover=float(summary["avg_daily_turnover"]),
                 n_bars=n_bars,
                 n_days=int(summary["n_days"]),
+                basis=POOLED if pooled else VALIDATION,
+                pooled_t=pooled_t,
             )
         )
     return decisions

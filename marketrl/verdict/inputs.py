@@ -325,7 +325,16 @@ def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
 
 #: the validation gate's statistics in metrics.json "flat_gate" (marketrl.scoring.gate.GateDecision): numbers or
 #: null (undefined), beside the boolean "set_flat"
-FLAT_GATE_NUMBERS = ("t_stat", "min_t", "net_sharpe", "gross_sharpe", "turnover", "n_bars", "n_days")
+FLAT_GATE_NUMBERS = (
+    "t_stat",
+    "min_t",
+    "net_sharpe",
+    "gross_sharpe",
+    "turnover",
+    "n_bars",
+    "n_days",
+    "pooled_t",
+)
 
 
 def _flat_gate(path: Path, block: Any) -> dict[str, Any]:
@@ -334,9 +343,9 @@ def _flat_gate(path: Path, block: Any) -> dict[str, Any]:
     if not isinstance(block, Mapping) or not isinstance(block.get("set_flat"), bool):
         raise ReportInputError(f"{path}: field 'flat_gate' must be {expected}")
     basis = block.get("basis", "validation")  # metrics from before the walk-forward record have no basis
-    if basis not in ("validation", "record"):
+    if basis not in ("validation", "pooled", "record"):
         raise ReportInputError(
-            f"{path}: field 'flat_gate.basis' must be 'validation' or 'record', got {basis!r}"
+            f"{path}: field 'flat_gate.basis' must be 'validation', 'pooled' or 'record', got {basis!r}"
         )
     gate: dict[str, Any] = {"set_flat": block["set_flat"], "basis": basis}
     for key in FLAT_GATE_NUMBERS:
