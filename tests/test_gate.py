@@ -5,6 +5,7 @@ changes no weights, and it reads no test day."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -16,7 +17,9 @@ import torch
 from marketrl.env import EnvConfig
 from marketrl.evaluation.evaluate import evaluate_job, read_test_records, walk_forward_record
 from marketrl.instruments.costs import CostModel
+from marketrl.scoring.batched import bar_net_returns
 from marketrl.scoring.gate import (
+    POOLED,
     RECORD,
     VALIDATION,
     FoldRecord,
@@ -24,6 +27,7 @@ from marketrl.scoring.gate import (
     flat_gates,
     gated_positions,
     record_gate,
+    record_or_pooled,
 )
 from marketrl.splits.datasets import write_feature_manifest
 from marketrl.splits.folds import FoldConfig, FoldPlan, make_fold_plan
@@ -67,6 +71,61 @@ def test_the_threshold_decides_and_a_run_flat_on_validation_has_no_evidence(data
     (strict, _) = flat_gates(data, positions, config, min_t=edge.t_stat + 1.0)
     assert not edge.set_flat and strict.set_flat  # the same run, a threshold above its t-statistic
     assert flat.set_flat and math.isnan(flat.t_stat) and flat.turnover == 0
+
+
+def test_the_pooled_t_is_the_seeds_mean_portfolios_and_decides_for_every_seed_when_asked(data) -> None:
+    config = EnvConfig(max_gap=data.max_gap)
+    generator = torch.Generator().manual_seed(1)
+    edge = next_bar_sign(data)
+    # a seed that takes the edge on a random 60% of the bars, one on 40%, one that only churns
+    partial = [
+        torch.where(torch.rand(data.n_rows, generator=generator) < share, edge, 0.0) for share in (0.6, 0.4)
+    ]
+    churner = torch.randint(-1, 2, (data.n_rows,), generator=generator).to(torch.float32)
+    positions = torch.stack([*partial, churner])
+    own = flat_gates(data, positions, config, min_t=1.0)
+    pooled = flat_gates(data, positions, config, min_t=1.0, pooled=True)
+    # the pooled t: the three seeds' mean net bar return, computed here from each seed alone
+    bars = np.stack([bar_net_returns(data, positions[k : k + 1], config)[0] for k in range(3)]).mean(0)
+    expected = bars.mean() / bars.std(ddof=1) * math.sqrt(bars.size)
+    assert all(d.pooled_t == pytest.approx(expected, rel=1e-9) for d in own + pooled)
+    assert [d.t_stat for d in own] == [d.t_stat for d in pooled]  # each run's own t, recorded either way
+    assert [d.set_flat for d in own] == [False, False, True] and {d.basis for d in own} == {VALIDATION}
+    assert [d.set_flat for d in pooled] == [False] * 3 and {d.basis for d in pooled} == {POOLED}
+    # one run alone: its pooled t is its own
+    (alone,) = flat_gates(data, churner[None], config, min_t=1.0)
+    assert alone.pooled_t == pytest.approx(alone.t_stat, rel=1e-9)
+    # a batch that never trades has no evidence either way
+    assert all(
+        math.isnan(d.pooled_t) and d.set_flat
+        for d in flat_gates(data, torch.zeros(2, data.n_rows), config, 1.0, pooled=True)
+    )
+
+
+def _validation_gate(own_t: float, pooled_t: float) -> GateDecision:
+    return GateDecision(own_t < 1.5, own_t, 1.5, 1.0, 2.0, 10.0, 400, 2, VALIDATION, pooled_t)
+
+
+def test_a_failed_record_yields_to_the_folds_seeds_pooled_validation_and_only_to_that() -> None:
+    failed = record_gate(
+        [FoldRecord.of_seeds(["2024-01-02", "2024-01-03"], [[-1.0, 0.5]], [[0, 1]], [3.0], 10)], 1.0
+    )
+    passed = dataclasses.replace(failed, set_flat=False, t_stat=2.0)
+    assert failed.set_flat
+    strong = [_validation_gate(t, 2.1) for t in (0.4, 2.6)]  # one seed alone would fail: the pooled t decides
+    weak = [_validation_gate(t, 1.2) for t in (0.4, 2.6)]
+    # fold 0 (no record): each run's own validation gate
+    assert record_or_pooled(None, strong, 1.5) == strong
+    # a record that passes decides, whatever the validation says
+    assert record_or_pooled(passed, weak, 1.5) == [passed, passed]
+    # a failed record: every seed trades when the pooled t reaches the threshold, none when it does not
+    rescued = record_or_pooled(failed, strong, 1.5)
+    assert [g.set_flat for g in rescued] == [False, False] and {g.basis for g in rescued} == {POOLED}
+    assert [g.t_stat for g in rescued] == [0.4, 2.6] and {g.min_t for g in rescued} == {1.5}
+    assert record_or_pooled(failed, weak, 1.5) == [failed, failed]
+    # no threshold (the gate switched off), or a run without a validation gate: the record alone
+    assert record_or_pooled(failed, strong, None) == [failed, failed]
+    assert record_or_pooled(failed, [strong[0], None], 1.5) == [failed, failed]
 
 
 def test_gated_positions_are_flat_only_when_set_flat(data) -> None:

@@ -229,7 +229,7 @@ def test_config_error_is_one_line_on_stderr_and_exit_1(tmp_path: Path) -> None:
     assert lines == [
         "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: "
         "check_every, checkpoint_every, device, epochs, extra_models, gate_min_t, gpu_jobs, horizon, max_updates, models, n_envs, "
-        "patience, precision, record_min_t, seeds, total_steps"
+        "patience, pooled_min_t, precision, record_min_t, seeds, total_steps"
     ]
     assert "Traceback" not in result.stderr and result.stdout.strip() == ""
     assert not (tmp_path / "results").exists() and not (tmp_path / ".snakemake" / "metadata").exists()

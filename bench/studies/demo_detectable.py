@@ -30,7 +30,7 @@ from marketrl.report.tables import baseline_order  # noqa: E402
 from marketrl.settings.config import validate_config  # noqa: E402
 from marketrl.verdict import verdicts as verdict  # noqa: E402
 from marketrl.verdict.inputs import load_inputs  # noqa: E402
-from marketrl.verdict.strategies import VerdictRules, build_strategies  # noqa: E402
+from marketrl.verdict.strategies import VerdictRules, build_strategies, random_seed_strategies  # noqa: E402
 
 
 def detectable_on_first_days(run_dir: Path, n_days: int | None) -> tuple[int, float, float, list[str]]:
@@ -55,7 +55,7 @@ def detectable_on_first_days(run_dir: Path, n_days: int | None) -> tuple[int, fl
             inputs,
             build_strategies(inputs.model_runs),
             baseline_order(build_strategies(inputs.baseline_runs)),
-            build_strategies(inputs.random_seed_runs),
+            random_seed_strategies(inputs),
             rules,
             int(config["seed"]),
         )

@@ -11,14 +11,14 @@ run). Every model x fold x seed's metrics.json holds what the run would have mad
 (`flat_gate.t_stat`, the run's own, and `flat_gate.pooled_t`, the seeds' mean portfolio's). A rule `V:R` lets a
 run trade fold 0 when its validation t >= V (`pV:R`: every seed of fold 0 when the pooled t is), and every later
 fold when the model's walk-forward record (the seeds' mean ungated daily net over the earlier folds' test days) has
-t >= R, as `marketrl.scoring.gate.record_gate` decides; `V:-` applies the validation gate on every fold (no
+t >= R (`V:R|P`: or else when the fold's pooled validation t >= P), as `marketrl.scoring.gate.record_gate` decides; `V:-` applies the validation gate on every fold (no
 record). Per model it prints the mean over the runs (root seeds) of: the net Sharpe (annualised, pooled test
 days, mean over the model's seeds, as the report's leaderboard has it), the cost drag (gross − net), the contracts
 a day, and the smallest t-statistic of the seeds' mean daily net (a rough "worse than flat": the report's secondary family is
 the real test). The pipeline's own figures (the report's) are those of the rule the run was made with.
 `--quick` writes a synthetic run of three folds x two seeds (model `earner`: +5 bp a day net of costs, and
-`churner`: −10 bp a day, each with one seed of fold 0 passing the validation gate at 1.5) to a temp dir and compares
-the rules 1.0:- and 1.5:1.0 on it; its numbers are no measurement.
+`churner`: −10 bp a day, each with one seed of fold 0 passing the validation gate at 1.5, the seeds pooled 2.0 and
+0.5) to a temp dir and compares the rules on it; its numbers are no measurement.
 """
 
 from __future__ import annotations
@@ -94,11 +94,15 @@ def _fold_record(seeds: list[dict[str, Any]]) -> FoldRecord:
 
 
 def trades(
-    folds: dict[int, list[dict[str, Any]]], validation_t: float, record_t: float | None, pooled: bool = False
+    folds: dict[int, list[dict[str, Any]]],
+    validation_t: float,
+    record_t: float | None,
+    pooled: bool = False,
+    fallback_t: float | None = None,
 ) -> dict[int, list[bool]]:
     """Per fold, per seed: does the run trade under the rule (validation_t on fold 0, or every fold without a
     record threshold, on the run's own validation t or with `pooled` the seeds' pooled one; record_t on the later
-    folds)?"""
+    folds, or with `fallback_t` failing that the fold's pooled validation t >= fallback_t)?"""
     out: dict[int, list[bool]] = {}
     statistic = "pooled_t" if pooled else "validation_t"
     for fold in sorted(folds):
@@ -107,15 +111,17 @@ def trades(
         else:
             record = [_fold_record(folds[earlier]) for earlier in sorted(folds) if earlier < fold]
             decision = record_gate(record, record_t)
-            out[fold] = [not decision.set_flat] * len(folds[fold])
+            fallback = fallback_t is not None and folds[fold][0]["pooled_t"] >= fallback_t
+            out[fold] = [not decision.set_flat or fallback] * len(folds[fold])
     return out
 
 
 def model_figures(
-    folds: dict[int, list[dict[str, Any]]], validation_t: float, record_t: float | None, pooled: bool = False
+    folds: dict[int, list[dict[str, Any]]], rule: tuple[float, float | None, bool, float | None]
 ) -> dict[str, float]:
-    """One model of one run under a rule: net Sharpe, cost drag, turnover and the smallest seed-mean t."""
-    decided = trades(folds, validation_t, record_t, pooled)
+    """One model of one run under a rule (`parse_rule`): net Sharpe, cost drag, turnover and the smallest
+    seed-mean t."""
+    decided = trades(folds, *rule)
     order = sorted(folds)
     n_seeds = len(folds[order[0]])
     nets, grosses, turnovers = [], [], []
@@ -137,7 +143,10 @@ def write_synthetic_run(workdir: Path) -> Path:
     """The --quick run: 3 folds x 2 seeds x 20 days of two models, as the evaluate and train jobs write them."""
     rng = np.random.default_rng(0)
     days = [f"2024-{1 + k:02d}-{d + 1:02d}" for k in range(3) for d in range(20)]
-    for model, mean, validation_t in (("earner", 5e-4, (0.5, 2.0)), ("churner", -1e-3, (1.2, 1.8))):
+    for model, mean, validation_t, pooled_t in (
+        ("earner", 5e-4, (0.5, 2.0), 2.0),
+        ("churner", -1e-3, (1.2, 1.8), 0.5),
+    ):
         for fold in range(3):
             for seed in range(2):
                 net = rng.normal(mean, 2e-3, 20)
@@ -154,8 +163,6 @@ def write_synthetic_run(workdir: Path) -> Path:
                 metrics.write_text(json.dumps({"fold": fold, "ungated": block}), encoding="utf-8")
                 train_log = workdir / "results" / "models" / run / "train_log.json"
                 train_log.parent.mkdir(parents=True, exist_ok=True)
-                # a stand-in for the seeds' mean portfolio's t
-                pooled_t = float(np.mean(validation_t))
                 train_log.write_text(
                     json.dumps({"flat_gate": {"t_stat": validation_t[seed], "pooled_t": pooled_t}}),
                     encoding="utf-8",
@@ -163,11 +170,18 @@ def write_synthetic_run(workdir: Path) -> Path:
     return workdir
 
 
-def parse_rule(text: str) -> tuple[float, float | None, bool]:
-    """`V:R`, `V:-`, or `pV:R` / `pV:-` (the validation gate on the seeds' pooled t, flat_gate.pooled_t)."""
+def parse_rule(text: str) -> tuple[float, float | None, bool, float | None]:
+    """`V:R`, `V:-`, `pV:R` / `pV:-` (the validation gate on the seeds' pooled t, flat_gate.pooled_t), and
+    `V:R|P` (a later fold whose record fails trades when its pooled validation t >= P)."""
     pooled = text.startswith("p")
-    validation, _, record = text.removeprefix("p").partition(":")
-    return float(validation), (None if record in ("", "-") else float(record)), pooled
+    text, _, fallback = text.removeprefix("p").partition("|")
+    validation, _, record = text.partition(":")
+    return (
+        float(validation),
+        None if record in ("", "-") else float(record),
+        pooled,
+        float(fallback) if fallback else None,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -199,11 +213,9 @@ def report(args: argparse.Namespace) -> int:
     models = sorted(set().union(*(run.keys() for run in runs)))
     table: dict[str, dict[str, dict[str, float]]] = {}
     for rule in args.rules:
-        validation_t, record_t, pooled = parse_rule(rule)
+        parsed = parse_rule(rule)
         for model in models:
-            per_run = [
-                model_figures(run[model], validation_t, record_t, pooled) for run in runs if model in run
-            ]
+            per_run = [model_figures(run[model], parsed) for run in runs if model in run]
             table.setdefault(rule, {})[model] = {
                 "net": float(np.mean([f["net"] for f in per_run])),
                 "drag": float(np.mean([f["drag"] for f in per_run])),

@@ -190,7 +190,7 @@ def report_figures(config: Mapping[str, Any]) -> tuple[dict[str, ModelResult], i
     from marketrl.report import tables
     from marketrl.settings import paths
     from marketrl.verdict.inputs import load_inputs
-    from marketrl.verdict.strategies import VerdictRules, build_strategies
+    from marketrl.verdict.strategies import VerdictRules, build_strategies, random_seed_strategies
     from marketrl.verdict.verdicts import model_verdicts
     from marketrl.workflow import pipeline
 
@@ -203,7 +203,7 @@ def report_figures(config: Mapping[str, Any]) -> tuple[dict[str, ModelResult], i
     )
     agents = build_strategies(inputs.model_runs)
     baselines = tables.baseline_order(build_strategies(inputs.baseline_runs))
-    random_seeds = build_strategies(inputs.random_seed_runs)
+    random_seeds = random_seed_strategies(inputs)  # streamed one trader at a time, as the report does
     rules = VerdictRules.from_config(config)
     verdicts, family = model_verdicts(inputs, agents, baselines, random_seeds, rules, int(config["seed"]))
     board = {

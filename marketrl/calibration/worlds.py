@@ -52,7 +52,14 @@ from marketrl.report.build import template_environment
 from marketrl.report.tables import baseline_order
 from marketrl.runtime.io import atomic_write, write_json_atomic
 from marketrl.scoring.batched import score_positions
-from marketrl.scoring.gate import FoldRecord, GateDecision, flat_gates, gated_positions, record_gate
+from marketrl.scoring.gate import (
+    FoldRecord,
+    GateDecision,
+    flat_gates,
+    gated_positions,
+    record_gate,
+    record_or_pooled,
+)
 from marketrl.scoring.metrics import to_json_safe
 from marketrl.settings.config import derive_seed
 from marketrl.splits.datasets import env_config_from_config, fold_window, load_feature_tables, tuning_window
@@ -217,14 +224,15 @@ def _classify(verdicts: Sequence[ModelVerdict]) -> str:
     return "none"
 
 
-def _gate(
-    trained: Any, validation: MarketData, env_config: EnvConfig, min_t: float | None
-) -> GateDecision | None:
-    """A trained model's validation gate as the train job decides it (None: no gate configured)."""
+def _gates(
+    runs: Sequence[Any], validation: MarketData, env_config: EnvConfig, min_t: float | None
+) -> list[GateDecision | None]:
+    """A model x fold's validation gates as its train job decides them, its seeds as one batch (None each: no
+    gate configured)."""
     if min_t is None:
-        return None
-    (gate,) = flat_gates(validation, trained.positions(validation)[None], env_config, min_t)
-    return gate
+        return [None] * len(runs)
+    positions = torch.stack([trained.positions(validation) for trained in runs])
+    return flat_gates(validation, positions, env_config, min_t)
 
 
 def _test_record(test: MarketData, positions: Sequence[torch.Tensor], env_config: EnvConfig) -> FoldRecord:
@@ -279,17 +287,28 @@ def run_world(config: Mapping[str, Any], settings: CalibrationSettings, spec: Wo
                 )
                 tuned.setdefault(model, {})[fold] = study
                 hparams = dict(study.data["best_params"])
-            # from the second fold on, the model's walk-forward record decides, as in the evaluate job
-            record = record_gate(records[model], record_min_t) if record_min_t is not None and fold else None
-            ungated = []
             # a deterministic model has one distinct run, as in the pipeline (registry.DETERMINISTIC)
-            for seed_index in range(1 if zoo_model.deterministic else settings.seeds):
-                seed = derive_seed(world["seed"], "train", model, fold, seed_index)
-                (trained,) = zoo_model.train_seeds(
-                    train, validation, run_settings, hparams, "fp32", "cpu", [seed]
-                )
-                # else the train job's validation gate (`marketrl.scoring.gate`), on the fold's validation tail
-                gate = record or _gate(trained, validation, env_config, world["training"]["gate_min_t"])
+            seed_indices = range(1 if zoo_model.deterministic else settings.seeds)
+            runs = [
+                zoo_model.train_seeds(
+                    train,
+                    validation,
+                    run_settings,
+                    hparams,
+                    "fp32",
+                    "cpu",
+                    [derive_seed(world["seed"], "train", model, fold, seed_index)],
+                )[0]
+                for seed_index in seed_indices
+            ]
+            # the train job's validation gates (`marketrl.scoring.gate`, its seeds pooled too), then from the
+            # second fold on the model's walk-forward record, as the evaluate job applies them
+            gate_min_t = world["training"]["gate_min_t"]
+            record = record_gate(records[model], record_min_t) if record_min_t is not None and fold else None
+            run_gates = _gates(runs, validation, env_config, gate_min_t)
+            gates = record_or_pooled(record, run_gates, world["training"]["pooled_min_t"])
+            ungated = []
+            for seed_index, trained, gate in zip(seed_indices, runs, gates, strict=True):
                 ungated.append(trained.positions(test).to(torch.float32))
                 positions = gated_positions(ungated[-1], gate)
                 bars = evaluate_positions(test, positions, env_config).select(BAR_COLUMNS)

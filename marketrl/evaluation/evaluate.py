@@ -38,7 +38,14 @@ from marketrl.instruments.costs import Costs, costs_from_record
 from marketrl.runtime.io import atomic_writes, json_text
 from marketrl.runtime.provenance import collect
 from marketrl.scoring.batched import score_positions
-from marketrl.scoring.gate import FoldRecord, GateDecision, gated_positions, record_gate
+from marketrl.scoring.gate import (
+    POOLED,
+    FoldRecord,
+    GateDecision,
+    gated_positions,
+    record_gate,
+    record_or_pooled,
+)
 from marketrl.scoring.metrics import average_strategies, performance_summary, to_json_safe
 from marketrl.settings.config import derive_seed
 from marketrl.splits.datasets import (
@@ -256,10 +263,13 @@ def walk_forward_record(
     return record_gate(records, min_t)
 
 
-def applied_gates(runs: Sequence[LoadedModel], record: GateDecision | None) -> list[GateDecision | None]:
-    """The decision each run trades under: the model's walk-forward record where it has one, else the run's own
-    validation gate (its checkpoint's)."""
-    return [record if record is not None else run.gate for run in runs]
+def applied_gates(
+    runs: Sequence[LoadedModel], record: GateDecision | None, pooled_min_t: float | None
+) -> list[GateDecision | None]:
+    """The decision each run trades under (`marketrl.scoring.gate.record_or_pooled`): the model's walk-forward
+    record where it has one, unless the fold's seeds pooled earn on its validation tail at ``pooled_min_t``
+    (training.pooled_min_t); else the run's own validation gate (its checkpoint's)."""
+    return record_or_pooled(record, [run.gate for run in runs], pooled_min_t)
 
 
 def _ungated(scores: Any, index: int) -> dict[str, Any]:
@@ -311,7 +321,7 @@ def evaluate_job(
     # only the tables holding a test day are read (and hash-checked): the test rows need no other
     test_rows = select_rows(load_features_for_days(manifest_path, fold_spec.test_days), fold_spec, "test")
     record = walk_forward_record(record_paths, config["training"]["record_min_t"], fold_spec.test_days)
-    gates = applied_gates(runs, record)
+    gates = applied_gates(runs, record, config["training"]["pooled_min_t"])
     data, ungated, predictions = runs_positions(
         runs, test_rows, env_config, cost_model, device, gates=[None] * len(runs)
     )
@@ -325,6 +335,14 @@ def evaluate_job(
             record.n_days,
             "set flat" if record.set_flat else "trades",
         )
+        if gates and gates[0] is not None and gates[0].basis == POOLED:
+            log.info(
+                "%s fold %d: its seeds pooled earn on the validation tail (t %.2f >= %.2f) -> trades",
+                model,
+                fold,
+                gates[0].pooled_t,
+                gates[0].min_t,
+            )
     # Scored on the CPU: its scatter sums and products run in a fixed order, CUDA's atomics do not, and the same
     # config must give the same bytes. A few seconds for a model x fold of demo size (bench/speed/evaluate.py).
     cpu = torch.device("cpu")

@@ -249,7 +249,7 @@ def predict_job(
     record = walk_forward_record(
         record_paths, config["training"]["record_min_t"], rows["trading_day"].unique().to_list()
     )
-    gates = applied_gates(runs, record)
+    gates = applied_gates(runs, record, config["training"]["pooled_min_t"])
     data, positions, predictions = runs_positions(runs, extended, env_config, cost_model, device, gates=gates)
     cpu = torch.device("cpu")
     data = data.to(cpu)

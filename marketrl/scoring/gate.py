@@ -33,6 +33,7 @@ far more often (docs/METRICS.md "The validation gate and the walk-forward record
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -53,6 +54,7 @@ __all__ = [
     "flat_gates",
     "gated_positions",
     "record_gate",
+    "record_or_pooled",
 ]
 
 #: what a decision was made on: the run's own validation tail, the seeds' mean portfolio on it, or the model's
@@ -201,3 +203,23 @@ def record_gate(records: Sequence[FoldRecord], min_t: float) -> GateDecision:
         n_days=days,
         basis=RECORD,
     )
+
+
+def record_or_pooled(
+    record: GateDecision | None, run_gates: Sequence[GateDecision | None], pooled_min_t: float | None
+) -> list[GateDecision | None]:
+    """The decision each run of a model x fold trades under. Without a record (the first fold, or the record
+    switched off) each run's own validation gate. With one: the record, unless it sets the model flat while the
+    fold's own seeds, pooled, earn on its validation tail (``pooled_t >= pooled_min_t``, training.pooled_min_t):
+    then every seed trades (basis POOLED). The record judges the earlier folds' models; a model retrained on a
+    longer window can have learnt what they had not."""
+    if record is None:
+        return list(run_gates)
+    pooled = [gate.pooled_t if gate is not None else math.nan for gate in run_gates]
+    if record.set_flat and pooled_min_t is not None and pooled and all(t >= pooled_min_t for t in pooled):
+        return [
+            dataclasses.replace(gate, set_flat=False, min_t=float(pooled_min_t), basis=POOLED)
+            for gate in run_gates
+            if gate is not None
+        ]
+    return [record] * len(run_gates)

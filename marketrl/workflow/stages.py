@@ -162,6 +162,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.device",
         "training.extra_models",
         "training.n_envs",
+        "training.pooled_min_t",  # a fold whose record fails trades on its seeds' pooled validation t
         "training.record_min_t",  # the walk-forward record's gate (marketrl.scoring.gate)
     ),
     "baselines": (
@@ -183,6 +184,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "evaluation.momentum_lookback",
         "training.gate_min_t",
         "training.n_envs",
+        "training.pooled_min_t",
         "training.record_min_t",
     ),
     "calibration": _CALIBRATION,
@@ -194,6 +196,7 @@ STAGE_KEYS: dict[str, tuple[str, ...] | str] = {
         "training.device",
         "training.extra_models",
         "training.n_envs",
+        "training.pooled_min_t",
         "training.record_min_t",
     ),
     # Exported models (marketrl/training/export.py): everything else comes from the checkpoint itself.
