@@ -212,13 +212,12 @@ def sharpe_contrasts(
 ) -> SharpeContrasts:
     """Studentized stationary bootstrap of linear Sharpe contrasts of aligned series ``returns`` [n, S].
 
-        ``weights`` [k, S]: row k defines θ_k = Σ_s W_ks·SR_s (e.g. [1, −1] for a difference, [1/S…] for a mean).
-        ``mean_block=None`` gives each contrast its own block (:func:`contrast_mean_blocks`); contrasts with
-        different blocks are resampled from shared uniforms (coupled), and every series of a contrast with the same
-        day indices, so cross-correlations are kept. ``se_floor``: see :data:`SE_FLOOR` (None: :func:`se_floor_for` the
-        number of days). ``pooled``: the rows whose autocorrelations set the block floors
-    (:func:`ar1_block_floors`; default all). NaN estimates (undefined
-        Sharpes) give se = NaN. Needs n ≥ 3 days.
+    ``weights`` [k, S]: row k defines θ_k = Σ_s W_ks·SR_s (e.g. [1, −1] for a difference, [1/S…] for a mean).
+    ``mean_block=None`` gives each contrast its own block (:func:`contrast_mean_blocks`); contrasts with different
+    blocks are resampled from shared uniforms (coupled), and every series of a contrast with the same day indices,
+    so cross-correlations are kept. ``se_floor``: see :data:`SE_FLOOR` (None: :func:`se_floor_for` the number of
+    days). ``pooled``: the rows whose autocorrelations set the block floors (:func:`ar1_block_floors`; default
+    all). NaN estimates (undefined Sharpes) give se = NaN. Needs n ≥ 3 days.
     """
     x = np.asarray(returns, dtype=np.float64)
     w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
