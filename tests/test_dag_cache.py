@@ -230,6 +230,7 @@ def test_slices_hold_only_their_keys() -> None:
         "epochs",
         "extra_models",
         "horizon",
+        "max_train_rows",
         "n_envs",
         "patience",
         "precision",

@@ -32,7 +32,13 @@ from marketrl.models import (
     model_from_checkpoint,
     save_model,
 )
-from marketrl.models.supervised_data import ModelDataError, SupervisedRows, forward_returns, full_window_rows
+from marketrl.models.supervised_data import (
+    ModelDataError,
+    SupervisedRows,
+    forward_returns,
+    full_window_rows,
+    training_rows,
+)
 from marketrl.models.trading_rule import TradingRule
 from marketrl.scoring.metrics import daily_information_coefficients, information_coefficient_summary
 from marketrl.settings.registry import REGISTRY, spec_location
@@ -429,6 +435,25 @@ def test_rows_and_targets_stay_inside_segments() -> None:
     np.testing.assert_allclose(target[rows], close[rows + 2] / close[rows] - 1.0, rtol=1e-6)
     windows, _ = SupervisedRows.build(data, 3, 2).batch(torch.as_tensor([42]))
     np.testing.assert_array_equal(windows[0].numpy(), arrays["features"][40:43])
+
+
+def test_a_row_cap_fits_a_uniform_sample_in_time_order_the_same_for_every_seed() -> None:
+    data = planted(800, 5)
+    rows = SupervisedRows.build(data, 4, 1)
+    sample = rows.sample(300)
+    picked = sample.rows.numpy()
+    assert sample.n_rows == picked.size == 300 and np.all(np.diff(picked) > 0)
+    assert set(picked) <= set(rows.rows.numpy())
+    assert picked[0] < rows.rows[rows.n_rows // 10] and picked[-1] > rows.rows[-rows.n_rows // 10]  # spans it
+    assert torch.equal(rows.sample(300).rows, sample.rows)  # drawn from the row counts alone: no run seed
+    assert rows.sample(rows.n_rows) is rows and training_rows(data, 4, 1).n_rows == rows.n_rows
+    assert torch.equal(training_rows(data, 4, 1, max_rows=300).rows, sample.rows)
+    capped = dataclasses.replace(SETTINGS, max_train_rows=300)
+    for name in ("lightgbm", "mlp", "linear"):
+        (model,) = MODELS[name].train_seeds(data, None, capped, SMALL[name], "fp32", "cpu", [0])
+        assert model.log["train_rows"] == 300, name
+    with pytest.raises(ValueError, match=r"^training.max_train_rows: expected an integer >= 1, got 0$"):
+        RunSettings(max_train_rows=0)
 
 
 def _reference_rule(pred, cost, first_rows, is_decision, multiplier, band):

@@ -248,6 +248,34 @@ def test_lightgbm_trains_its_seeds_in_turn_and_ridge_once(splits, tmp_path) -> N
     )
 
 
+def test_lightgbm_bins_its_rows_once_for_all_seeds_and_keeps_no_training_data(splits, monkeypatch) -> None:
+    """One binned training Dataset (and one validation Dataset) serves every seed, and a finished booster holds
+    no Dataset: the job's memory does not grow with its seeds (docs/PERFORMANCE.md "Bounded memory")."""
+    import lightgbm
+
+    train, test = splits
+    built: list[int] = []
+    construct = lightgbm.Dataset.construct
+
+    def counting(self):
+        if self._handle is None:
+            built.append(self.num_data() if self.data is None else len(self.data))
+        return construct(self)
+
+    monkeypatch.setattr(lightgbm.Dataset, "construct", counting)
+    hparams = {**SMALL["lightgbm"], "bagging_fraction": 0.7}
+    models = MODELS["lightgbm"].train_seeds(train, test, SETTINGS, hparams, "fp32", "cpu", SEEDS)
+    assert len(built) == 2  # the training rows and the validation rows, not once a seed
+    assert len({m.predict(test).numpy().tobytes() for m in models}) == len(SEEDS)
+    for model in models:  # a training booster keeps its train_set; one rebuilt from its model string has none
+        (booster,) = [
+            c.cell_contents
+            for c in model.predictor.__closure__
+            if isinstance(c.cell_contents, lightgbm.Booster)
+        ]
+        assert getattr(booster, "train_set", None) is None
+
+
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_the_recurrent_layer_is_torchs_under_vmap_too(kind: str) -> None:
     """`Recurrent` runs torch's fused kernel alone and a loop over rows under vmap: both are nn.LSTM / nn.GRU

@@ -160,6 +160,30 @@ def test_the_cap_bounds_the_request_whatever_the_history(tmp_path: Path) -> None
     assert capped[2] < uncapped[2]
 
 
+def test_the_row_cap_bounds_lightgbms_request_and_only_its(tmp_path: Path) -> None:
+    """training.max_train_rows caps the rows of LightGBM's flattened matrix, what its memory follows; the other
+    models hold the whole window's table whatever the cap."""
+    config = {"folds": {"max_train_days": None}, "data": {"source": "files", "demo": {}}, **SEEDS}
+    capped = {**config, "training": {**SEEDS["training"], "max_train_rows": 30_000}}
+    manifest, folds = _write_inputs(
+        tmp_path / "w", n_days=100, cap=None
+    )  # fold 0: 40,000 rows, fold 2: 80,000
+    assert resources.fitted_cells("lightgbm", 80_000, 50, 30_000) == 30_000 * 50
+    assert resources.fitted_cells("lightgbm", 20_000, 50, 30_000) == 20_000 * 50
+    assert resources.fitted_cells("lightgbm", 80_000, 50, None) == 80_000 * 50
+    for model in ("dqn", "mlp", "linear"):
+        assert resources.fitted_cells(model, 80_000, 50, 30_000) == 80_000 * 50
+        assert train_mem_mb(capped, model, 2, manifest, folds) == train_mem_mb(
+            config, model, 2, manifest, folds
+        )
+    assert train_mem_mb(capped, "lightgbm", 0, manifest, folds) == train_mem_mb(
+        capped, "lightgbm", 2, manifest, folds
+    )
+    assert train_mem_mb(capped, "lightgbm", 2, manifest, folds) < train_mem_mb(
+        config, "lightgbm", 2, manifest, folds
+    )
+
+
 def test_flattening_models_count_their_window(tmp_path: Path) -> None:
     hparams = tmp_path / "lightgbm.json"
     hparams.write_text(json.dumps({"best_params": {"window": 3, "num_leaves": 8}}))

@@ -228,8 +228,8 @@ def test_config_error_is_one_line_on_stderr_and_exit_1(tmp_path: Path) -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(framing)]
     assert lines == [
         "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: "
-        "check_every, checkpoint_every, device, epochs, extra_models, gate_min_t, gpu_jobs, horizon, max_updates, models, n_envs, "
-        "patience, pooled_min_t, precision, record_min_t, seeds, total_steps"
+        "check_every, checkpoint_every, device, epochs, extra_models, gate_min_t, gpu_jobs, horizon, max_train_rows, "
+        "max_updates, models, n_envs, patience, pooled_min_t, precision, record_min_t, seeds, total_steps"
     ]
     assert "Traceback" not in result.stderr and result.stdout.strip() == ""
     assert not (tmp_path / "results").exists() and not (tmp_path / ".snakemake" / "metadata").exists()

@@ -161,6 +161,8 @@ class RunSettings:
     fill: env.fill, recorded with the model (evaluation must use the same fill).
     horizon: bars of the forward return the models predict, close_{t+h}/close_t - 1.
     epochs / max_steps: passes over the training rows; max_steps (optimizer steps or boosting rounds) caps them.
+    max_train_rows: at most this many training rows, a uniform sample of the window's rows that is the same for every
+      seed (`marketrl.models.supervised_data.training_rows`); None: all. Bounds memory and time per fold.
     check_every: optimizer steps between statistics reads (the loop's one host read, and the NaN guard).
     eval_every: steps between validations (0: only at the end); patience: validations without improvement of
       the validation loss before early stopping (0: never stop early).
@@ -171,6 +173,7 @@ class RunSettings:
     horizon: int = 1
     epochs: int = 10
     max_steps: int | None = None
+    max_train_rows: int | None = None
     check_every: int = 100
     eval_every: int = 0
     patience: int = 0
@@ -183,6 +186,8 @@ class RunSettings:
         check_run_setting("patience", self.patience, 0)
         if self.max_steps is not None:
             check_run_setting("max_steps", self.max_steps, 1)
+        if self.max_train_rows is not None:
+            check_run_setting("max_train_rows", self.max_train_rows, 1)
         if self.fill not in ("close", "next_open"):
             raise AgentConfigError(f"training.fill: expected 'close' or 'next_open', got {self.fill!r}")
 

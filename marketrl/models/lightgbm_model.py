@@ -8,7 +8,9 @@ The resume checkpoint holds the booster's model string and continues boosting fr
 thread count (the caller's setting). The trained checkpoint stores the booster as its model string.
 
 `train_seeds` trains its seeds one after another in the same process (each with its own bagging and
-feature-fraction seed, as `train` does); the validation hook is called per seed with a one-element list.
+feature-fraction seed) on one binned Dataset built once for them all; the validation hook is called per seed with
+a one-element list. ``settings.max_train_rows`` caps the rows of the flattened matrix (a uniform sample of the
+window), which bounds the job's memory: rows x window x features float32 cells, held once.
 """
 
 from __future__ import annotations
@@ -87,7 +89,9 @@ def _matrix(rows: SupervisedRows) -> tuple[np.ndarray, np.ndarray]:
     return windows.reshape(rows.n_rows, -1).cpu().numpy(), target.cpu().numpy().astype(np.float64)
 
 
-def _params(hp: LightGBMHParams, seed: int) -> dict[str, Any]:
+def _params(hp: LightGBMHParams, seed: int, data_seed: int) -> dict[str, Any]:
+    """A seed's parameters. ``data_seed`` (LightGBM's bin-sampling seed) is the same for every seed of a batch:
+    they share one binned Dataset, which refuses parameters that would bin it differently."""
     return {
         "objective": "regression",
         "learning_rate": hp.learning_rate,
@@ -98,11 +102,65 @@ def _params(hp: LightGBMHParams, seed: int) -> dict[str, Any]:
         "bagging_freq": 1 if hp.bagging_fraction < 1 else 0,
         "lambda_l2": hp.lambda_l2,
         "seed": seed,
+        "data_random_seed": data_seed,
         "deterministic": True,
         "force_row_wise": True,
         "num_threads": torch.get_num_threads(),
         "verbosity": -1,
     }
+
+
+@dataclass
+class _Matrices:
+    """A batch's training (and validation) rows as host matrices and as the one binned Dataset pair every seed
+    trains on: the rows are gathered and binned once, not once a seed, and a finished seed's booster keeps no
+    training data (``keep_training_booster=False``), so the job's memory does not grow with its seeds."""
+
+    x: np.ndarray
+    y: np.ndarray
+    validation: tuple[np.ndarray, np.ndarray] | None
+    params: dict[str, Any]  # the Datasets' construction parameters
+    n_rows: int
+    shared: tuple[Any, Any | None] | None = None
+
+    @classmethod
+    def build(
+        cls,
+        train_data: MarketData,
+        validation_data: MarketData | None,
+        hp: LightGBMHParams,
+        settings: RunSettings,
+        params: dict[str, Any],
+    ) -> _Matrices:
+        """The training rows (``settings.max_train_rows`` caps them) and the validation split's rows, flattened."""
+        rows = training_rows(train_data, hp.window, settings.horizon, settings.max_train_rows)
+        x, y = _matrix(rows)
+        validation = None
+        if validation_data is not None:
+            val_rows = SupervisedRows.build(validation_data, hp.window, settings.horizon)
+            validation = _matrix(val_rows) if val_rows.n_rows else None
+        return cls(x, y, validation, params, rows.n_rows)
+
+    def datasets(self, private: bool = False) -> tuple[Any, Any | None]:
+        """(train, validation or None) Datasets, binned on the training rows: the shared pair, built once and
+        without LightGBM's copy of the raw rows; ``private``: a fresh pair that keeps them (a resumed booster sets
+        its initial scores from the raw rows)."""
+        import lightgbm
+
+        if not private and self.shared is not None:
+            return self.shared
+        train_set = lightgbm.Dataset(
+            self.x, self.y, params=self.params, free_raw_data=not private
+        ).construct()
+        valid_set = None
+        if self.validation is not None:
+            vx, vy = self.validation
+            valid_set = lightgbm.Dataset(
+                vx, vy, params=self.params, reference=train_set, free_raw_data=not private
+            ).construct()
+        if not private:
+            self.shared = (train_set, valid_set)
+        return train_set, valid_set
 
 
 def _predictor(booster: Any, iterations: int | None) -> Predictor:
@@ -135,35 +193,19 @@ def _trained(
 
 
 def _train_one(
-    train_data: MarketData,
-    validation_data: MarketData | None,
+    matrices: _Matrices,
+    n_features: int,
     settings: RunSettings,
-    hparams: Mapping[str, Any] | None,
-    precision: Any = "fp32",
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-    hooks: TrainHooks | None = None,
+    hp: LightGBMHParams,
+    seed: int,
+    hooks: TrainHooks,
 ) -> TrainedModel:
-    """One seed of `train_seeds`: boost ``n_estimators`` rounds (capped by ``settings.max_steps``) on the CPU;
-    ``precision`` does not apply; ``hooks.on_validation(step, [model]) -> [score]``."""
+    """One seed of `train_seeds`: boost ``n_estimators`` rounds (capped by ``settings.max_steps``) on the batch's
+    shared Datasets (a resumed seed on its own pair); ``hooks.on_validation(step, [model]) -> [score]``."""
     import lightgbm
 
-    hooks = hooks or TrainHooks()
-    hp = parse_hparams(LightGBMHParams, hparams, "lightgbm")
-    rows = training_rows(train_data, hp.window, settings.horizon)
-    x, y = _matrix(rows)
-    train_set = lightgbm.Dataset(x, y, free_raw_data=False)
-    valid_sets, names = [train_set], ["train"]
-    if validation_data is not None:
-        val_rows = SupervisedRows.build(validation_data, hp.window, settings.horizon)
-        if val_rows.n_rows:
-            vx, vy = _matrix(val_rows)
-            valid_sets.append(lightgbm.Dataset(vx, vy, reference=train_set))
-            names.append("validation")
     rounds = min(hp.n_estimators, settings.max_steps or hp.n_estimators)
-    n_features = train_data.n_features
     settings_dict = settings.to_dict()
-
     saved = hooks.checkpoint.load() if hooks.checkpoint is not None else None
     state: dict[str, Any] = {"best_loss": math.inf, "best_round": 0, "bad": 0, "history": [], "evals": []}
     init_model = None
@@ -171,9 +213,17 @@ def _train_one(
         state = {key: saved[key] for key in state}
         init_model = lightgbm.Booster(model_str=saved["booster"])
     done = init_model.current_iteration() if init_model is not None else 0
+    train_set, valid_set = matrices.datasets(private=init_model is not None)
+    valid_sets, names = [train_set], ["train"]
+    if valid_set is not None:
+        valid_sets.append(valid_set)
+        names.append("validation")
+
+    boosted = [done]  # rounds boosted so far (the returned booster holds only those up to the best round)
 
     def callback(env: Any) -> None:
         step = env.iteration + 1
+        boosted[0] = step
         results = {f"{name}_{metric}": float(value) for name, metric, value, _ in env.evaluation_result_list}
         if step % settings.check_every == 0 or step == rounds:
             record = {"step": step, **results}
@@ -201,22 +251,22 @@ def _train_one(
             hooks.checkpoint.save(step, {**state, "booster": env.model.model_to_string()}, [])
 
     booster = lightgbm.train(
-        _params(hp, seed),
+        _params(hp, seed, matrices.params["data_random_seed"]),
         train_set,
         num_boost_round=rounds - done,
         valid_sets=valid_sets,
         valid_names=names,
         init_model=init_model,
         callbacks=[callback],
-        keep_training_booster=True,
+        keep_training_booster=False,
     )
     best = state["best_round"] or None
     log = {
         "model": "lightgbm",
-        "steps": booster.current_iteration(),
+        "steps": boosted[0],
         "best_step": state["best_round"],
         "best_validation_loss": None if math.isinf(state["best_loss"]) else state["best_loss"],
-        "train_rows": rows.n_rows,
+        "train_rows": matrices.n_rows,
         "evals": state["evals"],
         "history": state["history"],
     }
@@ -233,21 +283,24 @@ def train_seeds(
     seeds: Sequence[int] = (0,),
     hooks: TrainHooks | None = None,
 ) -> list[TrainedModel]:
-    """`_train_one` for each seed in turn (one process); ``hooks.on_validation(step, [model]) -> [score]`` per
-    seed.
+    """Boost one booster per seed, one after another in this process, on one shared binned Dataset (each seed
+    with its own bagging and feature-fraction seed; ``precision`` does not apply: the CPU library's float64);
+    ``hooks.on_validation(step, [model]) -> [score]`` per seed.
 
     The batch's resume checkpoint gets one part per seed next to it (`TrainingCheckpoint.part`,
     ``resume.seed{i}.pt``), removed once that seed is trained: a killed batch retrains its finished seeds and resumes
     the one it was training.
     """
     hooks = hooks or TrainHooks()
+    seeds = distinct_seeds(seeds)
+    hp = parse_hparams(LightGBMHParams, hparams, "lightgbm")
+    params = _params(hp, seeds[0], seeds[0])
+    matrices = _Matrices.build(train_data, validation_data, hp, settings, params)
     models = []
-    for position, seed in enumerate(distinct_seeds(seeds)):
+    for position, seed in enumerate(seeds):
         checkpoint = hooks.checkpoint.part(f"seed{position}") if hooks.checkpoint is not None else None
         one = dataclasses.replace(hooks, checkpoint=checkpoint)
-        models.append(
-            _train_one(train_data, validation_data, settings, hparams, precision, device, seed, one)
-        )
+        models.append(_train_one(matrices, train_data.n_features, settings, hp, seed, one))
         if checkpoint is not None:
             checkpoint.remove()
     return models

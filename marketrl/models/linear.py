@@ -142,7 +142,7 @@ def train_seeds(
     distinct_seeds(seeds)
     hooks = hooks or TrainHooks()
     hp = parse_hparams(RidgeHParams, hparams, "linear")
-    rows = training_rows(train_data.to(device), hp.window, settings.horizon)
+    rows = training_rows(train_data.to(device), hp.window, settings.horizon, settings.max_train_rows)
     weights, intercept = fit_ridge(rows, hp.alpha)
     model = _trained(hp, train_data.n_features, weights, intercept, settings.to_dict(), {})
     record = {"step": 1, "train_rows": rows.n_rows}

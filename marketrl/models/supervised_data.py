@@ -14,6 +14,7 @@ the rows costs no device->host sync; targets and windows are gathered on the dev
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,8 @@ PREDICT_CHUNK = 8192
 #: forward can change a prediction's float32 rounding only (BLAS blocking); on the demo run every model's
 #: predictions were bit-identical at both sizes (docs/PERFORMANCE.md, Evaluation)
 CPU_EVAL_PREDICT_CHUNK = 512
+#: Seeds `SupervisedRows.sample` with the row counts: the sample depends on the data's shape, not on a run's seed.
+ROW_SAMPLE_SEED = 39
 
 
 class ModelDataError(ValueError):
@@ -102,20 +105,33 @@ class SupervisedRows:
         """(windows [B, window, F], targets [B]) of these rows (drawn from `self.rows` on the device)."""
         return gather_windows(self.features, rows, self.window), self.target.index_select(0, rows)
 
+    def sample(self, max_rows: int) -> SupervisedRows:
+        """At most ``max_rows`` of these rows: a uniform sample without replacement, in time order, drawn from the
+        row count alone (every seed and every model of a fold with the same window fits the same rows); all rows
+        when there are no more than that. It bounds what a fit holds and costs once an expanding window grows
+        (training.max_train_rows): the sample still spans the whole window."""
+        if self.n_rows <= max_rows:
+            return self
+        generator = np.random.default_rng([ROW_SAMPLE_SEED, self.n_rows, max_rows])
+        picked = np.sort(generator.choice(self.n_rows, size=max_rows, replace=False))
+        rows = self.rows.index_select(0, torch.as_tensor(picked, device=self.rows.device))
+        return dataclasses.replace(self, rows=rows, n_rows=max_rows)
+
     def chunks(self, size: int = PREDICT_CHUNK) -> list[torch.Tensor]:
         """`rows` in consecutive slices of at most `size` (slicing by host integers: no sync)."""
         return [self.rows[start : start + size] for start in range(0, self.n_rows, size)]
 
 
-def training_rows(data: MarketData, window: int, horizon: int) -> SupervisedRows:
-    """`SupervisedRows.build`, refusing a split with no usable row in one line."""
+def training_rows(data: MarketData, window: int, horizon: int, max_rows: int | None = None) -> SupervisedRows:
+    """`SupervisedRows.build`, refusing a split with no usable row in one line; with ``max_rows``, at most that
+    many of them (`SupervisedRows.sample`)."""
     rows = SupervisedRows.build(data, window, horizon)
     if rows.n_rows == 0:
         raise ModelDataError(
             f"train_data: no row has a full window of {window} rows and a target {horizon} bars ahead inside "
             "its segment"
         )
-    return rows
+    return rows if max_rows is None else rows.sample(max_rows)
 
 
 def predict_rows(

@@ -241,7 +241,7 @@ def train_torch_seeds(
     plan = resolve_precision(precision, device)
     train_data = _on(train_data, device)
     validation_data = _on(validation_data, device) if validation_data is not None else None
-    rows = training_rows(train_data, hp.window, settings.horizon)
+    rows = training_rows(train_data, hp.window, settings.horizon, settings.max_train_rows)
     val_rows = None
     if validation_data is not None:
         val_rows = SupervisedRows.build(validation_data, hp.window, settings.horizon)

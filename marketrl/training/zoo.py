@@ -536,7 +536,8 @@ def round_trip_cost(costs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_settings(config: Mapping[str, Any], updates: int) -> RunSettings:
-    """A forecaster's run settings from a config slice: horizon, epochs, patience, check_every, env.fill, with
+    """A forecaster's run settings from a config slice: horizon, epochs, patience, check_every, max_train_rows,
+    env.fill, with
     `updates` (training.max_updates or hyperopt.trial_updates) as the step cap and EVALS_PER_RUN validations.
 
     Costs stay empty: the trading rule then charges the `MarketData`'s own per-row cost fractions, which are
@@ -548,6 +549,7 @@ def run_settings(config: Mapping[str, Any], updates: int) -> RunSettings:
         horizon=training["horizon"],
         epochs=training["epochs"],
         max_steps=updates,
+        max_train_rows=training["max_train_rows"],
         check_every=training["check_every"],
         eval_every=max(1, updates // EVALS_PER_RUN),
         patience=training["patience"],
@@ -563,7 +565,7 @@ class ForecasterEntry(ZooEntry):
     kind: ClassVar[Kind] = "forecaster"
     budget_key: ClassVar[str] = "max_updates"
     trial_budget_key: ClassVar[str] = "trial_updates"
-    run_keys: ClassVar[tuple[str, ...]] = ("horizon", "epochs", "max_updates", "patience")
+    run_keys: ClassVar[tuple[str, ...]] = ("horizon", "epochs", "max_updates", "max_train_rows", "patience")
 
     def search_space(
         self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]

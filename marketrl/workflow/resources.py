@@ -27,6 +27,7 @@ __all__ = [
     "HEADROOM",
     "MEMORY_MODELS",
     "MemoryModel",
+    "fitted_cells",
     "flattened_window",
     "memory_model",
     "model_kind",
@@ -34,6 +35,7 @@ __all__ = [
     "train_mem_mb",
     "tuning_mem_mb",
     "window_cells",
+    "window_rows",
     "within_limit",
 ]
 
@@ -167,10 +169,10 @@ def _parsed(path: str, mtime_ns: int, size: int) -> Any:
         return None
 
 
-def window_cells(
+def window_rows(
     manifest_path: str | Path, folds_path: str | Path, window: str, fold: int | None
-) -> int | None:
-    """Cells (rows x features) of a window of the fold plan: ``"train"`` (fold `fold`'s training window) or
+) -> tuple[int, int] | None:
+    """(rows, features) of a window of the fold plan: ``"train"`` (fold `fold`'s training window) or
     ``"tuning"`` (the study's: fold `fold`'s own, or with None the single one). Rows are the manifest's rows of
     the tables inside the window (a table spanning several days counted by its share of them); None while the
     manifest or the plan does not exist yet (a dry run, a DAG parse before the features)."""
@@ -201,12 +203,20 @@ def window_cells(
         n_features = int(manifest.get("n_features") or DEFAULT_FEATURES)
     except (KeyError, IndexError, TypeError, ValueError):
         return None
-    return int(rows) * n_features
+    return int(rows), n_features
 
 
-def _default_cells(config: Mapping[str, Any], window: str) -> int:
-    """Cells assumed before the manifest and plan exist: the longest window the config allows, at the demo's
-    bars per day. Snakemake evaluates the request again once the inputs exist, before the job starts."""
+def window_cells(
+    manifest_path: str | Path, folds_path: str | Path, window: str, fold: int | None
+) -> int | None:
+    """Cells (rows x features) of a window of the fold plan (`window_rows`); None before its inputs exist."""
+    size = window_rows(manifest_path, folds_path, window, fold)
+    return None if size is None else size[0] * size[1]
+
+
+def _default_rows(config: Mapping[str, Any], window: str) -> tuple[int, int]:
+    """(rows, features) assumed before the manifest and plan exist: the longest window the config allows, at the
+    demo's bars per day. Snakemake evaluates the request again once the inputs exist, before the job starts."""
     folds = config["folds"]
     if window == "tuning":
         days = folds["tuning_days"]
@@ -214,7 +224,16 @@ def _default_cells(config: Mapping[str, Any], window: str) -> int:
         history = config["data"]["demo"]["days"] if config["data"]["source"] == "demo" else 250
         cap = folds.get("max_train_days")
         days = history if cap is None else min(history, cap)
-    return days * DEFAULT_ROWS_PER_DAY * DEFAULT_FEATURES
+    return days * DEFAULT_ROWS_PER_DAY, DEFAULT_FEATURES
+
+
+def fitted_cells(model: str, rows: int, features: int, max_train_rows: int | None) -> int:
+    """The cells a job's memory model counts: rows x features, the rows capped by training.max_train_rows for
+    LightGBM (its flattened matrix, which dominates its memory, holds only the sampled rows; the other models'
+    memory follows the window's table, which the cap does not shrink)."""
+    if model_kind(model) == "boosted" and max_train_rows is not None:
+        rows = min(rows, max_train_rows)
+    return rows * features
 
 
 def within_limit(request_mb: int, limit_mb: int | None) -> int:
@@ -239,17 +258,16 @@ def train_mem_mb(
 ) -> int:
     """`resources: mem_mb` of the train job of `model` x `fold` (rules/train.smk); `hparams_path` its best
     hyperparameters (the flattening models' window)."""
-    cells = window_cells(manifest_path, folds_path, "train", fold)
-    window = flattened_window(model, hparams_path)
-    cells = _default_cells(config, "train") if cells is None else cells
-    return model_mem_mb(model, cells, window, config["training"]["seeds"])
+    size = window_rows(manifest_path, folds_path, "train", fold) or _default_rows(config, "train")
+    cells = fitted_cells(model, *size, config["training"].get("max_train_rows"))
+    return model_mem_mb(model, cells, flattened_window(model, hparams_path), config["training"]["seeds"])
 
 
 def tuning_mem_mb(
     config: Mapping[str, Any], model: str, fold: int | None, manifest_path: str | Path, folds_path: str | Path
 ) -> int:
     """`resources: mem_mb` of a hyperopt worker of `model` (of `fold`'s study under hyperopt.per_fold)."""
-    cells = window_cells(manifest_path, folds_path, "tuning", fold)
+    size = window_rows(manifest_path, folds_path, "tuning", fold) or _default_rows(config, "tuning")
+    cells = fitted_cells(model, *size, config.get("training", {}).get("max_train_rows"))
     window = flattened_window(model, None)  # a trial may draw the search space's largest window
-    cells = _default_cells(config, "tuning") if cells is None else cells
     return model_mem_mb(model, cells, window, config["hyperopt"]["seeds_per_trial"])
