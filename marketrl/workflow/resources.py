@@ -2,8 +2,8 @@
 SLURM (``--mem``) never start more jobs than the machine holds.
 
 The training and tuning jobs' memory grows with their window; their request is a linear model of the window's
-cells (rows x features, times the model's lookback `window` for the models that flatten it into one matrix:
-LightGBM and ridge), one per kind of model, fitted to the ``max_rss`` of measured jobs
+cells (rows x features) and, for LightGBM, of its flattened matrix's (its sampled rows, at most
+training.max_train_rows, x features x its lookback `window`), one per kind of model, fitted to the ``max_rss`` of measured jobs
 (`results/benchmarks/train/`, docs/PERFORMANCE.md "Bounded memory") and given `HEADROOM`. Every other rule
 holds a fixed amount of data (one file, a fold's test days, the report's summaries) and requests a constant, at
 least twice its largest measured ``max_rss``. Read only JSON (the manifest and the fold plan): this module runs
@@ -27,8 +27,8 @@ __all__ = [
     "HEADROOM",
     "MEMORY_MODELS",
     "MemoryModel",
-    "fitted_cells",
     "flattened_window",
+    "matrix_cells",
     "memory_model",
     "model_kind",
     "model_mem_mb",
@@ -48,47 +48,53 @@ DEFAULT_FEATURES = 51
 DEFAULT_ROWS_PER_DAY = 2_800
 #: the kinds whose trainers flatten the lookback window into one rows x (window x features) matrix, and the
 #: largest window of their search space (a hyperopt worker's trials may draw it; a train job reads its own)
-FLATTENING_MAX_WINDOW = {"boosted": 8, "linear": 16}
+FLATTENING_MAX_WINDOW = {"boosted": 8}
+#: MB per million cells of LightGBM's flattened matrix (float32 rows x window x features, its binned Dataset and
+#: the gather that builds it): one job at window 8, docs/PERFORMANCE.md "Bounded memory"
+MATRIX_MB_PER_MCELL = 10.0
 
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """Peak RSS of a job in MB that trains `seeds` seeds on a window of `cells` cells (rows x features):
-    `base_mb` (interpreter, libraries) + `mb_per_seed` x seeds + million cells x (`mb_per_mcell` +
-    `mb_per_seed_mcell` x seeds)."""
+    """Peak RSS of a job in MB that trains `seeds` seeds on a window of `cells` cells (rows x features: the table
+    it reads) and, for LightGBM, holds a flattened matrix of `matrix_cells` (its sampled rows x features x its
+    window): `base_mb` (interpreter, libraries) + `mb_per_seed` x seeds + million cells x (`mb_per_mcell` +
+    `mb_per_seed_mcell` x seeds) + million matrix cells x `mb_per_matrix_mcell`."""
 
     base_mb: float
     mb_per_mcell: float
     mb_per_seed: float = 0.0
     mb_per_seed_mcell: float = 0.0
+    mb_per_matrix_mcell: float = 0.0
 
-    def estimate_mb(self, cells: int, seeds: int = 5) -> float:
-        """The modelled peak RSS in MB of `seeds` seeds on a window of `cells` cells."""
+    def estimate_mb(self, cells: int, seeds: int = 5, matrix_cells: int = 0) -> float:
+        """The modelled peak RSS in MB of `seeds` seeds on a window of `cells` cells (and a matrix)."""
         mcells = max(cells, 0) / 1e6
         seeds = max(seeds, 1)
         return (
             self.base_mb
             + self.mb_per_seed * seeds
             + mcells * (self.mb_per_mcell + self.mb_per_seed_mcell * seeds)
+            + max(matrix_cells, 0) / 1e6 * self.mb_per_matrix_mcell
         )
 
-    def request_mb(self, cells: int, seeds: int = 5) -> int:
+    def request_mb(self, cells: int, seeds: int = 5, matrix_cells: int = 0) -> int:
         """`estimate_mb` with `HEADROOM`, rounded up to 100 MB: what the rule requests."""
-        return int(math.ceil(self.estimate_mb(cells, seeds) * HEADROOM / 100.0) * 100)
+        return int(math.ceil(self.estimate_mb(cells, seeds, matrix_cells) * HEADROOM / 100.0) * 100)
 
 
-#: Fitted to measured max_rss (docs/PERFORMANCE.md, "Bounded memory": the 150-day demo, training.seeds 5, 51
-#: features; cells of LightGBM and ridge times their window). "agent": dqn measured (ppo's 72-day demo jobs sit
-#: below it); "boosted": lightgbm; "linear": ridge; "forecaster": the torch forecasters, not measured on this
-#: code: the agent's base with a steeper slope, above their 72-day demo jobs. A model registered by
-#: training.extra_models gets the largest.
-#: Seeds: DQN at fold 0 took 510 MB with 1 seed, 589 with 5 (a replay memory a seed); LightGBM 909 and 1,540 MB
-#: (each finished seed keeps its training matrix: memory per seed and cell). Ridge trains one run.
+#: Fitted to measured max_rss (docs/PERFORMANCE.md, "Bounded memory": the 500-day demo's 220 train jobs, 20
+#: folds of 100-250 trading days, training.seeds 5, 51 features, and one LightGBM job at window 8). Every kind's
+#: memory follows the window's table (about 25 MB per million cells: the table, its normalized copy, the device
+#: tensors); LightGBM's also its flattened matrix. "agent": dqn and ppo; "forecaster": the seven torch forecasters;
+#: "linear": ridge (its normal equations are summed chunk by chunk: no matrix); "boosted": lightgbm. A model
+#: registered by training.extra_models gets the largest. Seeds: DQN at fold 0 of a 150-day demo took 510 MB with 1
+#: seed, 589 with 5 (a replay memory a seed).
 MEMORY_MODELS: dict[str, MemoryModel] = {
-    "agent": MemoryModel(base_mb=380.0, mb_per_mcell=25.0, mb_per_seed=20.0),
-    "boosted": MemoryModel(base_mb=670.0, mb_per_mcell=1.5, mb_per_seed_mcell=7.4),
-    "linear": MemoryModel(base_mb=415.0, mb_per_mcell=7.1),
-    "forecaster": MemoryModel(base_mb=380.0, mb_per_mcell=40.0, mb_per_seed=20.0),
+    "agent": MemoryModel(base_mb=480.0, mb_per_mcell=24.0, mb_per_seed=20.0),
+    "boosted": MemoryModel(base_mb=480.0, mb_per_mcell=25.0, mb_per_matrix_mcell=MATRIX_MB_PER_MCELL),
+    "linear": MemoryModel(base_mb=330.0, mb_per_mcell=32.5),
+    "forecaster": MemoryModel(base_mb=430.0, mb_per_mcell=27.0, mb_per_seed=20.0),
 }
 
 #: Rules holding a fixed amount of data: MB requested (measured max_rss in docs/PERFORMANCE.md, at least doubled).
@@ -138,8 +144,8 @@ def memory_model(model: str) -> MemoryModel:
 
 
 def flattened_window(model: str, hparams_path: str | Path | None) -> int:
-    """How many times a flattening model (LightGBM, ridge) copies each cell: its best `window` (the hyperopt
-    JSON's best_params), or with no file yet its search space's largest; 1 for the others."""
+    """How many times a flattening model (LightGBM) copies each cell of its matrix: its best `window` (the
+    hyperopt JSON's best_params), or with no file yet its search space's largest; 1 for the others."""
     kind = model_kind(model)
     if kind not in FLATTENING_MAX_WINDOW:
         return 1
@@ -227,13 +233,14 @@ def _default_rows(config: Mapping[str, Any], window: str) -> tuple[int, int]:
     return days * DEFAULT_ROWS_PER_DAY, DEFAULT_FEATURES
 
 
-def fitted_cells(model: str, rows: int, features: int, max_train_rows: int | None) -> int:
-    """The cells a job's memory model counts: rows x features, the rows capped by training.max_train_rows for
-    LightGBM (its flattened matrix, which dominates its memory, holds only the sampled rows; the other models'
-    memory follows the window's table, which the cap does not shrink)."""
-    if model_kind(model) == "boosted" and max_train_rows is not None:
+def matrix_cells(model: str, rows: int, features: int, window: int, max_train_rows: int | None) -> int:
+    """Cells of the flattened matrix a job of `model` holds besides its table: LightGBM's, its rows capped by
+    training.max_train_rows (the sample it fits) times features times its window; 0 for the other models."""
+    if model_kind(model) not in FLATTENING_MAX_WINDOW:
+        return 0
+    if max_train_rows is not None:
         rows = min(rows, max_train_rows)
-    return rows * features
+    return rows * features * window
 
 
 def within_limit(request_mb: int, limit_mb: int | None) -> int:
@@ -242,10 +249,16 @@ def within_limit(request_mb: int, limit_mb: int | None) -> int:
     return request_mb if limit_mb is None else max(min(request_mb, limit_mb), 1)
 
 
-def model_mem_mb(model: str, cells: int, window: int = 1, seeds: int = 5) -> int:
-    """MB a job of `model` training `seeds` seeds on a window of `cells` cells requests, each cell copied `window`
-    times (`flattened_window`)."""
-    return memory_model(model).request_mb(cells * window, 1 if model in DETERMINISTIC else seeds)
+def model_mem_mb(model: str, cells: int, matrix_cells: int = 0, seeds: int = 5) -> int:
+    """MB a job of `model` training `seeds` seeds on a window of `cells` cells (and a flattened matrix of
+    `matrix_cells`) requests."""
+    return memory_model(model).request_mb(cells, 1 if model in DETERMINISTIC else seeds, matrix_cells)
+
+
+def _request(config: Mapping[str, Any], model: str, size: tuple[int, int], window: int, seeds: int) -> int:
+    rows, features = size
+    cap = config.get("training", {}).get("max_train_rows")
+    return model_mem_mb(model, rows * features, matrix_cells(model, rows, features, window, cap), seeds)
 
 
 def train_mem_mb(
@@ -257,10 +270,10 @@ def train_mem_mb(
     hparams_path: str | Path | None = None,
 ) -> int:
     """`resources: mem_mb` of the train job of `model` x `fold` (rules/train.smk); `hparams_path` its best
-    hyperparameters (the flattening models' window)."""
+    hyperparameters (LightGBM's window)."""
     size = window_rows(manifest_path, folds_path, "train", fold) or _default_rows(config, "train")
-    cells = fitted_cells(model, *size, config["training"].get("max_train_rows"))
-    return model_mem_mb(model, cells, flattened_window(model, hparams_path), config["training"]["seeds"])
+    window = flattened_window(model, hparams_path)
+    return _request(config, model, size, window, config["training"]["seeds"])
 
 
 def tuning_mem_mb(
@@ -268,6 +281,5 @@ def tuning_mem_mb(
 ) -> int:
     """`resources: mem_mb` of a hyperopt worker of `model` (of `fold`'s study under hyperopt.per_fold)."""
     size = window_rows(manifest_path, folds_path, "tuning", fold) or _default_rows(config, "tuning")
-    cells = fitted_cells(model, *size, config.get("training", {}).get("max_train_rows"))
     window = flattened_window(model, None)  # a trial may draw the search space's largest window
-    return model_mem_mb(model, cells, window, config["hyperopt"]["seeds_per_trial"])
+    return _request(config, model, size, window, config["hyperopt"]["seeds_per_trial"])
