@@ -263,7 +263,7 @@ def bench_lightgbm(data: MarketData, args: argparse.Namespace) -> Result:
     hp = parse_hparams(spec.hparams_class, hparams, "lightgbm")
     rows = training_rows(data.to("cpu"), hp.window, settings.horizon)
     x, y = lightgbm_model._matrix(rows)
-    params = lightgbm_model._params(hp, args.seed)
+    params = lightgbm_model._params(hp, args.seed, args.seed)
     cpu = torch.device("cpu")
 
     def train() -> Any:
