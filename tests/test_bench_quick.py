@@ -227,8 +227,9 @@ def test_launches_quick_counts_every_part(quick: QuickRuns) -> None:
 
 @pytest.mark.bench
 def test_scale_quick_measures_every_stage_at_two_lengths(quick: QuickRuns) -> None:
-    """Both lengths ran the whole pipeline; every stage of the DAG has its jobs, costs and a growth exponent;
-    the checks are there and the per-fold train CPU has a figure once there are two folds."""
+    """Both lengths ran the whole pipeline; every stage of the DAG has its jobs, costs and a growth exponent,
+    the features jobs their exact CPU from their logs; the checks are there and the per-fold train CPU has a figure
+    once there are two folds."""
     out = quick.stdout("speed/scale.py")
     record = json.loads((quick.out / "scale.json").read_text())
     runs = record["runs"]
@@ -241,6 +242,9 @@ def test_scale_quick_measures_every_stage_at_two_lengths(quick: QuickRuns) -> No
         assert stages["train"]["jobs"] == run["folds"] and len(run["train_fold_cpu"]) == run["folds"]
         assert all(stage["jobs"] >= 1 and stage["max_rss_mb"] > 0 for stage in stages.values())
         assert stages["train"]["cpu_s"] > 0 and stages["evaluate"]["cpu_s"] > 0
+        # every features job logged its exact cost (what the features check divides by)
+        assert stages["features"]["logged_jobs"] == stages["features"]["jobs"]
+        assert stages["features"]["logged_cpu_s"] > 0
     assert re.search(r"^\| train \| .* \| -?[0-9.]+ \|$", out, flags=re.M)  # its fitted growth
     checks = {(c["days"], c["check"]) for c in record["checks"]}
     assert (12, "no job above 4,096 MB") in checks and len(checks) == 6

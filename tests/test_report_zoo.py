@@ -16,13 +16,13 @@ from scipy import stats
 
 from marketrl.report import ReportInputError, build_report
 from marketrl.report.figures import training_metrics_present
-from marketrl.report.forecast import calibration_bins
 from marketrl.scoring.metrics import (
     daily_information_coefficients,
     information_coefficient_summary,
     summarize_information_coefficients,
 )
 from marketrl.verdict.inputs import TrainLog, configured_models
+from marketrl.verdict.strategies import calibration_bins
 from tests.report_fixtures import AGENTS, FORECASTERS, PipelineOutputs, write_pipeline_outputs
 from tests.test_report import SIZE_BUDGET_BYTES, _build, _Cells, _parse
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -105,3 +107,46 @@ def test_a_bug_keeps_its_traceback_on_the_console(tmp_path: Path) -> None:
     assert result.stderr.startswith("marketrl error: KeyError: 'missing'\nTraceback (most recent call last)")
     assert "in inner" in result.stderr
     assert "Traceback (most recent call last)" in log and "in inner" in log
+
+
+THREADED_JOB = """
+import sys
+from types import SimpleNamespace
+
+snakemake = SimpleNamespace(threads=1, log=[sys.argv[1]])  # what Snakemake's preamble defines first
+sys.path.insert(0, "workflow_scripts")
+import _checkout  # noqa: F401  (a job script's first import)
+import polars as pl
+
+from marketrl.runtime.jobs import job_context
+
+with job_context(snakemake.log[0], snakemake.threads):
+    print(pl.thread_pool_size())
+    sum(i * i for i in range(2_000_000))  # some CPU work for the cost line
+"""
+
+
+def test_a_job_caps_polars_at_its_threads_and_logs_its_cost(tmp_path: Path) -> None:
+    """The first import of a job script caps polars' pool at the rule's threads (polars reads it when imported, so
+    job_context alone would be too late), and the job's log ends with its exact cost."""
+    script = tmp_path / "job.py"
+    script.write_text(THREADED_JOB)
+    log = tmp_path / "job.log"
+    env = {key: value for key, value in os.environ.items() if key != "POLARS_MAX_THREADS"}
+    result = subprocess.run(
+        [sys.executable, str(script), str(log)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "1\n"  # this machine has more cores than that
+    match = re.search(
+        r"job cost: ([\d.]+) s wall since the process started, ([\d.]+) CPU-s, peak RSS (\d+) MB",
+        log.read_text(),
+    )
+    assert match is not None
+    wall, cpu, rss = float(match[1]), float(match[2]), int(match[3])
+    assert 0 < cpu and 0 < wall < 60 and rss > 10

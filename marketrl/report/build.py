@@ -14,7 +14,6 @@ from typing import Any
 
 import jinja2
 import numpy as np
-import polars as pl
 import yaml
 
 from marketrl.calendars.annual import ANNUALIZER
@@ -212,13 +211,6 @@ def _per_fold_rows(
     return rows
 
 
-def _bars_per_day(strategies: Sequence[Strategy]) -> float:
-    """Median bars per instrument and trading day over the first strategy's test tables."""
-    runs = list(strategies[0].fold_runs.values()) if strategies else []
-    counts = [run.bars.group_by("symbol", "trading_day").len()["len"] for run in runs]
-    return float(pl.concat(counts).median()) if counts else math.nan
-
-
 def input_files_summary(manifest_path: str | Path) -> dict[str, Any]:
     """What the feature manifest says about the input files: how many, which were skipped and why
     (`data.on_bad_file: skip`), which only served as warm-up context (the first file(s)), bars dropped outside
@@ -271,12 +263,12 @@ def _data_section(
     inputs: ReportInputs, strategies: Sequence[Strategy], input_files: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     plan = inputs.plan
-    bars_per_day = _bars_per_day(strategies)
+    bars_per_day = strategies[0].bars_per_day if strategies else math.nan  # median, per instrument and day
     embargo = plan.config.embargo_bars
     embargo_days = (
         min(0.5, embargo / bars_per_day) if is_finite_number(bars_per_day) and bars_per_day > 0 else 0.1
     )
-    symbols = sorted({s for run in inputs.model_runs for s in run.bars["symbol"].unique().to_list()})
+    symbols = sorted({symbol for s in strategies if s.is_agent for symbol in s.symbols})
     windows = []
     for fold in plan.folds:
         windows.append(
@@ -436,8 +428,8 @@ def build_context(
     check_models(inputs, config)
     models = inputs.models
 
-    agents = build_strategies(inputs.model_runs)
-    baselines = tables.baseline_order(build_strategies(inputs.baseline_runs))
+    agents = build_strategies(inputs.model_runs, multipliers=multipliers)
+    baselines = tables.baseline_order(build_strategies(inputs.baseline_runs, multipliers=multipliers))
     random_seeds = random_seed_strategies(inputs)
     strategies = [*agents, *baselines]
 

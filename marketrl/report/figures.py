@@ -8,6 +8,7 @@ several SVGs share one HTML document.
 from __future__ import annotations
 
 import io
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import wraps
@@ -21,9 +22,8 @@ from matplotlib.patches import Patch
 
 from marketrl.report.forecast import ForecastQuality
 from marketrl.report.tables import SeedSpread
-from marketrl.scoring.metrics import drawdown_series, equity_curve
 from marketrl.verdict.inputs import HyperoptSummary, TrainLog
-from marketrl.verdict.strategies import BASELINE_LABELS, Strategy
+from marketrl.verdict.strategies import BASELINE_LABELS, PATH_POINTS, EquityPath, Strategy, evenly_spaced
 
 P = ParamSpec("P")
 
@@ -46,11 +46,14 @@ _RC = {
     "ytick.color": "#4b5563",
     "path.simplify": True,
 }
-# Points kept per plotted line: enough for a smooth curve at report width, small enough for the size budget.
-MAX_LINE_POINTS = 1200
+# Points kept per plotted line: enough for a smooth curve at report width, small enough for the size budget (the
+# strategies' equity paths keep as many bars).
+MAX_LINE_POINTS = PATH_POINTS
 # Points of all the lines of one panel together: with many models × seeds each line gets fewer (≥ MIN_LINE_POINTS).
 PANEL_POINTS = 12_000
 MIN_LINE_POINTS = 300
+# Test days up to which a daily line marks each day (the demo's 60 pooled days); more would be a blot of markers.
+MARKED_DAYS = 60
 # One colour per model, distinct from the baselines' black, orange and greys (eleven models and one spare).
 AGENT_COLORS = (
     "#2563eb",
@@ -129,12 +132,6 @@ def line_points(n_lines: int) -> int:
     return int(min(MAX_LINE_POINTS, max(MIN_LINE_POINTS, PANEL_POINTS // max(1, n_lines))))
 
 
-def _decimate(n: int, max_points: int = MAX_LINE_POINTS) -> np.ndarray:
-    if n <= max_points:
-        return np.arange(n)
-    return np.unique(np.linspace(0, n - 1, max_points).round().astype(np.int64))
-
-
 def _line_style(strategy: Strategy, models: Sequence[str]) -> dict[str, Any]:
     if strategy.is_agent:
         return {"color": model_color(strategy.name, models), "linestyle": "-", "linewidth": 1.1, "alpha": 0.9}
@@ -152,23 +149,24 @@ def _legend_label(strategy: Strategy, labelled: set[str]) -> str | None:
     return plot_text(BASELINE_LABELS.get(strategy.name, strategy.name))
 
 
-def _time_axis(strategies: Sequence[Strategy]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Union of pooled bar timestamps (trading-time x axis), each bar's trading day, and day-start positions."""
-    stamps = np.unique(np.concatenate([s.pooled.ts for s in strategies if s.pooled is not None]))
-    days = np.empty(stamps.size, dtype="datetime64[D]")
-    for s in strategies:
-        if s.pooled is not None:
-            days[np.searchsorted(stamps, s.pooled.ts)] = s.pooled.day.astype("datetime64[D]")
-    starts = np.flatnonzero(np.r_[True, days[1:] != days[:-1]])
-    return stamps, days, starts
+def _time_axis(strategies: Sequence[Strategy]) -> np.ndarray:
+    """The union of the strategies' pooled test days, ascending: day k spans [k, k + 1) of the trading-time axis."""
+    return np.unique(np.concatenate([s.pooled.daily()[0] for s in strategies if s.pooled is not None]))
 
 
-def _decorate_time_axis(
-    ax: Any, days: np.ndarray, starts: np.ndarray, fold_starts: Mapping[int, int]
-) -> None:
-    step = max(1, len(starts) // 12)
-    ax.set_xticks(starts[::step], [str(d)[5:] for d in days[starts][::step]])
-    for fold, position in fold_starts.items():
+def _path(strategy: Strategy, days: np.ndarray) -> tuple[EquityPath, np.ndarray]:
+    """The strategy's equity path and its bars' places on the trading-time axis of `days`."""
+    path = strategy.path
+    if path is None:
+        raise ValueError(f"report: {strategy.label} has no equity path (build_strategies first)")
+    return path, np.searchsorted(days, path.day) + path.place
+
+
+def _decorate_time_axis(ax: Any, days: np.ndarray, fold_starts: Mapping[int, np.datetime64]) -> None:
+    step = max(1, days.size // 12)
+    ax.set_xticks(np.arange(0, days.size, step), [str(d)[5:] for d in days[::step]])
+    for fold, first_day in sorted(fold_starts.items()):
+        position = int(np.searchsorted(days, first_day))
         ax.axvline(position, color="#6b7280", linewidth=0.8, linestyle="--", alpha=0.7)
         ax.annotate(
             f"fold {fold}",
@@ -180,32 +178,27 @@ def _decorate_time_axis(
             fontsize=7.5,
             color="#4b5563",
         )
-    ax.set_xlim(0, days.size - 1)
+    ax.set_xlim(0, days.size)
 
 
-def _fold_starts(strategies: Sequence[Strategy], stamps: np.ndarray) -> dict[int, int]:
-    reference = strategies[0]
-    return {
-        fold: int(np.searchsorted(stamps, run.bars["ts_event"].to_numpy().min()))
-        for fold, run in sorted(reference.fold_runs.items())
-    }
+def _fold_starts(strategies: Sequence[Strategy]) -> Mapping[int, np.datetime64]:
+    path = strategies[0].path
+    return path.fold_starts if path is not None else {}
 
 
 @styled
 def equity_figure(strategies: Sequence[Strategy], models: Sequence[str]) -> Markup:
     """Pooled out-of-sample equity (wealth from 1), net of costs and before costs, on a trading-time axis."""
-    stamps, days, starts = _time_axis(strategies)
-    fold_starts = _fold_starts(strategies, stamps)
+    days = _time_axis(strategies)
     fig = Figure(figsize=(10, 6.2))
     axes = fig.subplots(2, 1, sharex=True)
     points = line_points(len(strategies))
-    for ax, multiplier, title in ((axes[0], 1.0, "Net of costs"), (axes[1], 0.0, "Before costs (gross)")):
+    for ax, net, title in ((axes[0], True, "Net of costs"), (axes[1], False, "Before costs (gross)")):
         labelled: set[str] = set()
         for strategy in strategies:
-            assert strategy.pooled is not None
-            x = np.searchsorted(stamps, strategy.pooled.ts)
-            equity = equity_curve(strategy.pooled.bar_returns(multiplier))
-            keep = _decimate(equity.size, points)
+            path, x = _path(strategy, days)
+            equity = path.net if net else path.gross
+            keep = evenly_spaced(equity.size, points)
             ax.plot(
                 x[keep],
                 equity[keep],
@@ -215,33 +208,31 @@ def equity_figure(strategies: Sequence[Strategy], models: Sequence[str]) -> Mark
         ax.axhline(1.0, color="#9ca3af", linewidth=0.6)
         ax.set_title(title, loc="left")
         ax.set_ylabel("wealth (start = 1)")
-        _decorate_time_axis(ax, days, starts, fold_starts)
+        _decorate_time_axis(ax, days, _fold_starts(strategies))
     axes[0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    axes[1].set_xlabel("test bars in trading time (tick labels: first bar of a trading day, MM-DD)")
+    axes[1].set_xlabel("test days in trading time (a day's bars spread evenly over it; tick labels MM-DD)")
     return figure_to_svg(fig, "equity", "Pooled out-of-sample equity curves, net of costs and before costs")
 
 
 @styled
 def drawdown_figure(strategies: Sequence[Strategy], models: Sequence[str]) -> Markup:
     """Pooled drawdown from the running peak (net of costs), bar by bar."""
-    stamps, days, starts = _time_axis(strategies)
+    days = _time_axis(strategies)
     fig = Figure(figsize=(10, 3.4))
     ax = fig.subplots()
     labelled: set[str] = set()
     points = line_points(len(strategies))
     for strategy in strategies:
-        assert strategy.pooled is not None
-        x = np.searchsorted(stamps, strategy.pooled.ts)
-        drawdown = drawdown_series(strategy.pooled.net)
-        keep = _decimate(drawdown.size, points)
+        path, x = _path(strategy, days)
+        keep = evenly_spaced(path.drawdown.size, points)
         ax.plot(
             x[keep],
-            100 * drawdown[keep],
+            100 * path.drawdown[keep],
             label=_legend_label(strategy, labelled),
             **_line_style(strategy, models),
         )
     ax.set_ylabel("drawdown (%)")
-    _decorate_time_axis(ax, days, starts, _fold_starts(strategies, stamps))
+    _decorate_time_axis(ax, days, _fold_starts(strategies))
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return figure_to_svg(fig, "drawdown", "Pooled out-of-sample drawdowns, net of costs")
 
@@ -482,30 +473,30 @@ def training_metrics_present(logs: Sequence[TrainLog]) -> list[tuple[str, str]]:
 def training_figure(
     model: str, logs: Sequence[TrainLog], color: str, step_label: str = "env steps"
 ) -> Markup:
-    """Small multiples of the training history metrics, one line per (fold, seed)."""
+    """Small multiples of the training history metrics: per fold one stroke per seed, drawn as one line (one SVG
+    path a fold, so 20 folds x 5 seeds do not make 100 elements a panel), later folds darker."""
     metrics = training_metrics_present(logs)
     ncols = min(3, len(metrics))
     nrows = -(-len(metrics) // ncols)
     fig = Figure(figsize=(10, 2.3 * nrows))
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     folds = sorted({log.fold for log in logs})
-    styles = ("-", "--", ":", "-.")
+    kept = line_points(len(logs))
     for ax, (key, title) in zip(axes, metrics, strict=False):
-        for log in sorted(logs, key=lambda lg: (lg.fold, lg.seed_index)):
-            points = [(e.get("step"), e.get(key)) for e in _records(log)]
-            points = [(s, v) for s, v in points if _is_number(s) and _is_number(v)]
-            if not points:
-                continue
-            steps, values = zip(*points, strict=True)
-            shade = 0.45 + 0.55 * (folds.index(log.fold) + 1) / len(folds)
-            ax.plot(
-                steps,
-                values,
-                color=color,
-                alpha=shade,
-                linewidth=1,
-                linestyle=styles[log.seed_index % len(styles)],
-            )
+        for fold in folds:
+            strokes: list[list[float]] = [[], []]  # steps, values; a NaN between seeds breaks the line
+            for log in sorted((lg for lg in logs if lg.fold == fold), key=lambda lg: lg.seed_index):
+                points = [(e.get("step"), e.get(key)) for e in _records(log)]
+                points = [(s, v) for s, v in points if _is_number(s) and _is_number(v)]
+                for i in evenly_spaced(len(points), kept):
+                    strokes[0].append(float(points[i][0]))
+                    strokes[1].append(float(points[i][1]))
+                if points:
+                    strokes[0].append(math.nan)
+                    strokes[1].append(math.nan)
+            if strokes[0]:
+                shade = 0.45 + 0.55 * (folds.index(fold) + 1) / len(folds)
+                ax.plot(strokes[0], strokes[1], color=color, alpha=shade, linewidth=1)
         ax.set_title(plot_text(title), loc="left")
         ax.set_xlabel(step_label)
     for ax in axes[len(metrics) :]:
@@ -593,15 +584,24 @@ def forecast_figure(quality: ForecastQuality, color: str) -> Markup:
     days = sorted({d for series in quality.daily.values() for d in series[0].tolist()})
     index = {d: i for i, d in enumerate(days)}
     stacked = np.full((len(quality.daily), len(days)), np.nan)
+    marked = len(days) <= MARKED_DAYS  # a marker per day only while they stay apart
     for row, (seed_days, ic, _) in enumerate(quality.daily.values()):
         positions = [index[d] for d in seed_days.tolist()]
         stacked[row, positions] = ic
-        right.plot(positions, ic, color=color, linewidth=0.7, alpha=0.35, marker=".", ms=2)
+        right.plot(
+            positions, ic, color=color, linewidth=0.7, alpha=0.35, marker="." if marked else None, ms=2
+        )
     with np.errstate(all="ignore"):
         valid = np.isfinite(stacked).all(axis=0)
         mean = np.where(valid, np.mean(np.where(np.isfinite(stacked), stacked, 0.0), axis=0), np.nan)
     right.plot(
-        np.arange(len(days)), mean, color=color, linewidth=1.6, marker="o", ms=3, label="mean over seeds"
+        np.arange(len(days)),
+        mean,
+        color=color,
+        linewidth=1.6,
+        marker="o" if marked else None,
+        ms=3,
+        label="mean over seeds",
     )
     right.axhline(0.0, color="#6b7280", linewidth=0.7)
     step = max(1, len(days) // 10)

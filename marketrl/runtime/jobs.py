@@ -4,14 +4,40 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 from marketrl.runtime.errors import is_known_error, one_line
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: the native thread pools a job caps at its `threads:` (polars reads its variable once, when it is imported)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS")
+
+
+def cap_thread_pools(threads: object) -> None:
+    """Cap the native thread pools at `threads` where the environment does not set them already (a job script's
+    first import calls it, workflow_scripts/_checkout.py); no-op unless `threads` is a positive int."""
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
+        for var in THREAD_VARIABLES:
+            os.environ.setdefault(var, str(threads))
+
+
+def job_cost() -> dict[str, float]:
+    """This process's cost so far: wall seconds since it started, CPU seconds (user + system, its waited-for
+    children included) and peak RSS in MB; exact, where Snakemake's benchmark samples CPU twice a second."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return {
+        "wall_s": time.time() - psutil.Process().create_time(),
+        "cpu_s": cpu,
+        "max_rss_mb": max(own.ru_maxrss, children.ru_maxrss) / 1024,  # Linux: kB
+    }
 
 
 @contextmanager
@@ -31,8 +57,7 @@ def job_context(
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS"):
-        os.environ.setdefault(var, str(threads))
+    cap_thread_pools(threads)
     if uses_torch:
         import torch
 
@@ -48,5 +73,12 @@ def job_context(
             raise SystemExit(1) from None
         raise
     finally:
+        cost = job_cost()
+        logging.getLogger("marketrl").info(
+            "job cost: %.2f s wall since the process started, %.2f CPU-s, peak RSS %.0f MB",
+            cost["wall_s"],
+            cost["cpu_s"],
+            cost["max_rss_mb"],
+        )
         root.removeHandler(handler)
         handler.close()

@@ -4,9 +4,11 @@ Required inputs (every listed eval file, its bars.parquet, the fold plan, every 
 raise a one-line :class:`ReportInputError` naming the file when missing or malformed. Optional content (no completed
 hyperopt trials, no training history) is kept as empty and reported by its section instead.
 
-Only the columns the report uses are read. The random baseline's traders (most of a run's rows) are checked here
-fold by fold but not kept: `RandomTraders` reads them again one trader at a time, and the report keeps their
-daily returns and summaries (marketrl.verdict.strategies.random_seed_strategies).
+Only the columns the report uses are read, and no model run's per-bar table is kept: a model run's columns are
+checked here and its table read (and checked) when its strategy is built (`Run.read`, one strategy at a time,
+marketrl.verdict.strategies.build_strategies), which keeps its days, summaries and a bounded path for the figures.
+The random baseline's traders (most of a run's rows) are checked here fold by fold but not kept either:
+`RandomTraders` reads them again one trader at a time.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +62,11 @@ class MatchedRandom:
 
 @dataclass(frozen=True)
 class Fills:
-    """A run's fills at a known half-spread (`traded` > 0, `half_spread_ticks` finite) as float64, whether its
+    """A run's fills at a known half-spread (`traded` > 0, `half_spread_ticks` finite), reduced to the contracts
+    traded at each half-spread paid (`ticks` ascending and distinct, `traded` their contracts, float64), whether its
     `quote_fallback` column holds any value (the data had quotes) and how many fills fell back: what the report's
-    fill table reads of a per-bar table (marketrl.report.tables.fills_paid)."""
+    fill table reads of a per-bar table (marketrl.report.tables.fills_paid). Half-spreads are few distinct values
+    (multiples of half a tick from quotes, or the configured fallback), so this stays small however many fills."""
 
     traded: np.ndarray
     ticks: np.ndarray
@@ -75,12 +79,13 @@ class Fills:
         if "traded" not in bars.columns:
             return None
         traded = bars["traded"].to_numpy().astype(np.float64)
-        ticks = bars["half_spread_ticks"].fill_null(np.nan).to_numpy()
+        ticks = bars["half_spread_ticks"].fill_null(np.nan).to_numpy().astype(np.float64)
         filled = (traded > 0) & np.isfinite(ticks)
+        values, at = np.unique(ticks[filled], return_inverse=True)
         fallback = bars["quote_fallback"]
         return cls(
-            traded[filled],
-            ticks[filled].astype(np.float64),
+            np.bincount(at, weights=traded[filled], minlength=values.size),
+            values,
             fallback.null_count() < fallback.len(),
             int(fallback.fill_null(False).sum()),
         )
@@ -109,6 +114,13 @@ class Run:
     flat_gate: Mapping[str, Any] | None = None
     # a run reduced to days (marketrl.verdict.strategies.digest): its fills, its `bars` then an empty table
     fills: Fills | None = None
+    # a model run as load_inputs left it: its per-bar table (and predictions) on disk at `source`, read by `read`
+    deferred: bool = False
+
+    def read(self) -> Run:
+        """The run with its per-bar table (and a forecaster's predictions) in memory and checked: itself unless
+        load_inputs left them on disk (`deferred`)."""
+        return _read_model_run(self) if self.deferred else self
 
     def fills_paid(self) -> Fills | None:
         """The run's fills: kept from its digest, else from its per-bar table."""
@@ -279,6 +291,7 @@ def _checked(run: Run) -> Run:
 
 
 def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
+    """A model run from its metrics.json, its per-bar table's columns checked but left on disk (`Run.read`)."""
     what = "model evaluation"
     model = _require(data, "algo", str, path, what)
     fold = _require(data, "fold", int, path, what)
@@ -293,33 +306,42 @@ def _agent_run(path: Path, bars_path: Path, data: Mapping[str, Any]) -> Run:
         horizon = _require(data, "horizon", int, path, what)
         if horizon < 1:
             raise ReportInputError(f"{path}: {what} field 'horizon' must be a positive number of bars")
-    scan, columns = _scan_bars(bars_path, FORECAST_COLUMNS if kind == FORECASTER else ())
-    bars = _collect(scan.select(columns), bars_path)
+    _scan_bars(bars_path, FORECAST_COLUMNS if kind == FORECASTER else ())
+    stored = data.get("metrics") if isinstance(data.get("metrics"), Mapping) else None
+    matched = _matched_random(path, data["matched_random"]) if "matched_random" in data else None
+    gate = _flat_gate(path, data["flat_gate"]) if data.get("flat_gate") is not None else None
+    return Run(
+        model,
+        True,
+        fold,
+        seed_index,
+        pl.DataFrame(),
+        bars_path,
+        stored,
+        matched,
+        kind,
+        horizon,
+        None,
+        gate,
+        deferred=True,
+    )
+
+
+def _read_model_run(run: Run) -> Run:
+    """A deferred model run with its per-bar table read from `source` and checked; a forecaster's predictions
+    apart (`forecasts`)."""
+    forecaster = run.kind == FORECASTER
+    scan, columns = _scan_bars(run.source, FORECAST_COLUMNS if forecaster else ())
+    bars = _collect(scan.select(columns), run.source)
     forecasts = None
-    if kind == FORECASTER:
+    if forecaster:
         forecasts = bars.select(
             "ts_event", "trading_day", *(pl.col(c).cast(pl.Float64) for c in FORECAST_COLUMNS)
         )
         if forecasts["prediction"].is_infinite().any():
-            raise ReportInputError(f"{bars_path}: column 'prediction' holds infinite values")
-    stored = data.get("metrics") if isinstance(data.get("metrics"), Mapping) else None
-    matched = _matched_random(path, data["matched_random"]) if "matched_random" in data else None
-    gate = _flat_gate(path, data["flat_gate"]) if data.get("flat_gate") is not None else None
+            raise ReportInputError(f"{run.source}: column 'prediction' holds infinite values")
     return _checked(
-        Run(
-            model,
-            True,
-            fold,
-            seed_index,
-            bars.drop(FORECAST_COLUMNS, strict=False),
-            bars_path,
-            stored,
-            matched,
-            kind,
-            horizon,
-            forecasts,
-            gate,
-        )
+        replace(run, bars=bars.drop(FORECAST_COLUMNS, strict=False), forecasts=forecasts, deferred=False)
     )
 
 

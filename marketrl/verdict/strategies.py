@@ -18,7 +18,10 @@ import polars as pl
 
 from marketrl.calendars.annual import ANNUALIZER
 from marketrl.scoring.metrics import (
+    daily_information_coefficients,
     daily_returns,
+    drawdown_series,
+    equity_curve,
     performance_summary,
     portfolio_bars,
 )
@@ -93,18 +96,121 @@ class ReturnSeries:
 
 @dataclass(frozen=True)
 class DailyReturns:
-    """A strategy's pooled daily returns net of costs and before costs, without its bars (a random trader's
-    `digest`): `ReturnSeries.daily` at 1× and 0× costs, the only multipliers the report asks of a random trader."""
+    """A strategy's pooled daily returns without its bars: compounded per trading day at each cost multiple the
+    report asks for (`returns[m]`: gross − m × cost per bar; 0 is before costs, 1 the stored net returns)."""
 
     days: np.ndarray
-    net: np.ndarray
-    gross: np.ndarray
+    returns: Mapping[float, np.ndarray]
+
+    @classmethod
+    def of(cls, series: ReturnSeries, multipliers: Sequence[float] = ()) -> DailyReturns:
+        """`series` compounded per day at 0×, 1× and each of `multipliers` × costs."""
+        kept = sorted({0.0, 1.0, *(float(m) for m in multipliers)})
+        days, _ = series.daily(1.0)
+        return cls(days, {m: series.daily(m)[1] for m in kept})
 
     def daily(self, multiplier: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-        """(trading days, compounded daily returns) at 1× (net) or 0× (gross) costs."""
-        if multiplier not in (0.0, 1.0):
-            raise ValueError(f"DailyReturns: only 0x and 1x costs are kept, not {multiplier}x")
-        return self.days, self.net if multiplier == 1.0 else self.gross
+        """(trading days, compounded daily returns) at ``multiplier`` × costs, one of those kept."""
+        returns = self.returns.get(float(multiplier))
+        if returns is None:
+            kept = ", ".join(f"{m:g}x" for m in self.returns)
+            raise ValueError(f"DailyReturns: only {kept} costs are kept, not {multiplier:g}x")
+        return self.days, returns
+
+
+def evenly_spaced(n: int, max_points: int) -> np.ndarray:
+    """Indices of at most `max_points` of `n` items, evenly spaced, first and last included (all when fewer)."""
+    if n <= max_points:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, max_points).round().astype(np.int64))
+
+
+#: bars of a strategy's pooled equity and drawdown kept for the report's figures (a line draws at most this many)
+PATH_POINTS = 1200
+
+
+@dataclass(frozen=True)
+class EquityPath:
+    """A strategy's pooled wealth (from 1) net of costs and before costs and its drawdown net of costs, at no
+    more than PATH_POINTS of its bars, evenly spaced: what the equity and drawdown figures draw. Each kept bar is
+    placed by its trading day and its place in that day (k / the day's bars, in [0, 1)), so strategies line up
+    on a trading-time axis of days."""
+
+    day: np.ndarray  # datetime64[D]
+    place: np.ndarray
+    net: np.ndarray
+    gross: np.ndarray
+    drawdown: np.ndarray
+    fold_starts: Mapping[int, np.datetime64]  # each fold's first test day
+
+    @classmethod
+    def of(
+        cls, series: ReturnSeries, fold_starts: Mapping[int, np.datetime64], points: int = PATH_POINTS
+    ) -> EquityPath:
+        day = series.day.astype("datetime64[D]")
+        starts = np.flatnonzero(np.r_[True, day[1:] != day[:-1]]) if day.size else np.zeros(0, np.int64)
+        lengths = np.diff(np.r_[starts, day.size])
+        place = (np.arange(day.size) - np.repeat(starts, lengths)) / np.repeat(lengths, lengths)
+        keep = evenly_spaced(day.size, points)
+        return cls(
+            day[keep],
+            place[keep],
+            equity_curve(series.bar_returns(1.0))[keep],
+            equity_curve(series.bar_returns(0.0))[keep],
+            drawdown_series(series.bar_returns(1.0))[keep],
+            dict(fold_starts),
+        )
+
+
+#: prediction bins of the report's calibration panel (equal-count bins of the pooled predictions: deciles)
+CALIBRATION_BINS = 10
+
+
+def calibration_bins(
+    prediction: np.ndarray, realized: np.ndarray, n_bins: int = CALIBRATION_BINS
+) -> tuple[np.ndarray, np.ndarray]:
+    """(mean prediction, mean realized) in ``n_bins`` equal-count bins of the prediction (ties split by
+    order); rows with a non-finite side are dropped; NaN bins when there are fewer rows than bins."""
+    keep = np.isfinite(prediction) & np.isfinite(realized)
+    x, y = prediction[keep], realized[keep]
+    if x.size < n_bins:
+        return np.full(n_bins, math.nan), np.full(n_bins, math.nan)
+    order = np.argsort(x, kind="stable")
+    bins = np.empty(x.size, dtype=np.int64)
+    bins[order] = np.arange(x.size) * n_bins // x.size
+    counts = np.bincount(bins, minlength=n_bins)
+    return (
+        np.bincount(bins, weights=x, minlength=n_bins) / counts,
+        np.bincount(bins, weights=y, minlength=n_bins) / counts,
+    )
+
+
+@dataclass(frozen=True)
+class SeedForecasts:
+    """What the forecast-quality section reads of one forecaster seed, without its bars: per fold its daily IC and
+    Rank IC, and the calibration bins of its predictions pooled over the folds (marketrl.report.forecast)."""
+
+    daily_ic: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]]  # fold -> (days, IC, Rank IC)
+    bins: tuple[np.ndarray, np.ndarray]  # mean prediction and mean realized per calibration bin
+    n_pairs: int  # (prediction, realized) pairs with both sides finite, pooled
+
+    @classmethod
+    def of(cls, runs: Mapping[int, Run]) -> SeedForecasts | None:
+        """The runs' forecasts reduced (None unless every run has them)."""
+        frames = [runs[fold].forecasts for fold in sorted(runs)]
+        if not frames or any(frame is None for frame in frames):
+            return None
+        daily_ic = {
+            fold: daily_information_coefficients(
+                frame["trading_day"], frame["prediction"], frame["forward_return"]
+            )
+            for fold, frame in zip(sorted(runs), frames, strict=True)
+            if frame is not None
+        }
+        prediction = np.concatenate([f["prediction"].to_numpy() for f in frames if f is not None])
+        realized = np.concatenate([f["forward_return"].to_numpy() for f in frames if f is not None])
+        n_pairs = int((np.isfinite(prediction) & np.isfinite(realized)).sum())
+        return cls(daily_ic, calibration_bins(prediction, realized), n_pairs)
 
 
 @dataclass(frozen=True)
@@ -143,10 +249,14 @@ class Strategy:
     fold_runs: dict[int, Run]
     fold_summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
     pooled_summary: dict[str, Any] = field(default_factory=dict)
-    pooled: ReturnSeries | DailyReturns | None = None  # DailyReturns: a `digest`ed random trader
+    pooled: ReturnSeries | DailyReturns | None = None  # DailyReturns once built (`build_strategies`)
     long_share: float = math.nan
     short_share: float = math.nan
     trading_share: float = math.nan  # share of its pooled test days with a nonzero position at some bar
+    path: EquityPath | None = None  # the figures' lines
+    forecasts: SeedForecasts | None = None  # forecasters only
+    bars_per_day: float = math.nan  # median bars per instrument and trading day
+    symbols: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -157,52 +267,58 @@ class Strategy:
         return BASELINE_LABELS.get(self.name, self.name)
 
 
-def _pooled_bars(runs: Mapping[int, Run]) -> pl.DataFrame:
-    return pl.concat([runs[fold].bars for fold in sorted(runs)], how="vertical_relaxed")
-
-
-def build_strategies(runs: Sequence[Run], pooled_summary: bool = True) -> list[Strategy]:
-    """Group runs by (strategy, seed) over folds and compute their per-fold and pooled summaries."""
-    grouped: dict[tuple[str, int | None], Strategy] = {}
+def build_strategies(
+    runs: Sequence[Run], pooled_summary: bool = True, multipliers: Sequence[float] = ()
+) -> list[Strategy]:
+    """Group runs by (strategy, seed) over folds and reduce each group to what the report keeps of it: per-fold
+    and pooled summaries, shares, pooled daily returns at 0×, 1× and `multipliers` × costs, the figures' equity
+    path, fills and forecasts (`digest`). A run load_inputs left on disk is read here, one strategy at a time, so
+    memory holds one strategy's per-bar tables, never a run's."""
+    grouped: dict[tuple[str, int | None], dict[int, Run]] = {}
     for run in runs:
-        key = (run.strategy, run.seed_index)
-        strategy = grouped.setdefault(key, Strategy(run.strategy, run.is_agent, run.seed_index, {}))
-        strategy.fold_runs[run.fold] = run
-    for strategy in grouped.values():
-        for fold, run in strategy.fold_runs.items():
-            strategy.fold_summaries[fold] = performance_summary(run.bars)
-        bars = _pooled_bars(strategy.fold_runs)
-        if pooled_summary:
-            strategy.pooled_summary = performance_summary(bars)
-        strategy.pooled = ReturnSeries.from_bars(bars)
-        position = bars["position"].cast(pl.Float64)
-        strategy.long_share = float((position > 0).mean())
-        strategy.short_share = float((position < 0).mean())
-        strategy.trading_share = trading_share(bars)
-    return sorted(grouped.values(), key=lambda s: (not s.is_agent, s.name, s.seed_index or 0))
+        grouped.setdefault((run.strategy, run.seed_index), {})[run.fold] = run
+    strategies = [digest(fold_runs, pooled_summary, multipliers) for fold_runs in grouped.values()]
+    return sorted(strategies, key=lambda s: (not s.is_agent, s.name, s.seed_index or 0))
 
 
-def digest(strategy: Strategy) -> Strategy:
-    """`strategy` without its per-bar data: pooled daily returns at 1× and 0× costs (`DailyReturns`) and its runs'
-    fills instead of their tables; its summaries and shares as they were. What the report keeps of a random
-    trader (none of its figures draws one)."""
-    assert isinstance(strategy.pooled, ReturnSeries)
-    days, net = strategy.pooled.daily(1.0)
-    _, gross = strategy.pooled.daily(0.0)
-    runs = {
-        fold: replace(run, bars=run.bars.clear(), fills=run.fills_paid())
-        for fold, run in strategy.fold_runs.items()
+def digest(
+    runs: Mapping[int, Run], pooled_summary: bool = True, multipliers: Sequence[float] = ()
+) -> Strategy:
+    """One strategy's runs (one per fold) read and reduced to days, summaries and the figures' bounded path; the
+    runs it keeps hold no bars (their fills instead)."""
+    runs = {fold: runs[fold].read() for fold in sorted(runs)}
+    first = next(iter(runs.values()))
+    strategy = Strategy(first.strategy, first.is_agent, first.seed_index, {})
+    for fold, run in runs.items():
+        strategy.fold_summaries[fold] = performance_summary(run.bars)
+    bars = pl.concat([run.bars for run in runs.values()], how="vertical_relaxed")
+    if pooled_summary:
+        strategy.pooled_summary = performance_summary(bars)
+    series = ReturnSeries.from_bars(bars)
+    position = bars["position"].cast(pl.Float64)
+    strategy.long_share = float((position > 0).mean())
+    strategy.short_share = float((position < 0).mean())
+    strategy.trading_share = trading_share(bars)
+    strategy.bars_per_day = float(bars.group_by("symbol", "trading_day").len()["len"].median())
+    strategy.symbols = tuple(sorted(bars["symbol"].unique().to_list()))
+    strategy.pooled = DailyReturns.of(series, multipliers)
+    first_days = {fold: run.bars["trading_day"].min() for fold, run in runs.items()}
+    strategy.path = EquityPath.of(series, {fold: np.datetime64(day, "D") for fold, day in first_days.items()})
+    strategy.forecasts = SeedForecasts.of(runs)
+    strategy.fold_runs = {
+        fold: replace(run, bars=run.bars.clear(), fills=run.fills_paid(), forecasts=None)
+        for fold, run in runs.items()
     }
-    return replace(strategy, fold_runs=runs, pooled=DailyReturns(days, net, gross))
+    return strategy
 
 
 def random_seed_strategies(inputs: ReportInputs) -> list[Strategy]:
     """The random baseline's traders as strategies: those given as tables (`random_seed_runs`) and those on disk
-    (`random_traders`), the latter read one trader at a time and `digest`ed before the next, so the report's memory
+    (`random_traders`), the latter read one trader at a time and digested before the next, so the report's memory
     holds one trader's bars, not fifty."""
     strategies = build_strategies(inputs.random_seed_runs)
     for seed in inputs.random_traders.seeds:
-        strategies += [digest(s) for s in build_strategies(inputs.random_traders.runs(seed))]
+        strategies += build_strategies(inputs.random_traders.runs(seed))
     return sorted(strategies, key=lambda s: (not s.is_agent, s.name, s.seed_index or 0))
 
 
