@@ -14,6 +14,7 @@ import yaml
 
 from marketrl.settings.config import ConfigError, validate_config
 from marketrl.workflow import pipeline
+from marketrl.workflow.resources import FIXED_MB
 from tests.conftest import REPO_ROOT
 from tests.slurm import slurm_checks
 
@@ -91,7 +92,7 @@ def test_dry_run_through_the_profile_requests_gpus_threads_and_memory(tmp_path: 
     assert re.search(r"threads: 4\b", train)
     # a features batch rule (rules/features.smk, one per month) declares its own resources
     features = re.split(r"rule features_\w+:", result.stdout)[1].split("\n\n")[0]
-    assert "gpu=" not in features and "mem_mb=8000" in features
+    assert "gpu=" not in features and f"mem_mb={FIXED_MB['features']}," in features
 
 
 @pytest.mark.parametrize(
