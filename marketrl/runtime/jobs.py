@@ -28,13 +28,24 @@ def cap_thread_pools(threads: object) -> None:
             os.environ.setdefault(var, str(threads))
 
 
+def _seconds_since_start() -> float:
+    """Wall seconds since this process started: on Linux from its start in clock ticks since boot (psutil's
+    create_time adds the boot time, which the kernel gives in whole seconds: up to a second off)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, IndexError, ValueError, AttributeError):
+        return time.time() - psutil.Process().create_time()
+
+
 def job_cost() -> dict[str, float]:
     """This process's cost so far: wall seconds since it started, CPU seconds (user + system, its waited-for
     children included) and peak RSS in MB; exact, where Snakemake's benchmark samples CPU twice a second."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
     return {
-        "wall_s": time.time() - psutil.Process().create_time(),
+        "wall_s": _seconds_since_start(),
         "cpu_s": cpu,
         "max_rss_mb": max(own.ru_maxrss, children.ru_maxrss) / 1024,  # Linux: kB
     }
