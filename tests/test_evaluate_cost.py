@@ -158,6 +158,7 @@ def test_forecaster_predictions_depend_on_the_chunk_only_by_rounding() -> None:
     data = market_data(random_frame(n_instruments=2, days=6, n_features=4))
     torch.manual_seed(0)
     model = DLinear(DLinearHParams(window=3, kernel_size=3, hidden_dim_base=8), data.n_features).eval()
+    torch.nn.init.normal_(model.head.weight)  # a trained head: an untrained one predicts 0 everywhere
     with torch.no_grad():
         full = predict_rows(model, data, 3, chunk=PREDICT_CHUNK)
         # rows per forward change a BLAS kernel's blocking, hence at most the float32 rounding of a prediction

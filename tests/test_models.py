@@ -620,3 +620,18 @@ def test_threshold_follows_the_run_settings_costs(splits, trained) -> None:
         ValueError, match=r"^costs: a per-instrument cost model .* leave the run settings' costs"
     ):
         round_trip_cost(test, cost_model(per_root))
+
+
+def test_dlinear_starts_at_the_mean_and_learns_its_head_first() -> None:
+    """A zero head: the untrained model predicts 0 (the normalized target's mean) for any window, so it trades
+    nothing until the data move it; the first gradient reaches the head (the time maps follow once it is nonzero)."""
+    from marketrl.models.dlinear import DLinear, DLinearHParams
+
+    torch.manual_seed(0)
+    model = DLinear(DLinearHParams(window=4, kernel_size=3, hidden_dim_base=8), 5)
+    windows, target = torch.randn(64, 4, 5), torch.randn(64)
+    prediction = model(windows)
+    assert torch.equal(prediction, torch.zeros(64))
+    torch.nn.functional.mse_loss(prediction, target).backward()
+    assert model.head.weight.grad is not None and bool(model.head.weight.grad.abs().sum() > 0)
+    assert model.trend.weight.grad is not None and not bool(model.trend.weight.grad.any())

@@ -58,6 +58,10 @@ class DLinear(nn.Module):
         self.remainder = nn.Linear(hp.window, hp.hidden_dim_base)
         self.drop = nn.Dropout1d(hp.dropout)  # [B, F, hidden]: drops features
         self.head = nn.Linear(n_features * hp.hidden_dim_base, 1)
+        # A zero head predicts the mean (0) until the data move it: the model starts as a linear regression from
+        # zero on the random time maps' features, not from a random linear map that trades its own noise.
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
         """Predictions [B]."""
