@@ -5,7 +5,8 @@ and a linear head maps all features' values to the prediction. Linear end to end
 random draw per feature instead of one per value (per-value dropout's random numbers were 40% of a fold's
 training CPU, bench/speed/models.py).
 
-The moving average runs over the window's own rows only (t-window+1..t), so it never reads a later bar.
+The moving average runs over the window's own rows only (t-window+1..t), so it never reads a later bar. The head
+starts at zero: the untrained model predicts the mean and trades nothing (docs/PERFORMANCE.md "Do no harm").
 """
 
 from __future__ import annotations
