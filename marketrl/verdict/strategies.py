@@ -273,7 +273,7 @@ def build_strategies(
     """Group runs by (strategy, seed) over folds and reduce each group to what the report keeps of it: per-fold
     and pooled summaries, shares, pooled daily returns at 0×, 1× and `multipliers` × costs, the figures' equity
     path, fills and forecasts (`digest`). A run load_inputs left on disk is read here, one strategy at a time, so
-    memory holds one strategy's per-bar tables, never a run's."""
+    memory holds one strategy's per-bar tables at a time, never every run's."""
     grouped: dict[tuple[str, int | None], dict[int, Run]] = {}
     for run in runs:
         grouped.setdefault((run.strategy, run.seed_index), {})[run.fold] = run
