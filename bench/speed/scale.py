@@ -17,7 +17,8 @@ summed job CPU-s, summed job wall-s, the largest job's peak RSS; then per stage 
 CPU-s ~ N^b (least squares on the logs; 1 = linear in history), and the train stage's CPU per fold, last fold over
 first (issue 39: flat within 1.5x). Checks (printed, PASS/FAIL): no job above `--max-job-mb` (4,096), the features
 stage's wall within 1.5x of its CPU (the jobs' exact CPU from their logs' "job cost" lines: Snakemake's benchmark
-samples CPU every 0.5 s and misses the end of a 1.5-second job), train CPU per fold within 1.5x. `--quick`'s numbers are no measurement.
+samples CPU every 0.5 s and misses the end of a 1.5-second job), train CPU per fold within 1.5x. `--quick`'s numbers
+are no measurement.
 """
 
 from __future__ import annotations

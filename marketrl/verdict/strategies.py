@@ -105,9 +105,8 @@ class DailyReturns:
     @classmethod
     def of(cls, series: ReturnSeries, multipliers: Sequence[float] = ()) -> DailyReturns:
         """`series` compounded per day at 0×, 1× and each of `multipliers` × costs."""
-        kept = sorted({0.0, 1.0, *(float(m) for m in multipliers)})
-        days, _ = series.daily(1.0)
-        return cls(days, {m: series.daily(m)[1] for m in kept})
+        daily = {m: series.daily(m) for m in sorted({0.0, 1.0, *(float(m) for m in multipliers)})}
+        return cls(daily[1.0][0], {m: returns for m, (_, returns) in daily.items()})
 
     def daily(self, multiplier: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """(trading days, compounded daily returns) at ``multiplier`` × costs, one of those kept."""
@@ -197,18 +196,18 @@ class SeedForecasts:
     @classmethod
     def of(cls, runs: Mapping[int, Run]) -> SeedForecasts | None:
         """The runs' forecasts reduced (None unless every run has them)."""
-        frames = [runs[fold].forecasts for fold in sorted(runs)]
-        if not frames or any(frame is None for frame in frames):
+        frames = {fold: runs[fold].forecasts for fold in sorted(runs)}
+        present = {fold: frame for fold, frame in frames.items() if frame is not None}
+        if not present or len(present) < len(frames):
             return None
         daily_ic = {
             fold: daily_information_coefficients(
                 frame["trading_day"], frame["prediction"], frame["forward_return"]
             )
-            for fold, frame in zip(sorted(runs), frames, strict=True)
-            if frame is not None
+            for fold, frame in present.items()
         }
-        prediction = np.concatenate([f["prediction"].to_numpy() for f in frames if f is not None])
-        realized = np.concatenate([f["forward_return"].to_numpy() for f in frames if f is not None])
+        prediction = np.concatenate([frame["prediction"].to_numpy() for frame in present.values()])
+        realized = np.concatenate([frame["forward_return"].to_numpy() for frame in present.values()])
         n_pairs = int((np.isfinite(prediction) & np.isfinite(realized)).sum())
         return cls(daily_ic, calibration_bins(prediction, realized), n_pairs)
 
