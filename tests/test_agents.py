@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from gpu_utils import BudgetError, HardwareBudget, NonFiniteError, PrecisionPlan, SyncCounter
+from gpu_utils.advantages import GAE_DEVICE_MIN_COLUMNS, episode_sums, gae_device, gae_host, gae_place
 from marketrl.agents import (
     ArchitectureError,
     CheckpointError,
@@ -267,6 +268,13 @@ def reference_gae(rewards, values, next_values, terminated, truncated, gamma, la
     return advantages, advantages + values
 
 
+def _gae_both_places(*arrays: np.ndarray, gamma: float, lam: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """GAE of the same table on the host (numpy) and through the device scan (torch, on the CPU here)."""
+    host = gae_host(*arrays, gamma, lam)
+    device = gae_device(*(torch.as_tensor(array) for array in arrays), gamma, lam)
+    return [host, (device[0].numpy(), device[1].numpy())]
+
+
 def test_gae_matches_reference_loop_with_episode_ends() -> None:
     rng = np.random.default_rng(3)
     steps, envs = 40, 5
@@ -275,17 +283,84 @@ def test_gae_matches_reference_loop_with_episode_ends() -> None:
     truncated = ((rng.random((steps, envs)) < 0.08) & (terminated == 0)).astype(np.float64)
     assert terminated.sum() >= 3 and truncated.sum() >= 3  # episode ends of both kinds inside the rollout
     expected = reference_gae(rewards, values, next_values, terminated, truncated, 0.97, 0.9)
-    actual = ppo.compute_gae(rewards, values, next_values, terminated, truncated, 0.97, 0.9)
-    np.testing.assert_allclose(actual[0], expected[0], rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(actual[1], expected[1], rtol=1e-12, atol=1e-12)
+    host, device = _gae_both_places(rewards, values, next_values, terminated, truncated, gamma=0.97, lam=0.9)
+    np.testing.assert_allclose(host[0], expected[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(host[1], expected[1], rtol=1e-12, atol=1e-12)
+    # the device scan runs the same float64 operations in the same order: the same bits
+    np.testing.assert_array_equal(device[0], host[0])
+    np.testing.assert_array_equal(device[1], host[1])
 
 
 def test_gae_truncation_bootstraps_from_final_value() -> None:
     ones = np.ones((1, 1))
     zeros = np.zeros((1, 1))
-    truncated_adv, _ = ppo.compute_gae(ones, zeros, 10 * ones, zeros, ones, 0.5, 1.0)
-    terminated_adv, _ = ppo.compute_gae(ones, zeros, 10 * ones, ones, zeros, 0.5, 1.0)
-    assert truncated_adv[0, 0] == 6.0 and terminated_adv[0, 0] == 1.0
+    for place in (0, 1):
+        truncated_adv = _gae_both_places(ones, zeros, 10 * ones, zeros, ones, gamma=0.5, lam=1.0)[place][0]
+        terminated_adv = _gae_both_places(ones, zeros, 10 * ones, ones, zeros, gamma=0.5, lam=1.0)[place][0]
+        assert truncated_adv[0, 0] == 6.0 and terminated_adv[0, 0] == 1.0
+
+
+def test_episode_sums_match_a_loop_over_steps() -> None:
+    """The device's vectorized episode returns equal the host's step loop, carried-in returns included."""
+    rng = np.random.default_rng(5)
+    steps, n_seeds, envs = 30, 2, 4
+    rewards = rng.normal(size=(steps, n_seeds * envs))
+    done = (rng.random((steps, n_seeds * envs)) < 0.15).astype(np.float64)
+    done[:, 0] = 0.0  # a column whose episode never ends inside the table
+    done[[3, 4], 1] = 1.0  # back-to-back ends: a one-step episode
+    carried = rng.normal(size=n_seeds * envs)
+    running_host = carried.copy()
+    finished = ppo._finished_episode_returns(running_host, rewards, done, n_seeds)
+    running, ended_sum, ended_count = episode_sums(
+        torch.as_tensor(carried), torch.as_tensor(rewards), torch.as_tensor(done > 0)
+    )
+    np.testing.assert_allclose(running.numpy(), running_host, rtol=1e-12, atol=1e-12)
+    per_seed_sum = ended_sum.view(n_seeds, envs).sum(dim=1).numpy()
+    per_seed_count = ended_count.view(n_seeds, envs).sum(dim=1).numpy()
+    assert per_seed_count.tolist() == [len(returns) for returns in finished]
+    np.testing.assert_allclose(per_seed_sum, [sum(returns) for returns in finished], rtol=1e-12, atol=1e-12)
+
+
+def test_gae_place_by_size_and_device() -> None:
+    assert gae_place(10**6, "cpu") == "host"  # numpy beats torch's CPU kernels at every size
+    assert gae_place(GAE_DEVICE_MIN_COLUMNS - 1, "cuda") == "host"
+    assert gae_place(GAE_DEVICE_MIN_COLUMNS, "cuda") == "device"
+    assert gae_place(10**6, "cuda", "host") == "host"
+    with pytest.raises(ValueError, match="gae place"):
+        gae_place(10, "cpu", "gpu")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("side", ["host", "device"])
+def test_rollout_statistics_name_the_seed_with_a_non_finite_value(side: str) -> None:
+    steps, n_seeds, envs = 4, 3, 2
+    tables = [torch.zeros(steps, n_seeds * envs) for _ in range(3)]
+    tables[1][2, envs * 1] = float("nan")  # seed 1's value estimate
+    tables[2][3, envs * 2 + 1] = float("inf")  # seed 2's next-state value
+    ends = torch.zeros(steps, n_seeds * envs, dtype=torch.bool)
+    rollout = ppo.GaeInputs(*tables, ends, ends)
+    gae = ppo.gae_on_host if side == "host" else ppo.gae_on_device
+    _, stats, _ = gae(rollout, np.zeros(n_seeds * envs), ppo.PPOHyperparams(), n_seeds)
+    assert [seed.finite for seed in stats] == [True, False, False]
+
+
+def test_ppo_trains_the_same_with_gae_on_either_side(data: MarketData) -> None:
+    """Two updates of a two-seed batch: the same weights and statistics whichever side ran GAE."""
+    hparams = {"hidden_dim_base": 16, "n_steps": 16, "batch_size": 64, "n_epochs": 2}
+    results = {}
+    for place in ("host", "device"):
+        config = ppo.PPOConfig(
+            total_steps=2 * 16 * 8, env=EnvConfig(n_envs=8, episode_length=12, max_gap=None), gae=place
+        )
+        results[place] = ppo.train_seeds(data, config, hparams, "fp32", "cpu", [0, 1])
+    for host, device in zip(results["host"], results["device"], strict=True):
+        for name, weight in host.networks["policy"].state_dict().items():
+            torch.testing.assert_close(device.networks["policy"].state_dict()[name], weight, rtol=0, atol=0)
+        host_records, device_records = host.log["history"], device.log["history"]
+        assert len(host_records) == len(device_records) == 2
+        for before, after in zip(host_records, device_records, strict=True):
+            assert before["episodes"] == after["episodes"] > 0
+            for key in ("value_mean", "value_min", "value_max", "explained_variance", "episode_return_mean"):
+                assert after[key] == pytest.approx(before[key], rel=1e-9, abs=1e-12), key
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints

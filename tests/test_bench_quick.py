@@ -43,6 +43,7 @@ QUICK_TESTS = {
     "speed/evaluate.py": "test_evaluate_quick_checks_equal_summaries",
     "speed/evaluate_job.py": "test_evaluate_job_quick_checks_the_positions_against_lockstep",
     "speed/features.py": "test_features_quick_compares_equal_rows",
+    "speed/gae.py": "test_gae_quick_times_both_sides_after_checking_equal_work",
     "speed/hyperopt_cost.py": "test_hyperopt_cost_quick_times_every_corner",
     "speed/hyperopt_scale.py": "tests/postgres/test_bench_hyperopt_scale.py",
     "speed/hyperopt_setup.py": "test_hyperopt_setup_quick_times_both_modes",
@@ -78,6 +79,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "speed/evaluate.py": (),
     "speed/job_imports.py": (),
     "speed/launches.py": (),
+    "speed/gae.py": (),
     "speed/dropout.py": (),
     "speed/evaluate_job.py": (),
     "speed/env.py": (),
@@ -211,6 +213,15 @@ def test_dqn_design_quick_scores_every_variant_in_both_worlds(quick: QuickRuns) 
     for row in rows:  # every figure is a finite number (the oracle share only where there is an oracle)
         assert all(math.isfinite(float(value)) for value in (row[4], row[6], row[7]))
         assert (row[5].strip() == "—") == (row[0].strip() == "noedge")
+
+
+@pytest.mark.bench
+def test_gae_quick_times_both_sides_after_checking_equal_work(quick: QuickRuns) -> None:
+    """The script checked the host and device sides equal (it exits otherwise) and timed both at each size."""
+    out = quick.stdout("speed/gae.py")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| [\d,]+ \|", line)]
+    assert [int(row[0].replace(",", "")) for row in rows] == [256, 4096]
+    assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
 
 
 @pytest.mark.bench

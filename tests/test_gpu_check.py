@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKER = ROOT / "tests" / "faults" / "no_heavy_deps"
-SECTIONS = ("precision", "host_syncs", "env", "bf16_vs_fp32", "utilization", "vram", "seeds")
+SECTIONS = ("precision", "host_syncs", "env", "bf16_vs_fp32", "utilization", "vram", "seeds", "gae")
 
 
 def run_dry(out: Path, *, blocked: bool) -> tuple[subprocess.CompletedProcess[str], dict]:
@@ -83,3 +83,8 @@ def test_dry_run_reports_every_section(tmp_path: Path, blocked: bool) -> None:
     assert 0 < low <= high <= vram["memory_bound_batch"]
     assert vram["overshoot_batch"] == int(vram["memory_bound_batch"] * 1.5)
     assert vram["overshoot_predicted_to_fit"] is False
+
+    gae = sections["gae"]
+    assert [row["columns"] for row in gae["rows"]] == report["sizes"]["gae_columns"]
+    assert all(row["host_ms"] > 0 and row["device_ms"] > 0 for row in gae["rows"])
+    assert gae["rule_columns"] > 0

@@ -92,6 +92,8 @@ class Sizes:
         }
     )
     seeds_seconds: float = 12.0
+    gae_columns: tuple[int, ...] = (256, 1_024, 2_048, 4_096, 16_384, 65_536, 262_144)  # section 8: S·N
+    gae_repeats: int = 9
 
 
 FULL = Sizes(
@@ -158,6 +160,8 @@ DRY = Sizes(
         "hparams": {"n_steps": 16, "batch_size": 64, "n_epochs": 2, "hidden_dim_base": 16},
     },
     seeds_seconds=0.5,
+    gae_columns=(64, 512),
+    gae_repeats=2,
 )
 
 
@@ -976,6 +980,43 @@ def section_seeds(device: torch.device, sizes: Sizes, data: Any, dry: bool) -> d
     return out
 
 
+# ------------------------------------------------------------------------------ 8. where GAE is cheapest
+
+
+def section_gae(device: torch.device, sizes: Sizes, dry: bool) -> dict[str, Any]:
+    """PPO's GAE and rollout statistics on the host (one copy + numpy) against on the device (torch scan), the
+    trainer's own two functions on a synthetic rollout of 64 steps × C columns (4 seeds), each the median of
+    ``gae_repeats`` synchronized calls; the crossover is the smallest C from which the device side is faster."""
+    ppo, advantages = STACK.load("marketrl.agents.ppo"), STACK.load("gpu_utils.advantages")
+    hp, steps, n_seeds = ppo.PPOHyperparams(), 64, 4
+    rows = []
+    for columns in sizes.gae_columns:
+        generator = torch.Generator().manual_seed(columns)
+        ended = torch.rand(steps, columns, generator=generator) < 1 / 64
+        truncated = ended & (torch.rand(steps, columns, generator=generator) < 0.2)
+        tables = [torch.randn(steps, columns, generator=generator) for _ in range(3)]
+        rollout = ppo.GaeInputs(*(t.to(device) for t in (*tables, ended & ~truncated, truncated)))
+        running = np.zeros(columns)
+        times: dict[str, list[float]] = {"host": [], "device": []}
+        for repeat in range(sizes.gae_repeats + 1):  # the first call of each side warms up
+            for side, function in (("host", ppo.gae_on_host), ("device", ppo.gae_on_device)):
+                synchronize(device)
+                started = time.perf_counter()
+                function(rollout, running, hp, n_seeds)
+                synchronize(device)
+                if repeat:
+                    times[side].append(time.perf_counter() - started)
+        host_ms, device_ms = (1e3 * statistics.median(times[side]) for side in ("host", "device"))
+        rows.append({"columns": columns, "host_ms": host_ms, "device_ms": device_ms})
+    faster = [row["columns"] for row in rows if row["device_ms"] < row["host_ms"]]
+    return {
+        "rows": rows,
+        "crossover_columns": min(faster) if faster else None,
+        "rule_columns": advantages.GAE_DEVICE_MIN_COLUMNS,
+        "target_met": None,
+    }
+
+
 # ------------------------------------------------------------------------------------------------------ main
 
 
@@ -988,6 +1029,7 @@ SECTIONS: list[tuple[str, Callable[..., dict[str, Any]], bool]] = [
     ("utilization", section_utilization, True),
     ("vram", section_vram, True),
     ("seeds", section_seeds, True),
+    ("gae", section_gae, False),
 ]
 
 
@@ -1069,6 +1111,15 @@ def table(report: dict[str, Any]) -> str:
                     f"S={n_seeds}: {run['steps_per_second_all_seeds']:,.0f}/s "
                     f"({run['speedup_over_one_seed']:.1f}x), {key} {mean if mean is None else round(mean, 1)}%"
                 )
+            row(name, "; ".join(parts))
+        elif name == "gae":
+            parts = [
+                f"C={r['columns']:,}: host {r['host_ms']:.2f} ms, device {r['device_ms']:.2f} ms"
+                for r in section["rows"]
+            ]
+            parts.append(
+                f"device faster from C={section['crossover_columns']} (rule: {section['rule_columns']:,})"
+            )
             row(name, "; ".join(parts))
     return "\n".join(lines)
 

@@ -12,10 +12,12 @@ Per update:
    noise for the whole rollout drawn in one op from its generator, no distribution objects);
 2. values V(s_t) and V(s′_t) (s′ = the true next state, the env's ``final_obs`` where it auto-reset) and old
    log-probs in batched passes over the whole rollout;
-3. exactly ONE device→host copy for the whole batch: rewards, values, next values, terminated and truncated
-   stacked in one tensor;
-4. GAE on the CPU in numpy, vectorized over all S·N envs (loop over time only); advantages and returns go back to
-   the device (a host→device copy, which does not stall);
+3. GAE over all S·N envs (loop over time only), where it is cheapest (`gpu_utils.gae_place`): for a small batch
+   on an accelerator, on the host after exactly ONE device→host copy of rewards, values, next values, terminated
+   and truncated stacked in one tensor (advantages and returns go back in a host→device copy, which does not
+   stall); otherwise on the device, with the per-seed statistics (value range, explained variance, finished
+   episodes, the finite check) reduced there and read in ONE small copy of [S, 8];
+4. the rollout statistics per seed, from whichever side computed them;
 5. ``n_epochs`` of shuffled minibatches (each seed its own permutation); the per-seed loss terms accumulate on the
    device and are read once per update (once per epoch with ``target_kl``: a seed whose epoch KL exceeds it stops
    its epochs, masked out of the optimizer step, while the others go on).
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_utils import DeviceMetrics, NonFiniteError, PrecisionPlan, SeedOptimStep
+from gpu_utils.advantages import GaePlace, episode_sums, gae_device, gae_host, gae_place
 from marketrl.agents.checkpoint import load_agent, save_agent
 from marketrl.agents.common import (
     GreedyPolicy,
@@ -68,9 +71,12 @@ if TYPE_CHECKING:
 __all__ = [
     "PROFILE",
     "SPEC",
+    "GaeInputs",
     "PPOConfig",
     "PPOHyperparams",
-    "compute_gae",
+    "SeedStats",
+    "gae_on_device",
+    "gae_on_host",
     "ppo_loss",
     "search_space",
     "train_seeds",
@@ -118,7 +124,10 @@ class PPOHyperparams:
 @dataclass(frozen=True)
 class PPOConfig(RunConfig):
     """Run settings (not tuned), those of every trainer. ``total_steps`` (per seed) is rounded up to whole
-    rollouts of n_steps × n_envs; ``eval_every`` is checked after each update."""
+    rollouts of n_steps × n_envs; ``eval_every`` is checked after each update. ``gae``: where GAE runs
+    ("auto": `gpu_utils.gae_place` by the batch's size and device; the two places give the same advantages)."""
+
+    gae: GaePlace = "auto"
 
 
 class Minibatch(NamedTuple):
@@ -130,31 +139,6 @@ class Minibatch(NamedTuple):
     advantages: torch.Tensor
     returns: torch.Tensor
     old_values: torch.Tensor
-
-
-def compute_gae(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    next_values: np.ndarray,
-    terminated: np.ndarray,
-    truncated: np.ndarray,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Generalized advantage estimates and returns, all arrays [T, N]; loops over time only.
-
-    ``next_values[t]`` is V of the true next state of step t (the final obs where an episode ended), so a
-    truncated step bootstraps from it while a terminated one does not; the recursion never crosses an episode end.
-    Columns are independent: the S·N envs of a batch of seeds go through in one call.
-    """
-    deltas = rewards + gamma * next_values * (1.0 - terminated) - values
-    carry = gamma * gae_lambda * (1.0 - np.maximum(terminated, truncated))
-    advantages = np.empty_like(deltas)
-    running = np.zeros_like(deltas[0])
-    for t in range(deltas.shape[0] - 1, -1, -1):
-        running = deltas[t] + carry[t] * running
-        advantages[t] = running
-    return advantages, advantages + values
 
 
 def ppo_loss(
@@ -198,9 +182,8 @@ class LoopState:
     """The loop's own variables: what a resumed run continues from (with the components given to the `Run`)."""
 
     obs: torch.Tensor  # [S·N, obs_dim], seed blocks of N envs
-    episode_return: (
-        np.ndarray
-    )  # running return per env [S·N], on the host (rewards arrive there with the rollout)
+    # running return per env [S·N], float64: numpy where GAE runs on the host, else a tensor on the device
+    episode_return: np.ndarray | torch.Tensor
     seed_grad_steps: np.ndarray  # [S] gradient steps each seed took (a seed stopped by target_kl takes fewer)
     env_steps: int = 0  # per seed
     grad_steps: int = 0  # minibatch steps of the batch (the statistics' step counter)
@@ -254,6 +237,7 @@ def train_seeds(
         capacity=minibatches_per_epoch * (1 if hp.target_kl is not None else hp.n_epochs),
     )
     n_updates = max(1, math.ceil(config.total_steps / rollout_size))
+    on_host = gae_place(n_seeds * n_envs, device, config.gae) == "host"
     state = LoopState(
         obs=env.reset(),
         episode_return=np.zeros(n_seeds * n_envs, dtype=np.float64),
@@ -333,41 +317,23 @@ def train_seeds(
             .squeeze(2)
         )
 
-        # 3. The rollout's one device→host copy, for every seed at once.
-        packed = torch.stack(
-            [
-                torch.stack(rollout_rewards),
-                by_time(values),
-                by_time(next_values),
-                torch.stack(rollout_terminated).float(),
-                torch.stack(rollout_truncated).float(),
-            ]
+        # 3-4. GAE and the rollout's statistics, on one side or the other, with one host read.
+        gae_inputs = GaeInputs(
+            torch.stack(rollout_rewards),
+            by_time(values),
+            by_time(next_values),
+            torch.stack(rollout_terminated),
+            torch.stack(rollout_truncated),
         )
-        rewards_h, values_h, next_values_h, terminated_h, truncated_h = (
-            packed.cpu().numpy().astype(np.float64)
-        )
+        gae = gae_on_host if on_host else gae_on_device
+        targets, stats, state.episode_return = gae(gae_inputs, state.episode_return, hp, n_seeds)
         state.rollout_copies += 1
-        finite = np.isfinite(np.stack([values_h, next_values_h])).reshape(2, n_steps, n_seeds, n_envs)
-        bad = [tag for tag, ok in zip(tags, finite.all(axis=(0, 1, 3)), strict=True) if not ok]
+        bad = [tag for tag, seed_stats in zip(tags, stats, strict=True) if not seed_stats.finite]
         if bad:
             raise NonFiniteError(
                 f"non-finite value estimates of {', '.join(bad)} in the rollout ending at env step "
                 f"{state.env_steps}"
             )
-
-        # 4. GAE on the host over all S·N envs, then advantages and returns back to the device.
-        advantages_h, returns_h = compute_gae(
-            rewards_h * hp.reward_scale,
-            values_h,
-            next_values_h,
-            terminated_h,
-            truncated_h,
-            hp.gamma,
-            hp.gae_lambda,
-        )
-        done_h = np.maximum(terminated_h, truncated_h)
-        finished = _finished_episode_returns(state.episode_return, rewards_h, done_h, n_seeds)
-        targets = torch.as_tensor(np.stack([advantages_h, returns_h]).astype(np.float32), device=device)
 
         # 5. Minibatch epochs. Observations stay a contiguous [S·T·N, obs_dim] table (a strided slice of a wider
         # table would slow every matmul down); the per-sample scalars are packed in one [S·T·N, 5] table, so a
@@ -425,11 +391,9 @@ def train_seeds(
                 for index in range(n_seeds)
             ]
 
-        values_by_seed = values_h.reshape(n_steps, n_seeds, n_envs)
-        returns_by_seed = returns_h.reshape(n_steps, n_seeds, n_envs)
         records = []
         for index, tag in enumerate(tags):
-            window, seed_values = windows[index], values_by_seed[:, index]
+            window, seed_stats = windows[index], stats[index]
             records.append(
                 {
                     "env_steps": state.env_steps,
@@ -438,12 +402,12 @@ def train_seeds(
                     **{term: window[f"{term}/{tag}"] for term in _LOSS_TERMS},
                     "epochs": window["count"] // minibatches_per_epoch,
                     "learning_rate": learning_rate,
-                    "value_mean": float(seed_values.mean()),
-                    "value_min": float(seed_values.min()),
-                    "value_max": float(seed_values.max()),
-                    "explained_variance": _explained_variance(seed_values, returns_by_seed[:, index]),
-                    "episodes": len(finished[index]),
-                    "episode_return_mean": float(np.mean(finished[index])) if finished[index] else None,
+                    "value_mean": seed_stats.value_mean,
+                    "value_min": seed_stats.value_min,
+                    "value_max": seed_stats.value_max,
+                    "explained_variance": seed_stats.explained_variance,
+                    "episodes": seed_stats.episodes,
+                    "episode_return_mean": seed_stats.episode_return_mean,
                 }
             )
         run.log({"seeds": records})
@@ -471,6 +435,134 @@ def _minibatch(obs: torch.Tensor, scalars: torch.Tensor) -> Minibatch:
     """A minibatch from gathered obs rows and the matching rows of [action, old log-prob, advantage, return, value]."""
     actions, old_log_probs, advantages, returns, old_values = scalars.unbind(dim=-1)
     return Minibatch(obs, actions.long(), old_log_probs, advantages, returns, old_values)
+
+
+class GaeInputs(NamedTuple):
+    """A rollout's GAE inputs on the device, [T, S·N] each (the env layout)."""
+
+    rewards: torch.Tensor
+    values: torch.Tensor
+    next_values: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+
+
+class SeedStats(NamedTuple):
+    """One seed's rollout statistics, as the update's record logs them."""
+
+    finite: bool
+    value_mean: float
+    value_min: float
+    value_max: float
+    explained_variance: float | None
+    episodes: int
+    episode_return_mean: float | None
+
+
+def gae_on_host(
+    rollout: GaeInputs, running: np.ndarray | torch.Tensor, hp: PPOHyperparams, n_seeds: int
+) -> tuple[torch.Tensor, list[SeedStats], np.ndarray]:
+    """GAE in numpy after one device→host copy of the whole rollout: advantages and returns ([2, T, S·N], back
+    on the device), each seed's statistics and the envs' running returns [S·N] after the rollout (``running``
+    before it). Values with a NaN/inf stop before GAE (``finite`` False)."""
+    running = np.array(torch.as_tensor(running).cpu().numpy(), dtype=np.float64)
+    packed = torch.stack(
+        [
+            rollout.rewards,
+            rollout.values,
+            rollout.next_values,
+            rollout.terminated.float(),
+            rollout.truncated.float(),
+        ]
+    )
+    rewards_h, values_h, next_values_h, terminated_h, truncated_h = packed.cpu().numpy().astype(np.float64)
+    n_steps = rewards_h.shape[0]
+    finite = (
+        np.isfinite(np.stack([values_h, next_values_h])).reshape(2, n_steps, n_seeds, -1).all(axis=(0, 1, 3))
+    )
+    if not finite.all():
+        return packed[:2], [SeedStats(bool(ok), *([math.nan] * 4), 0, None) for ok in finite], running
+    advantages_h, returns_h = gae_host(
+        rewards_h * hp.reward_scale,
+        values_h,
+        next_values_h,
+        terminated_h,
+        truncated_h,
+        hp.gamma,
+        hp.gae_lambda,
+    )
+    finished = _finished_episode_returns(running, rewards_h, np.maximum(terminated_h, truncated_h), n_seeds)
+    values_by_seed = values_h.reshape(n_steps, n_seeds, -1)
+    returns_by_seed = returns_h.reshape(n_steps, n_seeds, -1)
+    stats = []
+    for index in range(n_seeds):
+        seed_values = values_by_seed[:, index]
+        stats.append(
+            SeedStats(
+                finite=True,
+                value_mean=float(seed_values.mean()),
+                value_min=float(seed_values.min()),
+                value_max=float(seed_values.max()),
+                explained_variance=_explained_variance(seed_values, returns_by_seed[:, index]),
+                episodes=len(finished[index]),
+                episode_return_mean=float(np.mean(finished[index])) if finished[index] else None,
+            )
+        )
+    targets = torch.as_tensor(np.stack([advantages_h, returns_h]).astype(np.float32), device=packed.device)
+    return targets, stats, running
+
+
+def gae_on_device(
+    rollout: GaeInputs, running: np.ndarray | torch.Tensor, hp: PPOHyperparams, n_seeds: int
+) -> tuple[torch.Tensor, list[SeedStats], torch.Tensor]:
+    """`gae_on_host` without the rollout's copy: GAE and the statistics on the device, one [S, 8] read."""
+    running = torch.as_tensor(running, dtype=torch.float64, device=rollout.rewards.device)
+    advantages, returns = gae_device(
+        rollout.rewards.double() * hp.reward_scale,
+        rollout.values,
+        rollout.next_values,
+        rollout.terminated,
+        rollout.truncated,
+        hp.gamma,
+        hp.gae_lambda,
+    )
+    running, ended_sum, ended_count = episode_sums(
+        running, rollout.rewards, rollout.terminated | rollout.truncated
+    )
+
+    def per_seed(table: torch.Tensor) -> torch.Tensor:
+        """[T, S·N] -> [S, T·N] in float64."""
+        return table.double().view(table.shape[0], n_seeds, -1).movedim(1, 0).flatten(1)
+
+    values, seed_returns = per_seed(rollout.values), per_seed(returns)
+    finite = torch.isfinite(torch.cat([values, per_seed(rollout.next_values)], dim=1)).all(dim=1)
+    packed = torch.stack(
+        [
+            finite.double(),
+            values.mean(dim=1),
+            values.amin(dim=1),
+            values.amax(dim=1),
+            seed_returns.var(dim=1, correction=0),
+            (seed_returns - values).var(dim=1, correction=0),
+            ended_sum.view(n_seeds, -1).sum(dim=1),
+            ended_count.view(n_seeds, -1).sum(dim=1).double(),
+        ],
+        dim=1,
+    )
+    stats = []
+    for finite_flag, mean, low, high, variance, residual, ended, count in packed.cpu().tolist():
+        stats.append(
+            SeedStats(
+                finite=finite_flag == 1.0,
+                value_mean=mean,
+                value_min=low,
+                value_max=high,
+                explained_variance=None if variance == 0 else 1.0 - residual / variance,
+                episodes=int(count),
+                episode_return_mean=ended / count if count else None,
+            )
+        )
+    return torch.stack([advantages, returns]).float(), stats, running
 
 
 def _finished_episode_returns(
