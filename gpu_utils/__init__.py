@@ -15,6 +15,7 @@ from gpu_utils.budget import (
     sample_bytes,
     static_memory_bytes,
 )
+from gpu_utils.capture import CapturedCall, capturable_plan
 from gpu_utils.device import DeviceError, resolve_device
 from gpu_utils.metrics import DeviceMetrics, NonFiniteError
 from gpu_utils.precision import (
@@ -28,6 +29,7 @@ from gpu_utils.precision import (
 )
 from gpu_utils.seeds import SeedOptimStep, per_seed_grad_norms, stack_modules, unstack_state
 from gpu_utils.step import OptimStep, make_optimizer
+from gpu_utils.streams import SeedStreams
 from gpu_utils.sync import SyncCounter, disable_distribution_validation, distribution_validation
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "MEMORY_FRACTION",
     "OVERRIDE_KEY",
     "BudgetError",
+    "CapturedCall",
     "DeviceError",
     "DeviceMetrics",
     "HardwareBudget",
@@ -43,7 +46,9 @@ __all__ = [
     "PrecisionError",
     "PrecisionPlan",
     "SeedOptimStep",
+    "SeedStreams",
     "SyncCounter",
+    "capturable_plan",
     "detect_precision",
     "disable_distribution_validation",
     "distribution_validation",

@@ -81,6 +81,21 @@ class DeviceMetrics:
         self._next_row += 1
         self.pending += 1
 
+    def record_rows(self, rows: torch.Tensor) -> None:
+        """Write k rows at once ([k, columns] float32, e.g. a captured loop's per-step rows); no host sync."""
+        if rows.dim() != 2 or rows.shape[1] != len(self.columns):
+            raise ValueError(f"rows must be [k, {len(self.columns)}], got {tuple(rows.shape)}")
+        start = 0
+        while start < rows.shape[0]:
+            if self._next_row == self._rows.shape[0]:
+                self._folded = self._reduced()
+                self._next_row = 0
+            take = min(rows.shape[0] - start, self._rows.shape[0] - self._next_row)
+            self._rows[self._next_row : self._next_row + take].copy_(rows[start : start + take])
+            self._next_row += take
+            self.pending += take
+            start += take
+
     def counter(self, name: str) -> torch.Tensor:
         """The running-sum vector of one counter (a view: update it in place, e.g. ``add_``)."""
         return self._counts[self.counters.index(name)]

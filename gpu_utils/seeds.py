@@ -64,6 +64,12 @@ def per_seed_grad_norms(params: Sequence[torch.Tensor], n_seeds: int) -> torch.T
     return torch.linalg.vector_norm(torch.cat(grads, dim=1).float(), dim=1)
 
 
+def _on(mask: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``mask`` on ``device`` as ``dtype``; no call at all where it already is (a no-op ``.to`` still counts as a
+    transfer in `SyncCounter`'s CPU accounting)."""
+    return mask if mask.device == device and mask.dtype == dtype else mask.to(device, dtype)
+
+
 def _seed_view(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return mask.reshape(-1, *([1] * (like.dim() - 1)))
 
@@ -118,9 +124,12 @@ class SeedOptimStep(OptimStep):
         n_seeds: int,
         weight_decay: float = 0.0,
         per_seed_steps: bool = False,
+        capturable: bool = False,
     ) -> SeedOptimStep:
-        """Adam (fused on CUDA) over the stacked ``params``."""
-        optimizer = make_optimizer(params, learning_rate, plan, plan.device_type, weight_decay=weight_decay)
+        """Adam (fused on CUDA) over the stacked ``params``; ``capturable``: see `make_optimizer`."""
+        optimizer = make_optimizer(
+            params, learning_rate, plan, plan.device_type, weight_decay=weight_decay, capturable=capturable
+        )
         return cls(optimizer, plan, max_grad_norm, n_seeds=n_seeds, per_seed_steps=per_seed_steps)
 
     def state_dict(self) -> dict[str, Any]:
@@ -182,7 +191,7 @@ class SeedOptimStep(OptimStep):
         take = (
             torch.ones(self.n_seeds, dtype=torch.bool, device=self.seed_steps.device)
             if active is None
-            else active.to(self.seed_steps.device, torch.bool)
+            else _on(active, self.seed_steps.device, torch.bool)
         )
         self.seed_steps += take
         steps = self.seed_steps.clamp(min=1).to(torch.float32)  # a seed that never stepped has no moments

@@ -37,15 +37,31 @@ def make_optimizer(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     fused: bool | None = None,
+    capturable: bool = False,
 ) -> torch.optim.Adam:
     """Adam with the fastest update kernel for the device.
 
     ``fused=None`` means: fused on CUDA (one kernel for all parameters, and GradScaler hands it the inf flag
     on-device instead of calling ``.item()`` every step), ``foreach`` elsewhere. If the fused kernel is not
-    available for these parameters, fall back to ``foreach`` with a log line.
+    available for these parameters, fall back to ``foreach`` with a log line. ``capturable`` (CUDA only): a step
+    that can be recorded in a CUDA graph (step counts on the device, the learning rate a device tensor that
+    `OptimStep.set_learning_rate` updates in place).
     """
     params = list(params)
     device_type = torch.device(device).type
+    if capturable:
+        if device_type != "cuda":
+            raise ValueError(f"capturable Adam needs a CUDA device, got {device_type}")
+        rate = torch.tensor(float(lr), device=params[0].device)
+        return torch.optim.Adam(
+            params,
+            lr=rate,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            capturable=True,
+            **({"fused": True} if (fused is None or fused) and _fused_unsupported(params) is None else {}),
+        )
     want_fused = device_type == "cuda" if fused is None else fused
     if want_fused:
         unsupported = _fused_unsupported(params)
@@ -116,9 +132,12 @@ class OptimStep:
             yield
 
     def set_learning_rate(self, learning_rate: float) -> None:
-        """Set every parameter group's learning rate (schedules)."""
+        """Set every parameter group's learning rate (schedules); a tensor rate (capturable) in place."""
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(learning_rate)
+            else:
+                group["lr"] = learning_rate
 
     def state_dict(self) -> dict[str, Any]:
         """Optimizer and grad-scaler state, for resumable training checkpoints."""
@@ -126,8 +145,14 @@ class OptimStep:
         return {"optimizer": self.optimizer.state_dict(), "scaler": scaler}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore `state_dict` (tensors are moved to the parameters' device by the optimizer)."""
+        """Restore `state_dict` (tensors are moved to the parameters' device by the optimizer; a capturable
+        optimizer's device learning rate keeps its tensor, the address a captured step reads)."""
+        rates = [group["lr"] for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
+            if isinstance(rate, torch.Tensor):
+                rate.copy_(torch.as_tensor(group["lr"]))
+                group["lr"] = rate
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
 

@@ -16,6 +16,7 @@ import torch
 
 from gpu_utils import BudgetError, HardwareBudget, NonFiniteError, PrecisionPlan, SyncCounter
 from gpu_utils.advantages import GAE_DEVICE_MIN_COLUMNS, episode_sums, gae_device, gae_host, gae_place
+from gpu_utils.streams import SeedStreams
 from marketrl.agents import (
     ArchitectureError,
     CheckpointError,
@@ -619,7 +620,7 @@ def test_replay_add_wraps_around_in_one_write() -> None:
     assert buffer.rewards[1].tolist() == [-21.0, -1.0, -10.0, -11.0, -20.0]  # seed 1's own ring
     assert buffer.actions.tolist() == [[2, 2, 0, 2, 0], [1, 1, 1, 1, 1]]
     generators = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
-    batch = buffer.sample(4, 3, generators)
+    batch = buffer.sample(4, 3, SeedStreams.from_generators(generators, "cpu"))
     assert len(batch) == 3 and batch[0].obs.shape == (2, 4, 1) and batch[0].actions.dtype == torch.int64
     assert batch[0].obs.is_contiguous()
     torch.testing.assert_close(batch[1].next_obs, batch[1].obs + 0.5)
@@ -629,7 +630,10 @@ def test_replay_add_wraps_around_in_one_write() -> None:
     alone.load_state_dict(
         {**{k: v[:1] for k, v in buffer.state_dict().items() if torch.is_tensor(v)}, "size": 5, "cursor": 1}
     )
-    assert torch.equal(alone.sample(4, 3, [torch.Generator().manual_seed(0)])[2].obs[0], batch[2].obs[0])
+    assert torch.equal(
+        alone.sample(4, 3, SeedStreams.from_generators([torch.Generator().manual_seed(0)], "cpu"))[2].obs[0],
+        batch[2].obs[0],
+    )
 
 
 def test_n_step_window_stops_at_episode_ends() -> None:

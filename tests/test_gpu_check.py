@@ -18,7 +18,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKER = ROOT / "tests" / "faults" / "no_heavy_deps"
-SECTIONS = ("precision", "host_syncs", "env", "bf16_vs_fp32", "utilization", "vram", "seeds", "gae")
+SECTIONS = (
+    "precision",
+    "host_syncs",
+    "env",
+    "bf16_vs_fp32",
+    "utilization",
+    "vram",
+    "seeds",
+    "gae",
+    "capture",
+)
 
 
 def run_dry(out: Path, *, blocked: bool) -> tuple[subprocess.CompletedProcess[str], dict]:
@@ -88,3 +98,8 @@ def test_dry_run_reports_every_section(tmp_path: Path, blocked: bool) -> None:
     assert [row["columns"] for row in gae["rows"]] == report["sizes"]["gae_columns"]
     assert all(row["host_ms"] > 0 and row["device_ms"] > 0 for row in gae["rows"])
     assert gae["rule_columns"] > 0
+
+    for algo in ("ppo", "dqn"):
+        capture = sections["capture"][algo]
+        assert capture["eager"]["captured"] is False and capture["captured"]["captured"] is False  # the CPU
+        assert capture["max_weight_difference"] == 0.0  # the capture flag changes nothing on the CPU

@@ -16,6 +16,8 @@ PACKAGE = Path(REPO_ROOT) / "gpu_utils"
 DOMAIN_WORDS = re.compile(
     r"\b(marketrl|dqn|ppo|agents?|envs?|environments?|obs|observations?|replay|rollouts?)\b", re.I
 )
+#: torch's own names that contain one of those words: a CUDA graph's ``replay()``.
+TORCH_NAMES = re.compile(r"\.replay\(\)")
 
 
 def _sources() -> dict[Path, str]:
@@ -44,7 +46,7 @@ def test_gpu_utils_has_no_domain_vocabulary() -> None:
         f"{path.name}:{number}: {line.strip()}"
         for path, source in _sources().items()
         for number, line in enumerate(source.splitlines(), start=1)
-        if DOMAIN_WORDS.search(line)
+        if DOMAIN_WORDS.search(TORCH_NAMES.sub("", line))
     ]
     assert hits == []
 

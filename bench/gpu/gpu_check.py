@@ -94,6 +94,15 @@ class Sizes:
     seeds_seconds: float = 12.0
     gae_columns: tuple[int, ...] = (256, 1_024, 2_048, 4_096, 16_384, 65_536, 262_144)  # section 8: S·N
     gae_repeats: int = 9
+    capture_seeds: int = 16  # section 9
+    capture_dqn_hparams: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {
+            "batch_size": 256,
+            "buffer_size": 100_000,
+            "learning_starts": 4_096,
+            "hidden_dim_base": 64,
+        }
+    )
 
 
 FULL = Sizes(
@@ -162,6 +171,13 @@ DRY = Sizes(
     seeds_seconds=0.5,
     gae_columns=(64, 512),
     gae_repeats=2,
+    capture_seeds=2,
+    capture_dqn_hparams={
+        "batch_size": 32,
+        "buffer_size": 2_048,
+        "learning_starts": 64,
+        "hidden_dim_base": 16,
+    },
 )
 
 
@@ -832,8 +848,8 @@ def dqn_step_at(batch: int, obs_dim: int, hidden: int, replay: int, plan: Any, d
     replay_buffer.actions.random_(0, 3)
     replay_buffer.discounts.fill_(0.99)
     replay_buffer.size = replay
-    generator = torch.Generator(device=device).manual_seed(0)
-    (transitions,) = replay_buffer.sample(batch, 1, [generator])
+    streams = gpu_utils.SeedStreams.from_generators([torch.Generator(device=device).manual_seed(0)], device)
+    (transitions,) = replay_buffer.sample(batch, 1, streams)
     loss, _ = dqn.td_loss(q_net, target, transitions, plan, double_q=True)
     stepper.step(loss)
     synchronize(device)
@@ -980,6 +996,74 @@ def section_seeds(device: torch.device, sizes: Sizes, data: Any, dry: bool) -> d
     return out
 
 
+# ------------------------------------------------------------------------- 9. the captured update (issue 36)
+
+
+def capture_pair(
+    algo: str, data: Any, spec: dict[str, Any], steps: int, n_seeds: int, device: torch.device, sizes: Sizes
+) -> dict[str, Any]:
+    """The same S-seed run eager and captured: env steps/s of each (after a warm-up run of each), whether the
+    capture happened, and the largest difference of any final weight of any seed between the two."""
+    module = STACK.load(f"marketrl.agents.{algo}")
+    config_cls = module.DQNConfig if algo == "dqn" else module.PPOConfig
+    out: dict[str, Any] = {"spec": spec, "seeds": n_seeds, "env_steps_per_seed": steps}
+    weights = {}
+    for capture in (False, True):
+        config = config_cls(total_steps=steps, env=env_config(spec["n_envs"], sizes), capture=capture)
+        module.train_seeds(data, config, spec["hparams"], "auto", device, list(range(n_seeds)))  # warm-up
+        synchronize(device)
+        started = time.perf_counter()
+        results = module.train_seeds(data, config, spec["hparams"], "auto", device, list(range(n_seeds)))
+        synchronize(device)
+        wall = time.perf_counter() - started
+        key = "captured" if capture else "eager"
+        out[key] = {
+            "steps_per_second_all_seeds": n_seeds * results[0].log["env_steps"] / wall,
+            "captured": results[0].log["captured"],
+            "precision": results[0].log["precision"]["mode"],
+        }
+        weights[key] = [
+            tensor.float()
+            for result in results
+            for net in result.networks.values()
+            for tensor in net.state_dict().values()
+        ]
+    out["max_weight_difference"] = max(
+        (a - b).abs().max().item() for a, b in zip(weights["eager"], weights["captured"], strict=True)
+    )
+    out["captured_over_eager"] = (
+        out["captured"]["steps_per_second_all_seeds"] / out["eager"]["steps_per_second_all_seeds"]
+    )
+    return out
+
+
+def section_capture(device: torch.device, sizes: Sizes, data: Any, dry: bool) -> dict[str, Any]:
+    """PPO (the seeds section's demo-sized spec) and DQN (its hidden 64, batch 256, 64 envs a seed) with S seeds,
+    eager against captured (one CUDA graph an epoch / a gradient step): the same weights, and the speed-up. On the
+    CPU both runs are eager (the check that the flag changes nothing there)."""
+    n_seeds = sizes.capture_seeds
+    ppo_spec = sizes.seeds_spec
+    ppo_steps = 4 * ppo_spec["n_envs"] * ppo_spec["hparams"]["n_steps"]
+    dqn_spec = {"n_envs": ppo_spec["n_envs"], "hparams": {**sizes.capture_dqn_hparams}}
+    dqn_steps = dqn_spec["hparams"]["learning_starts"] + 200 * dqn_spec["n_envs"]
+    out = {
+        "ppo": capture_pair("ppo", data, ppo_spec, ppo_steps, n_seeds, device, sizes),
+        "dqn": capture_pair("dqn", data, dqn_spec, dqn_steps, n_seeds, device, sizes),
+    }
+    out["target"] = "captured on CUDA, weights within 1e-3 of eager, captured faster"
+    if device.type == "cuda":
+        out["target_met"] = all(
+            run["captured"]["captured"]
+            and run["max_weight_difference"] <= 1e-3
+            and run["captured_over_eager"] > 1
+            for run in (out["ppo"], out["dqn"])
+        )
+    else:
+        out["status"] = f"{SKIPPED_NO_CUDA} (both runs eager)"
+        out["target_met"] = None
+    return out
+
+
 # ------------------------------------------------------------------------------ 8. where GAE is cheapest
 
 
@@ -1030,6 +1114,7 @@ SECTIONS: list[tuple[str, Callable[..., dict[str, Any]], bool]] = [
     ("vram", section_vram, True),
     ("seeds", section_seeds, True),
     ("gae", section_gae, False),
+    ("capture", section_capture, True),
 ]
 
 
@@ -1111,6 +1196,15 @@ def table(report: dict[str, Any]) -> str:
                     f"S={n_seeds}: {run['steps_per_second_all_seeds']:,.0f}/s "
                     f"({run['speedup_over_one_seed']:.1f}x), {key} {mean if mean is None else round(mean, 1)}%"
                 )
+            row(name, "; ".join(parts))
+        elif name == "capture":
+            parts = [
+                f"{algo}: eager {section[algo]['eager']['steps_per_second_all_seeds']:,.0f}/s, captured "
+                f"{section[algo]['captured']['steps_per_second_all_seeds']:,.0f}/s "
+                f"({section[algo]['captured_over_eager']:.2f}x, graph: {section[algo]['captured']['captured']}), "
+                f"max weight diff {section[algo]['max_weight_difference']:.1e}"
+                for algo in ("ppo", "dqn")
+            ]
             row(name, "; ".join(parts))
         elif name == "gae":
             parts = [

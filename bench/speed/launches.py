@@ -18,6 +18,12 @@ trainers' code:
 
 Every count is for all S seeds at once (they train as one batched computation): a count that does not grow with S
 is what batching seeds buys. Torch at 1 thread; counts, not times, so the machine's load does not matter.
+
+The captured update (issue 36 item 2): a PPO epoch and a DQN gradient step are each one `gpu_utils.CapturedCall`,
+which on CUDA is one graph launch. Here (no CUDA: it runs eagerly) each call is marked with
+`torch.profiler.record_function`, and the leaf operations are split into those inside the call (what the graph
+holds: one launch on CUDA) and those outside it (what the host still issues). "host, captured" = outside + one
+launch per call: what the device sees launched per part when the capture is on.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from typing import Any
 
 import torch
 from agents import market_data  # bench/speed/agents.py (a sibling: this script runs from bench/speed/)
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
+from gpu_utils import capture
 from marketrl.agents import dqn, ppo
 from marketrl.env import EnvConfig
 
@@ -40,30 +47,62 @@ DQN_VECTOR_STEPS = 40
 COMMON = {"hidden_dim_base": 64}
 
 
-def leaf_ops(run: Any) -> int:
-    """Leaf ``aten::`` operations `run()` issues (on the CPU: what a device would launch as kernels)."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        run()
-    count = 0
+CALL_LABEL = "captured_call"
+
+
+class Counts(dict):
+    """Leaf ops of one run: ``all``, ``inside`` the `CapturedCall` calls, and the ``calls``."""
+
+
+def leaf_ops(run: Any) -> Counts:
+    """Leaf ``aten::`` operations `run()` issues (on the CPU: what a device would launch as kernels), split by
+    whether they ran inside a `CapturedCall`."""
+    original = capture.CapturedCall.__call__
+    calls = 0
+
+    def marked(self: capture.CapturedCall) -> None:
+        nonlocal calls
+        calls += 1
+        with record_function(CALL_LABEL):
+            original(self)
+
+    capture.CapturedCall.__call__ = marked  # type: ignore[method-assign]
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run()
+    finally:
+        capture.CapturedCall.__call__ = original  # type: ignore[method-assign]
+    total = inside = 0
     for event in prof.events():
         if not event.name.startswith("aten::"):
             continue
-        if not any(child.name.startswith("aten::") for child in event.cpu_children):
-            count += 1
-    return count
+        if any(child.name.startswith("aten::") for child in event.cpu_children):
+            continue
+        total += 1
+        parent = event.cpu_parent
+        while parent is not None and parent.name != CALL_LABEL:
+            parent = parent.cpu_parent
+        inside += parent is not None
+    return Counts(all=total, inside=inside, calls=calls)
+
+
+def diff(a: Counts, b: Counts, per: float) -> dict[str, float]:
+    """(a − b) / per of every count, and what the host issues when the calls are captured."""
+    all_ops, inside, calls = ((a[key] - b[key]) / per for key in ("all", "inside", "calls"))
+    return {"ops": all_ops, "inside": inside, "host_captured": all_ops - inside + calls}
 
 
 def env_config() -> EnvConfig:
     return EnvConfig(n_envs=N_ENVS, episode_length=64, max_gap=None)
 
 
-def ppo_ops(data: Any, seeds: list[int], batch_size: int, n_epochs: int) -> int:
+def ppo_ops(data: Any, seeds: list[int], batch_size: int, n_epochs: int) -> Counts:
     hparams = {**COMMON, "n_steps": PPO_STEPS, "batch_size": batch_size, "n_epochs": n_epochs}
     config = ppo.PPOConfig(total_steps=PPO_STEPS * N_ENVS, env=env_config())
     return leaf_ops(lambda: ppo.train_seeds(data, config, hparams, "fp32", "cpu", seeds))
 
 
-def dqn_ops(data: Any, seeds: list[int], learning_starts: int, gradient_steps: int) -> int:
+def dqn_ops(data: Any, seeds: list[int], learning_starts: int, gradient_steps: int) -> Counts:
     hparams = {
         **COMMON,
         "batch_size": 256,
@@ -89,29 +128,29 @@ def main() -> None:
     torch.set_num_threads(1)
     data = market_data(4_000, 8)
     rows: list[dict[str, Any]] = []
-    print("| agent | S | part | leaf ops | per |")
-    print("|---|---|---|---|---|")
+    print("| agent | S | part | leaf ops | in the captured call | host, captured | per |")
+    print("|---|---|---|---|---|---|---|")
+
+    def show(agent: str, n_seeds: int, part: str, counts: dict[str, float], per: str) -> None:
+        rows.append({"agent": agent, "S": n_seeds, "part": part, **counts})
+        print(
+            f"| {agent} | {n_seeds} | {part} | {counts['ops']:.1f} | {counts['inside']:.1f} | "
+            f"{counts['host_captured']:.1f} | {per} |",
+            flush=True,
+        )
+
     for n_seeds in args.seeds:
         seeds = list(range(n_seeds))
         never = DQN_VECTOR_STEPS * N_ENVS + 1
-        acting = dqn_ops(data, seeds, never, 1) / DQN_VECTOR_STEPS
+        acting = diff(dqn_ops(data, seeds, never, 1), Counts(all=0, inside=0, calls=0), DQN_VECTOR_STEPS)
         learning_steps = DQN_VECTOR_STEPS - 8  # learning starts after 8 vector steps
         one, two = (dqn_ops(data, seeds, 8 * N_ENVS, g) for g in (1, 2))
-        per_gradient_step = (two - one) / learning_steps
-        rows += [
-            {"agent": "dqn", "S": n_seeds, "part": "env step", "ops": acting},
-            {"agent": "dqn", "S": n_seeds, "part": "gradient step", "ops": per_gradient_step},
-        ]
-        print(f"| dqn | {n_seeds} | vector step (act, env, replay insert) | {acting:.1f} | vector step |")
-        print(f"| dqn | {n_seeds} | gradient step | {per_gradient_step:.1f} | gradient step |", flush=True)
+        show("dqn", n_seeds, "vector step (act, env, replay insert)", acting, "vector step")
+        show("dqn", n_seeds, "gradient step", diff(two, one, learning_steps), "gradient step")
         for minibatches in args.minibatches:
             batch_size = PPO_STEPS * N_ENVS // minibatches
-            epoch = ppo_ops(data, seeds, batch_size, 2) - ppo_ops(data, seeds, batch_size, 1)
-            rows.append({"agent": "ppo", "S": n_seeds, "part": f"epoch of {minibatches}", "ops": epoch})
-            print(f"| ppo | {n_seeds} | epoch of {minibatches} minibatches | {epoch} | epoch |")
-            print(
-                f"| ppo | {n_seeds} | minibatch (of {minibatches}) | {epoch / minibatches:.1f} | minibatch |"
-            )
+            epoch = diff(ppo_ops(data, seeds, batch_size, 2), ppo_ops(data, seeds, batch_size, 1), 1)
+            show("ppo", n_seeds, f"epoch of {minibatches} minibatches", epoch, "epoch")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -8,7 +8,8 @@ once every ``config.check_every`` gradient steps: the loop's only device→host 
 The seed axis (`train_seeds`): the S seeds' Q-networks are one `StackedQNetwork` (every weight [S, ...], batched
 matmuls), their target networks a frozen copy of it, their Adam one `SeedOptimStep` (per-seed clipping); the env
 holds S blocks of n_envs envs (block i draws its episode starts from seed i's RNG), the replay buffer is
-[S, capacity, ...], and each seed draws its exploration noise and its minibatch indices from its own generator.
+[S, capacity, ...], and each seed draws its exploration noise and its minibatch indices from its own stream
+(`gpu_utils.SeedStreams`: the same few operations for all seeds).
 Nothing mixes seeds, so seed i ends as it would in a batch of other seeds.
 
 Hyperparameters (``hparams`` dict, see `DQNHyperparams` and docs/AGENTS.md) follow Stable-Baselines3's names
@@ -28,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_utils import DeviceMetrics, NonFiniteError, PrecisionPlan
+from gpu_utils import CapturedCall, DeviceMetrics, NonFiniteError, PrecisionPlan, capturable_plan
 from gpu_utils.seeds import SeedOptimStep
+from gpu_utils.streams import SeedStreams
 from marketrl.agents.checkpoint import load_agent, save_agent
 from marketrl.agents.common import (
     GreedyPolicy,
@@ -148,6 +150,9 @@ class DQNConfig(RunConfig):
     """Run settings (not tuned): those of every trainer, and the statistics cadence."""
 
     check_every: int = 100  # gradient steps between statistics reads (= NaN checks)
+    capture: bool = (
+        True  # on CUDA (no GradScaler): each gradient step one CUDA graph launch (gpu_utils.CapturedCall)
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -217,15 +222,19 @@ class ReplayBuffer:
         self.cursor = (self.cursor + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
-    def sample(self, batch_size: int, n_batches: int, generators: Sequence[torch.Generator]) -> list[Batch]:
-        """``n_batches`` minibatches drawn uniformly with replacement, seed i's indices from ``generators[i]``
-        (one gather per field for all of them)."""
-        draws = n_batches * batch_size
-        index = torch.stack(
-            [torch.randint(0, self.size, (draws,), generator=g, device=self.obs.device) for g in generators]
-        )
-        # rows of the flattened [S·capacity] rings, ordered [batch number, seed, sample]
-        rows = (index + self._seed_rows).view(self.n_seeds, n_batches, batch_size).transpose(0, 1).reshape(-1)
+    def sample(self, batch_size: int, n_batches: int, streams: SeedStreams) -> list[Batch]:
+        """``n_batches`` minibatches drawn uniformly with replacement, seed i's indices from its own stream of
+        ``streams`` (one gather per field for all of them)."""
+        return self.gather(self.sample_rows(batch_size, n_batches, streams), batch_size, n_batches)
+
+    def sample_rows(self, batch_size: int, n_batches: int, streams: SeedStreams) -> torch.Tensor:
+        """The rows `sample` gathers: [n_batches · S · batch_size] indices into the flattened [S·capacity] rings,
+        ordered [batch number, seed, sample]; the same few operations whatever S."""
+        index = streams.integers(self.size, n_batches * batch_size)
+        return (index + self._seed_rows).view(self.n_seeds, n_batches, batch_size).transpose(0, 1).reshape(-1)
+
+    def gather(self, rows: torch.Tensor, batch_size: int, n_batches: int) -> list[Batch]:
+        """The minibatches of ``rows`` (from `sample_rows`): one gather per field for all of them, no host sync."""
         fields = [
             tensor.flatten(0, 1)
             .index_select(0, rows)
@@ -463,11 +472,38 @@ def train_seeds(
             nets["q"].trade_cost.copy_(cost)
     q_net = StackedQNetwork([nets["q"] for nets in setup.networks])
     target_net = copy.deepcopy(q_net).requires_grad_(False)
+    capture = config.capture and capturable_plan(plan, device)
     stepper = SeedOptimStep.adam(
-        q_net.parameters(), hp.learning_rate, plan, hp.max_grad_norm, n_seeds=n_seeds
+        q_net.parameters(), hp.learning_rate, plan, hp.max_grad_norm, n_seeds=n_seeds, capturable=capture
     )
     replay = ReplayBuffer(hp.buffer_size, obs_dim, device, n_seeds, N_ACTIONS if hp.all_actions else 1)
+    streams = SeedStreams.from_generators(generators, device)  # exploration, replay: a few ops whatever S
     action_positions = torch.tensor(ACTION_POSITIONS, dtype=torch.float32, device=device)
+    # The gradient step's static buffers (the same addresses every step, as a captured graph needs): the replay
+    # rows of its minibatch (every seed's) in, its statistics row [S × (loss, q_mean, q_low, q_high, grad_norm)] out.
+    step_rows = torch.zeros(n_seeds * hp.batch_size, dtype=torch.long, device=device)
+    step_terms = torch.empty(1, n_seeds * len(_COLUMNS), device=device)
+
+    def learn() -> None:
+        """One gradient step of every seed on the replay rows in ``step_rows``; no host sync, no host state."""
+        (batch,) = replay.gather(step_rows, hp.batch_size, 1)
+        if hp.all_actions:
+            loss, q_taken = td_loss_all_actions(
+                q_net, target_net, batch, plan, action_positions, double_q=hp.double_q
+            )
+        else:
+            loss, q_taken = td_loss(q_net, target_net, batch, plan, double_q=hp.double_q)
+        grad_norm = stepper.step(loss)  # [S]: each seed clipped by its own norm
+        q_taken = q_taken.detach()
+        q_low, q_high = torch.aminmax(q_taken, dim=1)
+        # seed-major, as the columns
+        torch.stack(
+            [loss.detach(), q_taken.mean(dim=1), q_low, q_high, grad_norm.float()],
+            1,
+            out=step_terms.view(n_seeds, -1),
+        )
+
+    gradient_step = CapturedCall(learn, device, capture=capture)
     n_step = NStepWindow(hp.n_step_return, hp.gamma, device)
     # Each seed's plain networks: what its evaluations act with and its result holds, refreshed from the stacked
     # weights when an evaluation is due and at the end.
@@ -496,6 +532,7 @@ def train_seeds(
             "target": target_net,
             "optim": stepper,
             "replay": replay,
+            "streams": streams,
             "n_step": n_step,
             **{f"generator_{index}": generator for index, generator in enumerate(generators)},
             "env": env,
@@ -508,17 +545,16 @@ def train_seeds(
         on_log=on_log,
     )
 
+    def by_step(draws: torch.Tensor) -> torch.Tensor:
+        """[S, pool steps · n_envs] stream draws -> [pool steps, S·n_envs] (seed-major like the envs)."""
+        return draws.view(n_seeds, _RANDOM_POOL_STEPS, n_envs).movedim(0, 1).reshape(_RANDOM_POOL_STEPS, -1)
+
     for vector_step in range(state.env_steps // n_envs, n_vector_steps):
-        # ε-greedy on the device; each seed's uniform draws come from its own generator, in a pool refilled every
+        # ε-greedy on the device; each seed's uniform draws come from its own stream, in a pool refilled every
         # _RANDOM_POOL_STEPS steps ([pool steps, S·n_envs], seed-major like the envs).
         if vector_step % _RANDOM_POOL_STEPS == 0:
-            shape = (_RANDOM_POOL_STEPS, n_envs)
-            state.explore_draws = torch.cat(
-                [torch.rand(shape, generator=g, device=device) for g in generators], 1
-            )
-            state.random_actions = torch.cat(
-                [torch.randint(0, N_ACTIONS, shape, generator=g, device=device) for g in generators], 1
-            )
+            state.explore_draws = by_step(streams.uniform(_RANDOM_POOL_STEPS * n_envs))
+            state.random_actions = by_step(streams.integers(N_ACTIONS, _RANDOM_POOL_STEPS * n_envs))
         progress = min(1.0, state.env_steps / exploration_steps)
         state.epsilon = hp.exploration_initial_eps + progress * (
             hp.exploration_final_eps - hp.exploration_initial_eps
@@ -554,20 +590,11 @@ def train_seeds(
         state.env_steps += n_envs
 
         if state.env_steps >= hp.learning_starts and replay.size > 0 and vector_step % hp.train_freq == 0:
-            for batch in replay.sample(hp.batch_size, hp.gradient_steps, generators):
-                if hp.all_actions:
-                    loss, q_taken = td_loss_all_actions(
-                        q_net, target_net, batch, plan, action_positions, double_q=hp.double_q
-                    )
-                else:
-                    loss, q_taken = td_loss(q_net, target_net, batch, plan, double_q=hp.double_q)
-                grad_norm = stepper.step(loss)  # [S]: each seed clipped by its own norm
-                q_taken = q_taken.detach()
-                q_low, q_high = torch.aminmax(q_taken, dim=1)
-                values = torch.stack(
-                    [loss.detach(), q_taken.mean(dim=1), q_low, q_high, grad_norm.float()], 1
-                )
-                metrics.record(values.view(-1).unbind())  # seed-major, as the columns
+            rows = replay.sample_rows(hp.batch_size, hp.gradient_steps, streams).view(hp.gradient_steps, -1)
+            for batch_rows in rows:
+                step_rows.copy_(batch_rows)
+                gradient_step()  # one graph launch where captured
+                metrics.record_rows(step_terms)
                 state.grad_steps += 1
                 if state.grad_steps % hp.target_update == 0:
                     _update_target(target_net, q_net, hp.tau)
@@ -594,6 +621,7 @@ def train_seeds(
         host_syncs=metrics.host_reads,
         nan_checks=metrics.host_reads,  # every statistics read is the NaN/inf check
         final_epsilon=state.epsilon,
+        captured=gradient_step.captured,  # the gradient steps ran as CUDA graph launches
     )
 
 

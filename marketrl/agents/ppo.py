@@ -4,12 +4,12 @@
 leading seed axis (`SeedStack`: one batched matmul per layer), the env holds S blocks of ``n_envs`` envs, one
 optimizer steps the stacked weights (`SeedOptimStep`: per-seed clipping, per-seed masks), and every tensor of the
 loop below carries the seed on dim 0 (rollout tables [S, T·N, ...]). Each seed keeps what it would have alone: its
-initial weights, its generator (Gumbel noise, minibatch order), its env blocks' episode starts, its advantage
+initial weights, its random stream (Gumbel noise, minibatch order), its env blocks' episode starts, its advantage
 normalization, losses, gradient clipping, KL stop and statistics.
 
 Per update:
 1. rollout: T vector steps of S·N envs on the device; actions by Gumbel-max on the policy logits (each seed's
-   noise for the whole rollout drawn in one op from its generator, no distribution objects);
+   noise for the whole rollout drawn at once from its stream, `gpu_utils.SeedStreams`; no distribution objects);
 2. values V(s_t) and V(s′_t) (s′ = the true next state, the env's ``final_obs`` where it auto-reset) and old
    log-probs in batched passes over the whole rollout;
 3. GAE over all S·N envs (loop over time only), where it is cheapest (`gpu_utils.gae_place`): for a small batch
@@ -18,7 +18,10 @@ Per update:
    stall); otherwise on the device, with the per-seed statistics (value range, explained variance, finished
    episodes, the finite check) reduced there and read in ONE small copy of [S, 8];
 4. the rollout statistics per seed, from whichever side computed them;
-5. ``n_epochs`` of shuffled minibatches (each seed its own permutation); the per-seed loss terms accumulate on the
+5. ``n_epochs`` of shuffled minibatches (each seed its own permutation, drawn on the device). An epoch is one
+   function over static buffers (the rollout's tables, the permutation, the active seeds, the per-step loss
+   terms), so on CUDA it is captured once as a CUDA graph and each later epoch is one graph launch, whatever the
+   minibatch count or S (`gpu_utils.CapturedCall`; eager on the CPU). The per-seed loss terms accumulate on the
    device and are read once per update (once per epoch with ``target_kl``: a seed whose epoch KL exceeds it stops
    its epochs, masked out of the optimizer step, while the others go on).
 
@@ -39,8 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_utils import DeviceMetrics, NonFiniteError, PrecisionPlan, SeedOptimStep
+from gpu_utils import (
+    CapturedCall,
+    DeviceMetrics,
+    NonFiniteError,
+    PrecisionPlan,
+    SeedOptimStep,
+    capturable_plan,
+)
 from gpu_utils.advantages import GaePlace, episode_sums, gae_device, gae_host, gae_place
+from gpu_utils.streams import SeedStreams
 from marketrl.agents.checkpoint import load_agent, save_agent
 from marketrl.agents.common import (
     GreedyPolicy,
@@ -125,9 +136,12 @@ class PPOHyperparams:
 class PPOConfig(RunConfig):
     """Run settings (not tuned), those of every trainer. ``total_steps`` (per seed) is rounded up to whole
     rollouts of n_steps × n_envs; ``eval_every`` is checked after each update. ``gae``: where GAE runs
-    ("auto": `gpu_utils.gae_place` by the batch's size and device; the two places give the same advantages)."""
+    ("auto": `gpu_utils.gae_place` by the batch's size and device; the two places give the same advantages).
+    ``capture``: on CUDA (without fp16's GradScaler), record an epoch of minibatch steps as one CUDA graph
+    (`gpu_utils.CapturedCall`); elsewhere the same epoch function runs eagerly."""
 
     gae: GaePlace = "auto"
+    capture: bool = True
 
 
 class Minibatch(NamedTuple):
@@ -217,6 +231,7 @@ def train_seeds(
     # One optimizer (and one GradScaler under fp16) over both stacks: one backward of the summed loss. A seed
     # stopped by target_kl goes on at the next update: its Adam step count must be its own.
     params = [*policy_net.parameters(), *value_net.parameters()]
+    capture = config.capture and capturable_plan(plan, device)
     stepper = SeedOptimStep.adam(
         params,
         hp.learning_rate,
@@ -224,6 +239,7 @@ def train_seeds(
         hp.max_grad_norm,
         n_seeds=n_seeds,
         per_seed_steps=hp.target_kl is not None,
+        capturable=capture,
     )
     policies = [GreedyPolicy(networks["policy"], plan) for networks in setup.networks]
     evals = EvalSchedule(on_eval, config.eval_every)
@@ -243,12 +259,14 @@ def train_seeds(
         episode_return=np.zeros(n_seeds * n_envs, dtype=np.float64),
         seed_grad_steps=np.zeros(n_seeds, dtype=np.int64),
     )
+    streams = SeedStreams.from_generators(generators, device)  # Gumbel noise, the epochs' permutations
     run = resume_or_start(
         checkpoint,
         {
             "policy": policy_net,
             "value": value_net,
             "optim": stepper,
+            "streams": streams,
             **{f"generator_{index}": generator for index, generator in enumerate(generators)},
             "env": env,
             "metrics": metrics,
@@ -260,6 +278,34 @@ def train_seeds(
         on_log=on_log,
     )
     seed_offsets = torch.arange(n_seeds, device=device)[:, None] * rollout_size
+
+    # The epoch's static buffers (the same addresses every update, as a captured graph needs): observations stay a
+    # contiguous [S·T·N, obs_dim] table (a strided slice of a wider table would slow every matmul down); the
+    # per-sample scalars [action, old log-prob, advantage, return, value] are packed in one [S·T·N, 5] table, so
+    # a minibatch of every seed costs two gathers.
+    obs_table = torch.empty(n_seeds * rollout_size, obs_dim, device=device)
+    scalar_table = torch.empty(n_seeds * rollout_size, 5, device=device)
+    active_mask = torch.ones(n_seeds, dtype=torch.bool, device=device)
+    epoch_terms = torch.empty(minibatches_per_epoch, len(columns), device=device)
+
+    def run_epoch() -> None:
+        """One epoch of minibatch steps over the rollout tables, each seed in its own fresh order (a seed held by
+        ``active_mask``, with ``target_kl``, keeps range order, masked out of the steps, and draws nothing); each
+        step's [terms, S] row into ``epoch_terms``. No host sync, no host-side state."""
+        held = active_mask if hp.target_kl is not None else None
+        index = streams.permutations(rollout_size, held) + seed_offsets
+        for step, start in enumerate(range(0, rollout_size, hp.batch_size)):
+            rows = index[:, start : start + hp.batch_size]
+            batch = _minibatch(
+                obs_table.index_select(0, rows.reshape(-1)).view(*rows.shape, obs_dim),
+                scalar_table.index_select(0, rows.reshape(-1)).view(*rows.shape, 5),
+            )
+            loss, terms = ppo_loss(policy_net, value_net, batch, hp, plan)
+            grad_norm = stepper.step(loss, active=active_mask if hp.target_kl is not None else None)
+            torch.stack([*terms, grad_norm.float()], out=epoch_terms[step].view(len(_LOSS_TERMS), n_seeds))
+
+    epoch = CapturedCall(run_epoch, device, capture=capture)
+    masked = [True] * n_seeds  # what active_mask holds
 
     def by_seed(rows: torch.Tensor) -> torch.Tensor:
         """[T, S·N, ...] rollout rows -> [S, T·N, ...] (seed s's rows in its own (t, env) order)."""
@@ -278,12 +324,11 @@ def train_seeds(
         learning_rate = hp.learning_rate * (1.0 - update / n_updates) if hp.anneal_lr else hp.learning_rate
         stepper.set_learning_rate(learning_rate)  # shared: every seed follows the same schedule
 
-        # 1. Rollout, entirely on the device; each seed's Gumbel noise from its own generator.
-        noise = [
-            torch.empty(n_steps, n_envs, N_ACTIONS, device=device).exponential_(generator=generator)
-            for generator in generators
-        ]
-        gumbel = (noise[0] if n_seeds == 1 else torch.cat(noise, dim=1)).log_().neg_()
+        # 1. Rollout, entirely on the device; each seed's Gumbel noise −log(−log U) from its own stream.
+        uniform = streams.uniform(n_steps * n_envs * N_ACTIONS).view(n_seeds, n_steps, n_envs, N_ACTIONS)
+        gumbel = (
+            uniform.movedim(0, 1).reshape(n_steps, n_seeds * n_envs, N_ACTIONS).log_().neg_().log_().neg_()
+        )
         rollout_obs, rollout_next_obs, rollout_logits, rollout_actions = [], [], [], []
         rollout_rewards, rollout_terminated, rollout_truncated = [], [], []
         with (
@@ -305,7 +350,10 @@ def train_seeds(
         state.env_steps += rollout_size
 
         # 2. Batched values of s and s′, and the behaviour policy's log-probs; tables [S, T·N, ...].
-        seed_obs = by_seed(torch.stack(rollout_obs))
+        stacked_obs = torch.stack(rollout_obs).view(n_steps, n_seeds, n_envs, obs_dim)
+        seed_obs = obs_table.view(n_seeds, n_steps, n_envs, obs_dim)
+        seed_obs.copy_(stacked_obs.movedim(1, 0))  # = by_seed, written into the epoch's static table
+        seed_obs = seed_obs.view(n_seeds, rollout_size, obs_dim)
         seed_next_obs = by_seed(torch.stack(rollout_next_obs))
         seed_actions = by_seed(torch.stack(rollout_actions))
         with torch.no_grad(), plan.autocast():
@@ -335,11 +383,8 @@ def train_seeds(
                 f"{state.env_steps}"
             )
 
-        # 5. Minibatch epochs. Observations stay a contiguous [S·T·N, obs_dim] table (a strided slice of a wider
-        # table would slow every matmul down); the per-sample scalars are packed in one [S·T·N, 5] table, so a
-        # minibatch of every seed costs two gathers.
-        flat_obs = seed_obs.reshape(n_seeds * rollout_size, obs_dim)
-        scalars = torch.stack(
+        # 5. Minibatch epochs, each one `run_epoch` (one graph launch where captured).
+        torch.stack(
             [
                 seed_actions.to(torch.float32),
                 old_log_probs,
@@ -348,31 +393,20 @@ def train_seeds(
                 values,
             ],
             dim=2,
-        ).view(n_seeds * rollout_size, 5)
+            out=scalar_table.view(n_seeds, rollout_size, 5),
+        )
         active = [True] * n_seeds  # seeds still in this update's epochs (target_kl stops them one by one)
         epoch_reads: list[tuple[dict[str, Any], list[bool]]] = []
         for _ in range(hp.n_epochs):
-            # A stopped seed draws nothing (its generator stays where its own run would leave it); its rows
-            # still go through the batched step, masked out of the update.
-            orders = torch.stack(
-                [
-                    torch.randperm(rollout_size, generator=generator, device=device)
-                    if still
-                    else torch.arange(rollout_size, device=device)
-                    for generator, still in zip(generators, active, strict=True)
-                ]
-            )
-            mask = None if all(active) else torch.tensor(active, device=device)
-            for index in (orders + seed_offsets).split(hp.batch_size, dim=1):
-                rows = index.reshape(-1)
-                batch = _minibatch(
-                    flat_obs.index_select(0, rows).view(*index.shape, obs_dim),
-                    scalars.index_select(0, rows).view(*index.shape, 5),
-                )
-                loss, terms = ppo_loss(policy_net, value_net, batch, hp, plan)
-                grad_norm = stepper.step(loss, active=mask)
-                metrics.record(torch.stack([*terms, grad_norm.float()]).reshape(-1).unbind(0))
-                state.grad_steps += 1
+            if hp.target_kl is not None and active != masked:  # only when a seed stopped or starts again
+                if all(active):
+                    active_mask.fill_(True)  # a device op: no transfer
+                else:
+                    active_mask.copy_(torch.tensor(active, device=device))
+                masked = list(active)
+            epoch()
+            metrics.record_rows(epoch_terms)
+            state.grad_steps += minibatches_per_epoch
             state.seed_grad_steps += minibatches_per_epoch * np.array(active, dtype=np.int64)
             if hp.target_kl is not None:  # one read per epoch, only when early stopping needs the KL
                 epoch_reads.append((metrics.read(state.grad_steps), list(active)))
@@ -427,6 +461,7 @@ def train_seeds(
         env_steps=state.env_steps,
         updates=n_updates,
         host_syncs=state.rollout_copies + metrics.host_reads,
+        captured=epoch.captured,  # the epochs ran as CUDA graph launches
         nan_checks=metrics.host_reads,  # every statistics read is the NaN/inf check
     )
 
@@ -465,7 +500,9 @@ def gae_on_host(
     """GAE in numpy after one device→host copy of the whole rollout: advantages and returns ([2, T, S·N], back
     on the device), each seed's statistics and the envs' running returns [S·N] after the rollout (``running``
     before it). Values with a NaN/inf stop before GAE (``finite`` False)."""
-    running = np.array(torch.as_tensor(running).cpu().numpy(), dtype=np.float64)
+    if isinstance(running, torch.Tensor):  # a state saved where GAE ran on the device
+        running = running.cpu().numpy()
+    running = np.array(running, dtype=np.float64)
     packed = torch.stack(
         [
             rollout.rewards,
