@@ -622,16 +622,20 @@ def test_threshold_follows_the_run_settings_costs(splits, trained) -> None:
         round_trip_cost(test, cost_model(per_root))
 
 
-def test_dlinear_starts_at_the_mean_and_learns_its_head_first() -> None:
+@pytest.mark.parametrize("name", ["dlinear", "lstm", "gru", "alstm", "mlp", "tcn", "transformer"])
+def test_zero_head_models_start_at_the_mean_and_learn_their_head_first(name: str) -> None:
     """A zero head: the untrained model predicts 0 (the normalized target's mean) for any window, so it trades
-    nothing until the data move it; the first gradient reaches the head (the time maps follow once it is nonzero)."""
-    from marketrl.models.dlinear import DLinear, DLinearHParams
-
+    nothing until the data move it; the first gradient reaches the head only (the layers below follow once it is
+    nonzero)."""
+    spec = MODELS[name]
+    hp = spec.hparams_class(window=4, hidden_dim_base=8)
     torch.manual_seed(0)
-    model = DLinear(DLinearHParams(window=4, kernel_size=3, hidden_dim_base=8), 5)
+    model = spec.build_module(hp, 5)
     windows, target = torch.randn(64, 4, 5), torch.randn(64)
     prediction = model(windows)
     assert torch.equal(prediction, torch.zeros(64))
     torch.nn.functional.mse_loss(prediction, target).backward()
-    assert model.head.weight.grad is not None and bool(model.head.weight.grad.abs().sum() > 0)
-    assert model.trend.weight.grad is not None and not bool(model.trend.weight.grad.any())
+    head = [module for module in model.modules() if isinstance(module, torch.nn.Linear)][-1]
+    assert head.weight.grad is not None and bool(head.weight.grad.abs().sum() > 0)
+    below = [p for p in model.parameters() if p is not head.weight and p is not head.bias]
+    assert below and not any(bool(p.grad.any()) for p in below if p.grad is not None)

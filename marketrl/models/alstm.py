@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from marketrl.loop.profile import ModelProfile
-from marketrl.models.base import NeuralHParams, Trial, sequence_space
+from marketrl.models.base import NeuralHParams, Trial, sequence_space, zero_head
 from marketrl.models.lstm import Recurrent
 from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
@@ -44,7 +44,7 @@ class ALSTM(nn.Module):
         self.score = nn.Sequential(
             nn.Linear(width, width // 2), nn.Tanh(), nn.Linear(width // 2, 1, bias=False)
         )
-        self.head = nn.Sequential(nn.Dropout(hp.dropout), nn.Linear(2 * width, 1))
+        self.head = nn.Sequential(nn.Dropout(hp.dropout), zero_head(nn.Linear(2 * width, 1)))
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
         """Predictions [B]."""

@@ -115,6 +115,16 @@ class NeuralHParams(CommonHParams):
         require(0 <= self.dropout < 1, "dropout", "a number in [0, 1)", self.dropout)
 
 
+def zero_head(layer: torch.nn.Linear) -> torch.nn.Linear:
+    """Zero a forecaster's output layer: the untrained model predicts the normalized target's mean (0) and trades
+    nothing until the data move it, instead of turning its random features into trades; the head learns first,
+    the layers below as soon as it is non-zero (docs/PERFORMANCE.md "Do no harm")."""
+    torch.nn.init.zeros_(layer.weight)
+    if layer.bias is not None:
+        torch.nn.init.zeros_(layer.bias)
+    return layer
+
+
 def common_space(trial: Trial, max_window: int = 32, min_window: int = 1) -> dict[str, Any]:
     """The shared part of every search space: lookback window, threshold multiplier, hold band."""
     return {

@@ -20,7 +20,7 @@ from torch import nn
 
 from marketrl.loop.hparams import check_ranges
 from marketrl.loop.profile import ModelProfile
-from marketrl.models.base import NeuralHParams, Trial, neural_space
+from marketrl.models.base import NeuralHParams, Trial, neural_space, zero_head
 from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
 __all__ = ["PROFILE", "SPEC", "DLinear", "DLinearHParams", "search_space"]
@@ -58,11 +58,8 @@ class DLinear(nn.Module):
         self.trend = nn.Linear(hp.window, hp.hidden_dim_base)
         self.remainder = nn.Linear(hp.window, hp.hidden_dim_base)
         self.drop = nn.Dropout1d(hp.dropout)  # [B, F, hidden]: drops features
-        self.head = nn.Linear(n_features * hp.hidden_dim_base, 1)
-        # A zero head predicts the mean (0) until the data move it: the model starts as a linear regression from
-        # zero on the random time maps' features, not from a random linear map that trades its own noise.
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        # A linear regression from zero on the random time maps' features, not a random map trading its noise.
+        self.head = zero_head(nn.Linear(n_features * hp.hidden_dim_base, 1))
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
         """Predictions [B]."""

@@ -1,4 +1,5 @@
-"""LSTM over the lookback window (oldest row first); the hidden state after row t feeds a linear head.
+"""LSTM over the lookback window (oldest row first); the hidden state after row t feeds a linear head
+that starts at zero (`base.zero_head`: the untrained model predicts the mean and trades nothing).
 
 `RecurrentRegressor` takes the recurrent cell kind as an argument, so gru.py reuses it with a GRU, and alstm.py
 uses `Recurrent` directly.
@@ -23,7 +24,7 @@ from torch import nn
 
 from marketrl.loop.hparams import check_ranges
 from marketrl.loop.profile import ModelProfile
-from marketrl.models.base import NeuralHParams, Trial, sequence_space
+from marketrl.models.base import NeuralHParams, Trial, sequence_space, zero_head
 from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
 __all__ = ["PROFILE", "SPEC", "Recurrent", "RecurrentHParams", "RecurrentRegressor", "search_space"]
@@ -138,7 +139,7 @@ class RecurrentRegressor(nn.Module):
         width = hp.hidden_dim_base
         between = hp.dropout if hp.num_layers > 1 else 0.0
         self.rnn = Recurrent(kind, n_features, width, hp.num_layers, dropout=between)
-        self.head = nn.Sequential(nn.Dropout(hp.dropout), nn.Linear(width, 1))
+        self.head = nn.Sequential(nn.Dropout(hp.dropout), zero_head(nn.Linear(width, 1)))
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
         """Predictions [B] from the output after the window's last row (row t)."""

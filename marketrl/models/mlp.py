@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from marketrl.loop.profile import ModelProfile
-from marketrl.models.base import NeuralHParams, Trial, neural_space
+from marketrl.models.base import NeuralHParams, Trial, neural_space, zero_head
 from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
 __all__ = ["MLP", "PROFILE", "SPEC", "MLPHParams", "search_space"]
@@ -45,7 +45,7 @@ class MLP(nn.Module):
             nn.Linear(width, width // 2),
             nn.ReLU(),
             nn.Dropout(hp.dropout),
-            nn.Linear(width // 2, 1),
+            zero_head(nn.Linear(width // 2, 1)),
         )
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from torch import nn
 
 from marketrl.loop.hparams import check_ranges
 from marketrl.loop.profile import ModelProfile
-from marketrl.models.base import NeuralHParams, Trial, sequence_space
+from marketrl.models.base import NeuralHParams, Trial, sequence_space, zero_head
 from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
 __all__ = ["PROFILE", "SPEC", "TCN", "TCNHParams", "search_space"]
@@ -81,7 +81,7 @@ class TCN(nn.Module):
                 for level in range(hp.levels)
             )
         )
-        self.head = nn.Linear(width, 1)
+        self.head = zero_head(nn.Linear(width, 1))
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
         """Predictions [B] from the channels at the last row."""

@@ -15,7 +15,7 @@ from torch import nn
 
 from marketrl.loop.hparams import check_ranges, require
 from marketrl.loop.profile import ModelProfile
-from marketrl.models.base import NeuralHParams, Trial, sequence_space
+from marketrl.models.base import NeuralHParams, Trial, sequence_space, zero_head
 from marketrl.models.supervised_trainer import SMALL_HPARAMS, torch_model_spec, torch_trial_cost
 
 __all__ = ["PROFILE", "SPEC", "TransformerHParams", "TransformerRegressor", "search_space"]
@@ -63,7 +63,7 @@ class TransformerRegressor(nn.Module):
             width, hp.n_heads, 2 * width, hp.dropout, batch_first=True, norm_first=True
         )
         self.encoder = nn.TransformerEncoder(layer, hp.n_layers, enable_nested_tensor=False)
-        self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 1))
+        self.head = nn.Sequential(nn.LayerNorm(width), zero_head(nn.Linear(width, 1)))
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
         """Predictions [B]."""
