@@ -54,7 +54,9 @@ DEFAULT_MODELS = ("dqn", "linear", "lightgbm")
 QUICK_MODELS = ("linear",)
 MAX_FOLDS = 20
 REPORT = "results/eval_report.html"
-JOB_COST = re.compile(r"job cost: [\d.]+ s wall since the process started, ([\d.]+) CPU-s")
+JOB_COST = re.compile(
+    r"job cost: [\d.]+ s wall since the process started, ([\d.]+) CPU-s, peak RSS ([\d.]+) MB"
+)
 
 
 @dataclass
@@ -64,7 +66,7 @@ class StageCost:
     jobs: int = 0
     cpu_s: float = 0.0
     wall_s: float = 0.0
-    max_rss_mb: float = 0.0
+    max_rss_mb: float = 0.0  # the larger of the benchmark's sampled peak and the jobs' logged one
     # the jobs' own exact CPU (their logs' "job cost" line, marketrl.runtime.jobs.job_cost): Snakemake's benchmark
     # samples CPU every 0.5 s and misses a short job's last fraction of a second
     logged_jobs: int = 0
@@ -132,6 +134,8 @@ def read_benchmarks(workdir: Path) -> tuple[dict[str, StageCost], dict[int, floa
         if cost is not None:
             stages[stage].logged_jobs += 1
             stages[stage].logged_cpu_s += float(cost[1])
+            # the job's own peak: the benchmark's memory sampler can miss a job shorter than its first sample
+            stages[stage].max_rss_mb = max(stages[stage].max_rss_mb, float(cost[2]))
     return dict(stages), dict(per_fold)
 
 
