@@ -150,9 +150,8 @@ class DQNConfig(RunConfig):
     """Run settings (not tuned): those of every trainer, and the statistics cadence."""
 
     check_every: int = 100  # gradient steps between statistics reads (= NaN checks)
-    capture: bool = (
-        True  # on CUDA (no GradScaler): each gradient step one CUDA graph launch (gpu_utils.CapturedCall)
-    )
+    # on CUDA (no GradScaler): each gradient step one CUDA graph launch (gpu_utils.CapturedCall)
+    capture: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

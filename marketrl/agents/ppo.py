@@ -287,12 +287,12 @@ def train_seeds(
     scalar_table = torch.empty(n_seeds * rollout_size, 5, device=device)
     active_mask = torch.ones(n_seeds, dtype=torch.bool, device=device)
     epoch_terms = torch.empty(minibatches_per_epoch, len(columns), device=device)
+    held = active_mask if hp.target_kl is not None else None  # only a KL stop holds seeds
 
     def run_epoch() -> None:
         """One epoch of minibatch steps over the rollout tables, each seed in its own fresh order (a seed held by
         ``active_mask``, with ``target_kl``, keeps range order, masked out of the steps, and draws nothing); each
         step's [terms, S] row into ``epoch_terms``. No host sync, no host-side state."""
-        held = active_mask if hp.target_kl is not None else None
         index = streams.permutations(rollout_size, held) + seed_offsets
         for step, start in enumerate(range(0, rollout_size, hp.batch_size)):
             rows = index[:, start : start + hp.batch_size]
@@ -301,7 +301,7 @@ def train_seeds(
                 scalar_table.index_select(0, rows.reshape(-1)).view(*rows.shape, 5),
             )
             loss, terms = ppo_loss(policy_net, value_net, batch, hp, plan)
-            grad_norm = stepper.step(loss, active=active_mask if hp.target_kl is not None else None)
+            grad_norm = stepper.step(loss, active=held)
             torch.stack([*terms, grad_norm.float()], out=epoch_terms[step].view(len(_LOSS_TERMS), n_seeds))
 
     epoch = CapturedCall(run_epoch, device, capture=capture)
