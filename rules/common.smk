@@ -32,6 +32,11 @@ GPU_UNITS = pipeline.gpu_units(config)
 ENV_FILE = "../envs/pipeline.yaml"
 NO_MODEL = "(?!)"  # a regex that matches nothing: a rule for a kind of model the config does not run
 STOCHASTIC_MODELS = "|".join(pipeline.stochastic_models(config)) or NO_MODEL
+# training.batch_folds: one train job per model trains every fold (rule train_folds), else one per model x fold
+BATCH_FOLDS = pipeline.batch_folds(config)
+FOLD_TRAINED_MODELS = NO_MODEL if BATCH_FOLDS else STOCHASTIC_MODELS
+FOLDS_BATCHED_MODELS = STOCHASTIC_MODELS if BATCH_FOLDS else NO_MODEL
+FOLD_INDICES = pipeline.fold_indices(config)
 DETERMINISTIC_MODELS = "|".join(pipeline.deterministic_models(config)) or NO_MODEL
 # hyperopt.per_fold (nested tuning): the hyperopt rules write one study per model x fold ({fold} in their paths).
 PER_FOLD = pipeline.per_fold(config)
@@ -110,6 +115,19 @@ def train_mem_mb(wildcards, input):
     return resources.within_limit(request, MEM_LIMIT_MB)
 
 
+def train_folds_mem_mb(wildcards, input):
+    """`resources: mem_mb` of a fold-batched train job: every fold's window, folds x seeds at once."""
+    request = resources.train_folds_mem_mb(
+        config,
+        wildcards.model,
+        FOLD_INDICES,
+        input.manifest,
+        input.folds,
+        input.hparams[0],
+    )
+    return resources.within_limit(request, MEM_LIMIT_MB)
+
+
 def tuning_mem_mb(wildcards, input):
     """`resources: mem_mb` of a hyperopt worker: the model's memory model at its study's tuning window."""
     fold = wildcards.get("fold")
@@ -172,6 +190,15 @@ def hyperopt_params(wildcards):
     return pipeline.hyperopt_best_file(config, wildcards.model, wildcards.fold)
 
 
+def fold_hyperopt_params(wildcards):
+    """Best hyperparameters of every fold of a fold-batched train job, in fold order (one file unless
+    hyperopt.per_fold)."""
+    return [
+        pipeline.hyperopt_best_file(config, wildcards.model, fold)
+        for fold in FOLD_INDICES
+    ]
+
+
 def study_results_dir(wildcards):
     """The results directory whose hyperopt/{model}/ holds the study journal and locks (marketrl.settings.paths.STUDY_DIR).
 
@@ -186,6 +213,23 @@ def seed_outputs(template):
     functions, so this is the config's seed list; the *_once rules take seed 0 for a deterministic model.
     """
     return expand(template, seed=pipeline.seed_indices(config), allow_missing=True)
+
+
+def fold_seed_outputs(template):
+    """One output per fold x seed of a fold-batched train job (fold-major; {model} stays a wildcard)."""
+    return expand(
+        template,
+        fold=FOLD_INDICES,
+        seed=pipeline.seed_indices(config),
+        allow_missing=True,
+    )
+
+
+def fold_resume_files(wildcards):
+    """The resumable checkpoint of every fold of a fold-batched train job (a batch of folds uses its first's)."""
+    return [
+        paths.RESUME.format(model=wildcards.model, fold=fold) for fold in FOLD_INDICES
+    ]
 
 
 def resume_file(wildcards):
@@ -211,6 +255,15 @@ def tensorboard_dirs(wildcards):
     """
     return [
         paths.TENSORBOARD.format(model=wildcards.model, fold=wildcards.fold, seed=seed)
+        for seed in run_seeds(wildcards)
+    ]
+
+
+def fold_tensorboard_dirs(wildcards):
+    """The TensorBoard run directory of every fold x seed of a fold-batched train job (fold-major)."""
+    return [
+        paths.TENSORBOARD.format(model=wildcards.model, fold=fold, seed=seed)
+        for fold in FOLD_INDICES
         for seed in run_seeds(wildcards)
     ]
 

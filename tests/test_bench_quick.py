@@ -36,6 +36,7 @@ SB3 = [] if HAS_SB3 else ["--skip-sb3"]
 #: Every script with a command line, by the test below that runs its --quick mode.
 QUICK_TESTS = {
     "speed/agents.py": "test_agents_quick_runs_every_configuration",
+    "speed/batch_folds.py": "test_batch_folds_quick_checks_every_copy_against_its_fold",
     "speed/dag.py": "test_dag_quick_plans_the_jobs",
     "speed/dropout.py": "test_dropout_quick_times_both_dropouts",
     "speed/env.py": "test_env_quick_checks_the_same_transitions",
@@ -80,6 +81,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "speed/job_imports.py": (),
     "speed/launches.py": (),
     "speed/gae.py": (),
+    "speed/batch_folds.py": (),
     "speed/dropout.py": (),
     "speed/evaluate_job.py": (),
     "speed/env.py": (),
@@ -222,6 +224,16 @@ def test_gae_quick_times_both_sides_after_checking_equal_work(quick: QuickRuns) 
     rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| [\d,]+ \|", line)]
     assert [int(row[0].replace(",", "")) for row in rows] == [256, 4096]
     assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
+
+
+@pytest.mark.bench
+def test_batch_folds_quick_checks_every_copy_against_its_fold(quick: QuickRuns) -> None:
+    """F folds batched against the same folds one after another, for both agents at F = 1 and 2; the script
+    checked every batched copy against its fold's sequential run (it exits otherwise)."""
+    out = quick.stdout("speed/batch_folds.py")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| ppo", "| dqn"))]
+    assert [(row[0].strip(), int(row[1])) for row in rows] == [("ppo", 1), ("ppo", 2), ("dqn", 1), ("dqn", 2)]
+    assert all(row[-1].strip() == "yes" and float(row[6]) > 0 for row in rows)
 
 
 @pytest.mark.bench

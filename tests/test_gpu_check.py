@@ -28,6 +28,7 @@ SECTIONS = (
     "seeds",
     "gae",
     "capture",
+    "folds",
 )
 
 
@@ -103,3 +104,7 @@ def test_dry_run_reports_every_section(tmp_path: Path, blocked: bool) -> None:
         capture = sections["capture"][algo]
         assert capture["eager"]["captured"] is False and capture["captured"]["captured"] is False  # the CPU
         assert capture["max_weight_difference"] == 0.0  # the capture flag changes nothing on the CPU
+        folds = sections["folds"][algo]
+        assert folds["folds_by_memory"] == report["sizes"]["folds"]  # the dry run's folds fit in RAM
+        assert folds["folds_batched"]["copies"] == report["sizes"]["folds"] * report["sizes"]["capture_seeds"]
+        assert folds["batched_over_one_fold"] > 0

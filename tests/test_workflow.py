@@ -228,8 +228,8 @@ def test_config_error_is_one_line_on_stderr_and_exit_1(tmp_path: Path) -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(framing)]
     assert lines == [
         "marketrl config error: config key 'training.totl_steps': unknown key; expected one of: "
-        "check_every, checkpoint_every, device, epochs, extra_models, gate_min_t, gpu_jobs, horizon, max_train_rows, "
-        "max_updates, models, n_envs, patience, pooled_min_t, precision, record_min_t, seeds, total_steps"
+        "batch_folds, check_every, checkpoint_every, device, epochs, extra_models, gate_min_t, gpu_jobs, horizon, "
+        "max_train_rows, max_updates, models, n_envs, patience, pooled_min_t, precision, record_min_t, seeds, total_steps"
     ]
     assert "Traceback" not in result.stderr and result.stdout.strip() == ""
     assert not (tmp_path / "results").exists() and not (tmp_path / ".snakemake" / "metadata").exists()
@@ -250,3 +250,34 @@ def test_gpu_rules_request_gpu_resource() -> None:
         assert "gpu=GPU_UNITS" in (REPO_ROOT / "rules" / name).read_text()
     profile = yaml.safe_load((REPO_ROOT / "profiles" / "default" / "config.yaml").read_text())
     assert profile["resources"]["gpu"] == 1
+
+
+def _rule_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry-run by rule name, as printed."""
+    table = output.split("Job stats:")[1].split("total")[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
+
+
+def test_batch_folds_plans_one_train_job_per_model(tmp_path: Path) -> None:
+    """training.batch_folds: one train_folds job per stochastic model writes every fold x seed (a deterministic
+    model keeps its train_once per fold); one fold's file as a target plans its model's job; off: a train job per
+    model x fold, as always."""
+    config = yaml.safe_load(TINY.read_text())
+    config["training"].update(models=["dqn", "ppo", "linear"], seeds=2, batch_folds=True)
+    (tmp_path / "on").mkdir()
+    workdir = workdir_with_config(tmp_path / "on", config)
+    result = snakemake("-n", "results/eval_report.html", cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts = _rule_counts(result.stdout + result.stderr)
+    assert counts.get("train_folds") == 2 and counts.get("train_once") == 2 and "train" not in counts
+    block = re.search(r"^rule train_folds:\n((?:    .*\n)+)", result.stdout, re.MULTILINE)
+    assert block and re.search(r"mem_mb=\d+", block.group(1)) and "fold_1/seed_1/model.pt" in block.group(1)
+    one = snakemake("-n", "results/models/ppo/fold_1/seed_0/model.pt", cwd=workdir)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert _rule_counts(one.stdout + one.stderr).get("train_folds") == 1
+    config["training"]["batch_folds"] = False
+    (tmp_path / "off").mkdir()
+    off = snakemake("-n", "results/eval_report.html", cwd=workdir_with_config(tmp_path / "off", config))
+    assert off.returncode == 0, off.stderr[-2000:]
+    counts = _rule_counts(off.stdout + off.stderr)
+    assert counts.get("train") == 4 and "train_folds" not in counts

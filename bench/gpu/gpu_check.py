@@ -95,6 +95,10 @@ class Sizes:
     gae_columns: tuple[int, ...] = (256, 1_024, 2_048, 4_096, 16_384, 65_536, 262_144)  # section 8: S·N
     gae_repeats: int = 9
     capture_seeds: int = 16  # section 9
+    folds: int = (
+        12  # section 10: a year of 20-day test folds, on the batch axis with capture_seeds seeds each
+    )
+    folds_seconds: float = 12.0
     capture_dqn_hparams: dict[str, Any] = dataclasses.field(
         default_factory=lambda: {
             "batch_size": 256,
@@ -172,6 +176,8 @@ DRY = Sizes(
     gae_columns=(64, 512),
     gae_repeats=2,
     capture_seeds=2,
+    folds=2,
+    folds_seconds=0.5,
     capture_dqn_hparams={
         "batch_size": 32,
         "buffer_size": 2_048,
@@ -1064,6 +1070,107 @@ def section_capture(device: torch.device, sizes: Sizes, data: Any, dry: bool) ->
     return out
 
 
+# ----------------------------------------------------------------------- 10. folds on the batch axis (issue 36)
+
+
+def folds_run(
+    algo: str,
+    data: Any,
+    spec: dict[str, Any],
+    n_seeds: int,
+    steps: int,
+    device: torch.device,
+    sizes: Sizes,
+    block_rows: list[tuple[int, int]] | None = None,
+    sample: bool = False,
+) -> dict[str, Any]:
+    """One ``train_seeds`` batch of ``n_seeds`` copies (``block_rows``: each on its own fold's rows of a stacked
+    table), optionally sampling utilization; its all-copies rate."""
+    module = STACK.load(f"marketrl.agents.{algo}")
+    config_cls = module.DQNConfig if algo == "dqn" else module.PPOConfig
+    config = config_cls(total_steps=steps, env=env_config(spec["n_envs"], sizes))
+    read, close = nvml_reader(device) if device.type == "cuda" else (cpu_reader(), lambda: None)
+    sampler = Sampler(read, sizes.sample_interval)
+    started = time.perf_counter()
+    if sample:
+        sampler.start()
+    try:
+        results = module.train_seeds(
+            data, config, spec["hparams"], "auto", device, list(range(n_seeds)), block_rows=block_rows
+        )
+        synchronize(device)
+    finally:
+        samples = sampler.stop() if sample else []
+        close()
+    wall = time.perf_counter() - started
+    out: dict[str, Any] = {
+        "copies": n_seeds,
+        "wall_s": wall,
+        "steps_per_second_all_copies": n_seeds * results[0].log["env_steps"] / wall,
+        "precision": results[0].log["precision"]["mode"],
+        "captured": results[0].log.get("captured"),
+    }
+    if sample:
+        key = "gpu_util" if device.type == "cuda" else "cpu_util"
+        warm_until = started + min(2.0, 0.1 * wall)
+        out[key] = summarize([values[key] for at, values in samples if at >= warm_until])
+    return out
+
+
+def section_folds(device: torch.device, sizes: Sizes, data: Any, dry: bool) -> dict[str, Any]:
+    """The demo's PPO and DQN (the capture section's specs) with S seeds on each of F folds' own data, the F × S
+    copies as one batch (training.batch_folds: stacked windows, each env block on its own fold's rows; F as the
+    memory budget allows, `folds_per_batch`), against one fold of S seeds alone: the all-copies rate of each and
+    the batch's mean utilization (target >= 80%)."""
+    env, gpu_utils = STACK.load("marketrl.env"), STACK.load("gpu_utils")
+    memory = STACK.load("marketrl.agents.memory")
+    n_seeds = sizes.capture_seeds
+    ppo_spec = sizes.seeds_spec
+    dqn_spec = {"n_envs": ppo_spec["n_envs"], "hparams": {**sizes.capture_dqn_hparams}}
+    per_fold = max(4 * sizes.episode_length, data.n_rows // sizes.folds)
+    parts = [
+        synthetic_market_data(per_fold, sizes.features, device, seed=fold) for fold in range(sizes.folds)
+    ]
+    plan = gpu_utils.detect_precision(device, "auto")
+    budget = gpu_utils.HardwareBudget.detect(device)
+    out: dict[str, Any] = {"seeds_per_fold": n_seeds, "rows_per_fold": per_fold}
+    for algo, spec in (("ppo", ppo_spec), ("dqn", dqn_spec)):
+        n_envs = spec["n_envs"]
+        fits = memory.folds_per_batch(
+            budget, algo, sizes.features + 1, spec["hparams"], n_envs, plan, n_seeds, sizes.folds
+        )
+        stacked, ranges = env.stack_market_data(parts[:fits])
+        rows = [ranges[fold] for fold in range(fits) for _ in range(n_seeds)]
+        unit = n_envs * ppo_spec["hparams"]["n_steps"] if algo == "ppo" else n_envs
+        warm_steps = max(2 * unit, spec["hparams"].get("learning_starts", 0) + 20 * n_envs)
+        # warm-ups (kernels, allocator, the capture) and the rates that size the timed runs
+        one = folds_run(algo, parts[0], spec, n_seeds, warm_steps, device, sizes)
+        batch = folds_run(algo, stacked, spec, fits * n_seeds, warm_steps, device, sizes, rows)
+        rate = batch["steps_per_second_all_copies"] / (fits * n_seeds)
+        steps = max(warm_steps, int(rate * sizes.folds_seconds) // unit * unit)
+        one = folds_run(algo, parts[0], spec, n_seeds, steps, device, sizes)
+        batch = folds_run(algo, stacked, spec, fits * n_seeds, steps, device, sizes, rows, sample=True)
+        out[algo] = {
+            "spec": spec,
+            "folds_by_memory": fits,
+            "env_steps_per_copy": steps,
+            "one_fold": one,
+            "folds_batched": batch,
+            "batched_over_one_fold": batch["steps_per_second_all_copies"]
+            / one["steps_per_second_all_copies"],
+        }
+    out["target"] = f"mean GPU utilization >= {UTILIZATION_TARGET:.0f}% with F x S copies"
+    if device.type == "cuda":
+        out["target_met"] = all(
+            (out[algo]["folds_batched"]["gpu_util"]["mean"] or 0.0) >= UTILIZATION_TARGET
+            for algo in ("ppo", "dqn")
+        )
+    else:
+        out["status"] = f"{SKIPPED_NO_CUDA} (NVML); the sampler read this process's CPU share instead"
+        out["target_met"] = None
+    return out
+
+
 # ------------------------------------------------------------------------------ 8. where GAE is cheapest
 
 
@@ -1115,6 +1222,7 @@ SECTIONS: list[tuple[str, Callable[..., dict[str, Any]], bool]] = [
     ("seeds", section_seeds, True),
     ("gae", section_gae, False),
     ("capture", section_capture, True),
+    ("folds", section_folds, True),
 ]
 
 
@@ -1205,6 +1313,19 @@ def table(report: dict[str, Any]) -> str:
                 f"max weight diff {section[algo]['max_weight_difference']:.1e}"
                 for algo in ("ppo", "dqn")
             ]
+            row(name, "; ".join(parts))
+        elif name == "folds":
+            parts = []
+            for algo in ("ppo", "dqn"):
+                run = section[algo]
+                batch = run["folds_batched"]
+                key = "gpu_util" if "gpu_util" in batch else "cpu_util"
+                mean = batch[key]["mean"]
+                parts.append(
+                    f"{algo}: {run['folds_by_memory']} folds x {section['seeds_per_fold']} seeds "
+                    f"{batch['steps_per_second_all_copies']:,.0f}/s ({run['batched_over_one_fold']:.1f}x one fold), "
+                    f"{key} {mean if mean is None else round(mean, 1)}%"
+                )
             row(name, "; ".join(parts))
         elif name == "gae":
             parts = [

@@ -112,18 +112,20 @@ def set_up_seeds(
     precision: PrecisionPlan | str,
     device: torch.device | str,
     seeds: Sequence[int],
+    block_rows: Sequence[tuple[int, int]] | None = None,
 ) -> SeedsSetup:
     """Parse the hyperparameters (``spec.hparams_class``), choose the precision, build one env of S seed blocks
-    (`TradingEnv` with a sequence of seeds) and, for each seed, exactly what a single-seed run builds: its networks
-    initialized under its seed and its trainer generator (``seed + GENERATOR_SEED_OFFSET``). Seeds must be
-    distinct (a seed names its outputs and its statistics)."""
+    (`TradingEnv` with a sequence of seeds; ``block_rows``: each block's rows of a stacked ``train_data``, folds on
+    the batch axis) and, for each seed, exactly what a single-seed run builds: its networks initialized under its
+    seed and its trainer generator (``seed + GENERATOR_SEED_OFFSET``). Seeds must be distinct (a seed names its
+    outputs and its statistics)."""
     seeds = [int(seed) for seed in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: expected distinct seeds, got {seeds}")
     hp = parse_hparams(spec.hparams_class, hparams, spec.name)
     device = torch.device(device)
     plan = resolve_precision(precision, device)
-    env = TradingEnv(train_data, env_config, seed=seeds, device=device)
+    env = TradingEnv(train_data, env_config, seed=seeds, device=device, block_rows=block_rows)
     architecture = make_architecture(spec, env.obs_dim, dataclasses.asdict(hp))
     networks = []
     for seed in seeds:

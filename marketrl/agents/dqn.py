@@ -367,12 +367,19 @@ def td_loss(
     return F.smooth_l1_loss(q_taken, target, reduction="none").mean(dim=1), q_taken
 
 
-def typical_trade_cost(data: MarketData, env: EnvConfig) -> torch.Tensor:
+def _row_parameters(data: MarketData, env: EnvConfig, rows: tuple[int, int] | None) -> torch.Tensor:
+    """The step parameters [5, T] of ``data`` (of its rows [start, stop) with ``rows``)."""
+    params = data.step_parameters(env.fill)
+    return params if rows is None else params[:, rows[0] : rows[1]]
+
+
+def typical_trade_cost(data: MarketData, env: EnvConfig, rows: tuple[int, int] | None = None) -> torch.Tensor:
     """The median cost fraction of one contract's position change over the training rows that charge one
     (`MarketData.step_parameters`' trade cost: half-spread and commission as a fraction of notional), 0 where none
     does: the cost prior's ``trade_cost`` before the reward scale and contracts. Known before any trade, from
-    prices alone. A 0-dim tensor on the data's device (computed there: no host sync)."""
-    trade = data.step_parameters(env.fill)[2]
+    prices alone. A 0-dim tensor on the data's device (computed there: no host sync). ``rows``: [start, stop)
+    only."""
+    trade = _row_parameters(data, env, rows)[2]
     return torch.where(trade > 0, trade, torch.nan).nanmedian().nan_to_num(0.0)
 
 
@@ -417,13 +424,13 @@ def all_action_rewards(
     return gross - cost
 
 
-def reward_normalizer(data: MarketData, env: EnvConfig) -> torch.Tensor:
+def reward_normalizer(data: MarketData, env: EnvConfig, rows: tuple[int, int] | None = None) -> torch.Tensor:
     """1 / (contracts x the standard deviation of one contract's per-bar holding return over the training rows):
     the scale that makes a held position's reward about unit-sized. Adam moves the weights by about the learning
     rate whatever the rewards' size, so unscaled per-bar returns (~1e-4) leave the Q-values' step-to-step jitter
     far above the cost of a trade and the greedy policy churns (docs/PERFORMANCE.md "Do no harm"). A 0-dim
-    tensor on the data's device (no host sync); 1 where the returns do not vary."""
-    spread = data.step_parameters(env.fill)[1].std() * env.contracts
+    tensor on the data's device (no host sync); 1 where the returns do not vary. ``rows``: [start, stop) only."""
+    spread = _row_parameters(data, env, rows)[1].std() * env.contracts
     return torch.where(spread > 0, 1.0 / spread, torch.ones_like(spread))
 
 
@@ -450,25 +457,35 @@ def train_seeds(
     on_eval: SeedsEvalCallback | None = None,
     checkpoint: TrainingCheckpoint | None = None,
     on_log: Callable[[dict[str, Any]], None] | None = None,
+    block_rows: Sequence[tuple[int, int]] | None = None,
 ) -> list[TrainResult]:
     """Train one DQN agent per seed on ``train_data`` for ``config.total_steps`` env steps each, all S as one
-    batched computation (see the module docstring); result i is seeds[i]'s.
+    batched computation (see the module docstring); result i is seeds[i]'s. ``block_rows``: seed i trains on rows
+    [start, stop) of ``train_data`` only (folds on the batch axis: `stack_market_data`), its reward scale and cost
+    prior from those rows.
 
     With ``checkpoint`` (one for the batch), the loop resumes from its saved state (if any) and saves its full
     state whenever the checkpoint is due; the results are the same as one uninterrupted run's.
     """
-    setup = set_up_seeds(SPEC, hparams, train_data, config.env, precision, device, seeds)
+    setup = set_up_seeds(SPEC, hparams, train_data, config.env, precision, device, seeds, block_rows)
     hp, device, plan, env, generators = setup.hp, setup.device, setup.plan, setup.env, setup.generators
     n_seeds, n_envs, obs_dim = len(setup.seeds), config.env.n_envs, env.obs_dim  # n_envs: per seed
     require(hp.buffer_size >= n_envs, "buffer_size", f"an integer >= env.n_envs ({n_envs})", hp.buffer_size)
-    # rewards as learnt: x reward_scale, and with normalize_rewards in units of the data's per-bar return spread
-    reward_scale = hp.reward_scale * (
-        reward_normalizer(env.data, config.env) if hp.normalize_rewards else torch.ones((), device=device)
+    # rewards as learnt: x reward_scale, and with normalize_rewards in units of the per-bar return spread of the
+    # seed's own training rows ([S]; one value per seed, the same for all unless folds share the batch)
+    seed_scales = hp.reward_scale * torch.stack(
+        [
+            reward_normalizer(env.data, config.env, rows)
+            if hp.normalize_rewards
+            else torch.ones((), device=device)
+            for rows in env.block_rows
+        ]
     )
     if hp.cost_prior:
-        cost = reward_scale * config.env.contracts * typical_trade_cost(env.data, config.env)
-        for nets in setup.networks:
+        for index, (nets, rows) in enumerate(zip(setup.networks, env.block_rows, strict=True)):
+            cost = seed_scales[index] * config.env.contracts * typical_trade_cost(env.data, config.env, rows)
             nets["q"].trade_cost.copy_(cost)
+    reward_scale = seed_scales.repeat_interleave(n_envs)  # [S·n_envs], seed-major like the envs
     q_net = StackedQNetwork([nets["q"] for nets in setup.networks])
     target_net = copy.deepcopy(q_net).requires_grad_(False)
     capture = config.capture and capturable_plan(plan, device)
@@ -570,7 +587,12 @@ def train_seeds(
         # all_actions: every action's reward from the same market move (n_step_return is then 1)
         learned = all_action_rewards(env.last_params, held, action_positions) if hp.all_actions else rewards
         transition = n_step.push(
-            state.obs, actions, learned * reward_scale, env.final_obs, terminated, done
+            state.obs,
+            actions,
+            learned * (reward_scale[:, None] if hp.all_actions else reward_scale),
+            env.final_obs,
+            terminated,
+            done,
         )  # final_obs: the true next state, also where the env auto-reset
         if transition is not None:
             first_obs, first_actions, bootstrap_obs, returns, discounts = transition

@@ -7,11 +7,15 @@ one sample goes through.
 
 from __future__ import annotations
 
-from gpu_utils import HardwareBudget, PrecisionPlan, mlp_parameter_count, sample_bytes
-from marketrl.agents.networks import hidden_sizes
-from marketrl.agents.spec import AgentSpec, agent_spec
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["batch_size_bounds", "footprint"]
+from gpu_utils import BudgetError, HardwareBudget, PrecisionPlan, mlp_parameter_count, sample_bytes
+from marketrl.agents.networks import hidden_sizes
+from marketrl.agents.spec import HIDDEN_DIM_BASES, AgentSpec, agent_spec
+from marketrl.loop.hparams import parse_hparams
+
+__all__ = ["batch_size_bounds", "folds_per_batch", "footprint"]
 
 _FLOAT_BYTES = 4
 
@@ -62,3 +66,35 @@ def batch_size_bounds(
         limits=spec.batch_limits,
         what=what,
     )
+
+
+def folds_per_batch(
+    budget: HardwareBudget,
+    agent: AgentSpec | str,
+    obs_dim: int,
+    hparams: Mapping[str, Any],
+    n_envs: int,
+    precision: str | PrecisionPlan,
+    seeds_per_fold: int,
+    n_folds: int,
+) -> int:
+    """How many folds of ``seeds_per_fold`` seeds one batched computation of the agent holds in ``budget``
+    (training.batch_folds): the most, up to ``n_folds``, whose networks, buffers (the DQN replay or the PPO
+    rollout of ``n_envs`` envs per seed) and one minibatch of the hyperparameters' ``batch_size`` fit (`footprint`,
+    S = folds x seeds); at least 1 (one fold trains as it always does, and fails there if it does not fit)."""
+    spec = agent_spec(agent)
+    hp = parse_hparams(spec.hparams_class, hparams, spec.name)
+    # a DQN seed holds its replay buffer, a PPO seed its rollout (n_steps rows per env)
+    buffer_rows = int(getattr(hp, "buffer_size", 0) or getattr(hp, "n_steps", 0) * n_envs)
+    batch = int(hp.batch_size)
+    hidden = int(hp.hidden_dim_base or max(HIDDEN_DIM_BASES))  # unset: the widest the search offers
+    for n in range(n_folds, 1, -1):
+        try:
+            budget.batch_size_bounds(
+                **footprint(spec, obs_dim, hidden, buffer_rows, precision, n * seeds_per_fold),
+                limits=(batch, batch),
+            )
+        except BudgetError:
+            continue
+        return n
+    return 1

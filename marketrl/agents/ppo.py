@@ -214,15 +214,17 @@ def train_seeds(
     on_eval: SeedsEvalCallback | None = None,
     checkpoint: TrainingCheckpoint | None = None,
     on_log: Callable[[dict[str, Any]], None] | None = None,
+    block_rows: Sequence[tuple[int, int]] | None = None,
 ) -> list[TrainResult]:
     """Train one PPO agent per seed on ``train_data`` for ``config.total_steps`` env steps each, as one batched
-    computation; result i is that of ``seeds[i]`` (see the module docstring).
+    computation; result i is that of ``seeds[i]`` (see the module docstring). ``block_rows``: seed i trains on
+    rows [start, stop) of ``train_data`` only (folds on the batch axis: `stack_market_data`).
 
     ``on_eval(env_steps, policies)`` gets one greedy policy per seed and returns one score per seed. With
     ``checkpoint`` (one for the batch), the loop resumes from its saved state (if any) and saves its full state
     after any update at which the checkpoint is due; the result is the same as one uninterrupted run.
     """
-    setup = set_up_seeds(SPEC, hparams, train_data, config.env, precision, device, seeds)
+    setup = set_up_seeds(SPEC, hparams, train_data, config.env, precision, device, seeds, block_rows)
     hp, device, plan, env, generators = setup.hp, setup.device, setup.plan, setup.env, setup.generators
     n_seeds, n_envs, n_steps, obs_dim = len(setup.seeds), config.env.n_envs, hp.n_steps, env.obs_dim
     rollout_size = n_steps * n_envs  # per seed

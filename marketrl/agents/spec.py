@@ -99,9 +99,11 @@ class AgentSpec(ModelSpec):
       (CPU, float32, torch's global RNG).
     run_config(total_steps, env, eval_every, check_every): the trainer's run settings.
     train_seeds: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=,
-      on_log=) -> list[TrainResult]``, the agent's only training entry: the S seeds trained as one batched
-      computation (one seed is a batch of one); result i is seeds[i]'s; ``on_eval`` is a
-      `loop.schedule.SeedsEvalCallback` and ``checkpoint`` one `loop.resume.TrainingCheckpoint` for the whole batch.
+      on_log=, block_rows=) -> list[TrainResult]``, the agent's only training entry: the S seeds trained as one
+      batched computation (one seed is a batch of one); result i is seeds[i]'s; ``on_eval`` is a
+      `loop.schedule.SeedsEvalCallback` and ``checkpoint`` one `loop.resume.TrainingCheckpoint` for the whole batch;
+      ``block_rows`` (one [start, stop) per seed, or None) folds on the batch axis: seed i trains on those rows of
+      a stacked ``train_data`` (`marketrl.env.stack_market_data`).
     """
 
     kind: ClassVar[str] = "agent"
@@ -114,8 +116,8 @@ class AgentSpec(ModelSpec):
     batch_limits: tuple[int, int]
     memory: MemoryModel
     run_config: Callable[..., RunConfig]
-    #: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=, on_log=)`` -> one
-    #: TrainResult per seed, the seeds trained as one batch
+    #: ``train_seeds(train_data, run_config, hparams, precision, device, seeds, on_eval=, checkpoint=, on_log=,
+    #: block_rows=)`` -> one TrainResult per seed, the seeds trained as one batch
     train_seeds: Callable[..., list[TrainResult]]
     architecture_options: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_options
     neural: bool = True

@@ -2,7 +2,8 @@
 
 Modules (each importable with only torch and numpy, except `frames`):
   config       EnvConfig (`env.*`), parse_duration / format_duration, the action set, EnvConfigError / EnvDataError
-  market_data  MarketData: one split's returns, cost fractions, segments and observation table as device tensors
+  market_data  MarketData: one split's returns, cost fractions, segments and observation table as device tensors;
+               stack_market_data (several splits as one, folds on the batch axis)
   frames       polars: a feature table's columns for MarketData.from_frame, per-bar result frames
   tensor_env   TradingEnv (N envs in one batched tensor step) and step_rewards, the one reward definition
   rollout      deterministic evaluation: policy_positions / position_results / decision_results (tensors,
@@ -29,7 +30,7 @@ from marketrl.env.config import (
     format_duration,
     parse_duration,
 )
-from marketrl.env.market_data import MarketData
+from marketrl.env.market_data import MarketData, stack_market_data
 from marketrl.env.rollout import (
     Policy,
     PositionResults,
@@ -70,6 +71,7 @@ __all__ = [
     "position_results",
     "results_frame",
     "rule_positions",
+    "stack_market_data",
     "step_rewards",
     "tabulated_policies_positions",
 ]

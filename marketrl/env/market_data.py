@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
@@ -331,6 +332,74 @@ class MarketData:
         obs[:, :-1].view(n, window, n_features).copy_(gathered[:, :, :-1])
         obs[:, -1] = positions
         return obs
+
+
+def stack_market_data(parts: Sequence[MarketData]) -> tuple[MarketData, list[tuple[int, int]]]:
+    """Several splits' rows as one `MarketData` (folds on the batch axis, `TradingEnv`'s ``block_rows``), and the
+    rows [start, stop) each part holds in it.
+
+    Each part keeps its own rows, normalization and costs; a part's last row ends its chain, so no segment,
+    chain, window or episode reaches from one part into the next. The parts must share features, segmentation,
+    feature clip and device. One part comes back as it is.
+    """
+    if not parts:
+        raise EnvDataError("stack_market_data: expected at least one part")
+    first = parts[0]
+    for index, part in enumerate(parts[1:], start=1):
+        for name in ("feature_names", "max_gap", "feature_clip", "device"):
+            if getattr(part, name) != getattr(first, name):
+                raise EnvDataError(
+                    f"stack_market_data: part {index} has {name}={getattr(part, name)!r}, "
+                    f"part 0 {getattr(first, name)!r}"
+                )
+    starts = np.cumsum([0] + [part.n_rows for part in parts]).astype(np.int64)
+    ranges = [(int(start), int(stop)) for start, stop in itertools.pairwise(starts)]
+    if len(parts) == 1:
+        return first, ranges
+    n_segments = np.cumsum([0] + [part.segment_first.shape[0] for part in parts])
+
+    def cat(name: str) -> Any:
+        values = [getattr(part, name) for part in parts]
+        return torch.cat(values) if isinstance(values[0], torch.Tensor) else np.concatenate(values)
+
+    def shifted(name: str, offsets: Sequence[int]) -> Any:
+        values = [getattr(part, name) + int(offset) for part, offset in zip(parts, offsets, strict=True)]
+        return torch.cat(values) if isinstance(values[0], torch.Tensor) else np.concatenate(values)
+
+    labels = [part.rows for part in parts]
+    rows = None
+    if all(label is not None for label in labels):
+        import polars as pl  # only where the parts carry row labels (read from a frame)
+
+        rows = pl.concat(labels, how="vertical")
+    plain = {
+        name: cat(name)
+        for name in (
+            "obs_table", "ret_close_close", "ret_close_open", "ret_open_close", "cost_close", "cost_next_open",
+            "close", "is_decision", "is_roll", "roll_cost_close", "roll_cost_open", "half_spread_ticks_close",
+            "half_spread_ticks_open", "fallback_close", "fallback_open",
+        )
+    }  # fmt: skip
+    row_offsets = starts[:-1]
+    return (
+        MarketData(
+            **plain,
+            segment_start=shifted("segment_start", row_offsets),
+            segment_id=shifted("segment_id", n_segments[:-1]),
+            segment_first=shifted("segment_first", row_offsets),
+            segment_last=shifted("segment_last", row_offsets),
+            chain_start=shifted("chain_start", row_offsets),
+            chain_first=shifted("chain_first", row_offsets),
+            chain_last=shifted("chain_last", row_offsets),
+            quoted=any(part.quoted for part in parts),
+            rows=rows,
+            feature_names=list(first.feature_names),
+            max_gap=first.max_gap,
+            feature_clip=first.feature_clip,
+            device=first.device,
+        ),
+        ranges,
+    )
 
 
 def _check_arrays(

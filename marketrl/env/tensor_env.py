@@ -51,6 +51,8 @@ class TradingEnv:
     ``seed`` may be a sequence of S seeds (S independent trainings batched in one env): then N = S × ``n_envs``, in
     S consecutive blocks of ``config.n_envs`` envs, and block i draws its episode starts from its own generator
     seeded with ``seed[i]``, exactly the starts a single env seeded with ``seed[i]`` draws.
+    ``block_rows`` (one [start, stop) per block; folds on the batch axis, `stack_market_data`): block i starts its
+    episodes only in its rows, so it draws exactly what a single env over that part alone draws (rows offset).
     Episodes last exactly `episode_length` decisions, then auto-reset: the obs returned for a finished env is the
     first obs of its next episode, and `final_obs` holds the obs each env would have seen next in its old episode
     (use it to bootstrap on `truncated`). `terminated` is always False: episodes end only by the time limit.
@@ -62,6 +64,7 @@ class TradingEnv:
         config: EnvConfig,
         seed: int | Sequence[int] = 0,
         device: torch.device | str | None = None,
+        block_rows: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         check_segmentation(data, config)
         if device is not None and torch.device(device) != data.device:
@@ -84,6 +87,19 @@ class TradingEnv:
                 f"(longest: {int((data.chain_last - data.chain_first).max()) + 1} bars)"
             )
         self.start_rows = torch.as_tensor(starts, device=self.device)
+        self.block_rows = self._check_block_rows(block_rows, data.n_rows)
+        # each block's own start rows (None: every block starts anywhere, one gather for all)
+        self._block_starts: list[torch.Tensor] | None = None
+        if block_rows is not None:
+            self._block_starts = []
+            for index, (first, stop) in enumerate(self.block_rows):
+                mine = starts[(starts >= first) & (starts < stop)]
+                if mine.size == 0:
+                    raise EnvDataError(
+                        f"env.episode_length: block {index} (rows {first}..{stop - 1}) has no segment with "
+                        f"more than {config.episode_length} bars"
+                    )
+                self._block_starts.append(torch.as_tensor(mine, device=self.device))
         self._valid_start = np.zeros(data.n_rows, dtype=bool)
         self._valid_start[starts] = True
         self._params = data.step_parameters(config.fill) * config.contracts
@@ -97,6 +113,18 @@ class TradingEnv:
         self._final_state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.last_cost: torch.Tensor | None = None
         self.last_params: torch.Tensor | None = None  # [5, N] step parameters of the last step's rows
+
+    def _check_block_rows(
+        self, block_rows: Sequence[tuple[int, int]] | None, n_rows: int
+    ) -> list[tuple[int, int]]:
+        if block_rows is None:
+            return [(0, n_rows)] * self.n_blocks
+        rows = [(int(first), int(stop)) for first, stop in block_rows]
+        if len(rows) != self.n_blocks or any(not 0 <= a < b <= n_rows for a, b in rows):
+            raise EnvConfigError(
+                f"block_rows: expected {self.n_blocks} row ranges [start, stop) within 0..{n_rows}, got {rows}"
+            )
+        return rows
 
     def seed(self, seed: int | Sequence[int]) -> None:
         """Re-seed the device generator(s) that draw episode starts, one seed per block (drops starts drawn in
@@ -137,18 +165,20 @@ class TradingEnv:
         # not per step. Each block draws what a single env of config.n_envs envs with its seed would.
         if self._pool_cursor == self._start_pool.shape[0]:
             block = self.config.n_envs
+            pools = self._block_starts or [self.start_rows] * self.n_blocks
             picks = [
                 torch.randint(
-                    0,
-                    self.start_rows.shape[0],
-                    (_START_POOL_STEPS * block,),
-                    generator=generator,
-                    device=self.device,
+                    0, pool.shape[0], (_START_POOL_STEPS * block,), generator=generator, device=self.device
                 ).view(_START_POOL_STEPS, block)
-                for generator in self._generators
+                for pool, generator in zip(pools, self._generators, strict=True)
             ]
-            pick = picks[0] if len(picks) == 1 else torch.cat(picks, dim=1)
-            self._start_pool = self.start_rows.index_select(0, pick.reshape(-1)).view(pick.shape)
+            if self._block_starts is None:
+                pick = picks[0] if len(picks) == 1 else torch.cat(picks, dim=1)
+                self._start_pool = self.start_rows.index_select(0, pick.reshape(-1)).view(pick.shape)
+            else:  # each block's picks index its own start rows
+                self._start_pool = torch.cat(
+                    [pool[pick] for pool, pick in zip(pools, picks, strict=True)], dim=1
+                )
             self._pool_cursor = 0
         self._pool_cursor += 1
         return self._start_pool[self._pool_cursor - 1]

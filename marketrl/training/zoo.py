@@ -43,7 +43,7 @@ from torch import nn
 
 from gpu_utils import HardwareBudget, PrecisionPlan
 from marketrl.agents.common import GreedyPolicies, GreedyPolicy, TrainResult, env_settings
-from marketrl.agents.memory import batch_size_bounds
+from marketrl.agents.memory import batch_size_bounds, folds_per_batch
 from marketrl.agents.results import AGENT_HOW_TO_USE, AgentPolicy
 from marketrl.agents.spec import HIDDEN_DIM_BASES, AgentSpec
 from marketrl.env import (
@@ -69,6 +69,7 @@ __all__ = [
     "ZOO",
     "AgentEntry",
     "Exportable",
+    "FoldBlocks",
     "ForecasterEntry",
     "Kind",
     "LoadedModel",
@@ -103,6 +104,17 @@ def positions_sharpe(data: MarketData, positions: torch.Tensor, env_config: EnvC
 # ------------------------------------------------------------------------------------------------ the protocol
 
 
+@dataclass(frozen=True)
+class FoldBlocks:
+    """Folds on the batch axis (training.batch_folds): the request's ``train_data`` stacks several folds'
+    training rows (`marketrl.env.stack_market_data`, each fold normalized on its own rows), and seed i trains on
+    rows ``train_rows[i]`` [start, stop) of it and is scored and gated on ``validation[i]``, its own fold's
+    validation split. Agents only (`ZooEntry.batches_folds`)."""
+
+    train_rows: tuple[tuple[int, int], ...]
+    validation: tuple[MarketData | None, ...]
+
+
 @dataclass
 class TrainRequest:
     """Everything one training run needs, whichever the model.
@@ -133,17 +145,42 @@ class TrainRequest:
     #: the validation gate's threshold (`marketrl.scoring.gate`, training.gate_min_t): each run's final positions
     #: on the validation split decide whether it may trade; None: no gate (hyperopt trials)
     gate_min_t: float | None = None
+    #: folds on the batch axis: each seed's rows of ``train_data`` and its own validation split (None: every seed
+    #: trains on all of ``train_data`` and is validated on ``validation_data``)
+    blocks: FoldBlocks | None = None
+
+    @property
+    def validating(self) -> bool:
+        """Whether the runs have validation splits to be scored on."""
+        if self.blocks is not None:
+            return all(data is not None for data in self.blocks.validation)
+        return self.validation_data is not None
+
+    def validation_of(self, index: int) -> MarketData:
+        """Run ``index``'s validation split."""
+        data = self.validation_data if self.blocks is None else self.blocks.validation[index]
+        if data is None:
+            raise ValueError("validation_data: this run has no validation split to score")
+        return data
+
+    def validation_groups(self, n_runs: int) -> list[tuple[MarketData, list[int]]]:
+        """The runs grouped by the validation split they share (one group unless folds share the batch), in
+        order: (split, run indices)."""
+        groups: dict[int, tuple[MarketData, list[int]]] = {}
+        for index in range(n_runs):
+            data = self.validation_of(index)
+            groups.setdefault(id(data), (data, []))[1].append(index)
+        return list(groups.values())
 
     @functools.cached_property
     def env_config(self) -> EnvConfig:
         """The env settings of the run (evaluation and scoring use the same), parsed once per request."""
         return env_config_from_config(self.config)
 
-    def score(self, positions: Callable[[MarketData], torch.Tensor]) -> float:
-        """Validation Sharpe of a model's positions on the validation split."""
-        if self.validation_data is None:
-            raise ValueError("validation_data: this run has no validation split to score")
-        return positions_sharpe(self.validation_data, positions(self.validation_data), self.env_config)
+    def score(self, positions: Callable[[MarketData], torch.Tensor], index: int = 0) -> float:
+        """Validation Sharpe of a model's positions on run ``index``'s validation split."""
+        data = self.validation_of(index)
+        return positions_sharpe(data, positions(data), self.env_config)
 
     def report(self, step: int, scores: list[float]) -> list[float]:
         """Hand one validation round (a score per seed) to ``on_score``; return the scores."""
@@ -283,6 +320,9 @@ class ZooEntry:
     trial_budget_key: ClassVar[str]
     #: the ``training`` keys of the run settings a resume file's fingerprint holds (besides check_every)
     run_keys: ClassVar[tuple[str, ...]]
+    #: whether one request may put several folds on the batch axis (`FoldBlocks`); otherwise a fold-batched job
+    #: trains its folds one request after another
+    batches_folds: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -310,17 +350,27 @@ class ZooEntry:
         """Train one run per seed on the training split, the seeds as one ``train_seeds`` batch (one run in all
         for a deterministic model); each validation's Sharpe, one per seed, goes to ``on_score`` (when there is a
         validation split)."""
-        validating = request.validation_data is not None
+        if request.blocks is not None and not self.batches_folds:
+            raise ValueError(
+                f"{self.name}: a {self.kind} trains one fold per request (no folds on the batch axis)"
+            )
+        validating = request.validating
 
         def on_batch(step: int, runs: list[Any]) -> list[float]:
             return request.report(step, self._scores(request, runs))
 
         results = self._train_seeds(request, on_batch if validating else None)
         trained = [self._trained(result, request) for result in results]
-        if request.gate_min_t is None or request.validation_data is None:
+        if request.gate_min_t is None or not validating:
             return trained
-        positions = torch.stack(self._validation_positions(request, results))
-        gates = flat_gates(request.validation_data, positions, request.env_config, request.gate_min_t)
+        positions = self._validation_positions(request, results)
+        gates: list[GateDecision | None] = [None] * len(results)
+        for data, indices in request.validation_groups(len(results)):
+            group = torch.stack([positions[index] for index in indices])
+            for index, gate in zip(
+                indices, flat_gates(data, group, request.env_config, request.gate_min_t), strict=True
+            ):
+                gates[index] = gate
         return [dataclasses.replace(run, gate=gate) for run, gate in zip(trained, gates, strict=True)]
 
     def search_space(
@@ -328,6 +378,20 @@ class ZooEntry:
     ) -> SearchSpace:
         """The model's search space on this device and window."""
         raise NotImplementedError
+
+    def folds_per_batch(
+        self,
+        budget: HardwareBudget,
+        window: WindowData,
+        config: Mapping[str, Any],
+        hparams: Mapping[str, Any],
+        precision: PrecisionPlan,
+        n_seeds: int,
+        n_folds: int,
+    ) -> int:
+        """How many of ``n_folds`` folds (of ``n_seeds`` seeds each) one request may put on the batch axis on
+        this device (training.batch_folds): 1 unless the kind batches folds."""
+        return 1
 
     def load(self, path: str, device: torch.device) -> LoadedModel:
         """A checkpoint read back for evaluation, by the spec's ``load_path``; positions by the result's
@@ -352,7 +416,10 @@ class ZooEntry:
     def _scores(self, request: TrainRequest, runs: list[Any]) -> list[float]:
         """Validation Sharpe of each run as a periodic validation hands them (an agent's greedy policies, a
         forecaster's models)."""
-        return [request.score(lambda data, row=row: row) for row in self._validation_positions(request, runs)]
+        return [
+            request.score(lambda data, row=row: row, index)
+            for index, row in enumerate(self._validation_positions(request, runs))
+        ]
 
     def _validation_positions(self, request: TrainRequest, runs: list[Any]) -> list[torch.Tensor]:
         """Each run's positions on the validation split (runs as `_scores` gets them, or `_train_seeds`'s
@@ -422,6 +489,7 @@ class AgentEntry(ZooEntry):
     budget_key: ClassVar[str] = "total_steps"
     trial_budget_key: ClassVar[str] = "trial_steps"
     run_keys: ClassVar[tuple[str, ...]] = ("total_steps",)
+    batches_folds: ClassVar[bool] = True
 
     def search_space(
         self, budget: HardwareBudget, window: WindowData, config: Mapping[str, Any]
@@ -431,16 +499,43 @@ class AgentEntry(ZooEntry):
         bounds = batch_size_bounds(budget, self.spec, obs_dim, max(HIDDEN_DIM_BASES))
         return lambda trial: self.spec.search_space(trial, bounds)
 
+    def folds_per_batch(
+        self,
+        budget: HardwareBudget,
+        window: WindowData,
+        config: Mapping[str, Any],
+        hparams: Mapping[str, Any],
+        precision: PrecisionPlan,
+        n_seeds: int,
+        n_folds: int,
+    ) -> int:
+        """As many folds as the device's memory holds with every seed's networks, buffers and a minibatch
+        (`marketrl.agents.memory.folds_per_batch`)."""
+        obs_dim = window.splits["train"].n_features * config["env"]["window"] + 1
+        return folds_per_batch(
+            budget,
+            self.spec,
+            obs_dim,
+            hparams,
+            config["training"]["n_envs"],
+            precision,
+            n_seeds,
+            n_folds,
+        )
+
     def _validation_positions(
         self, request: TrainRequest, runs: list[GreedyPolicy] | list[TrainResult]
     ) -> list[torch.Tensor]:
-        # the seeds' greedy policies step the validation split in lockstep as one stacked forward
+        # the seeds of one validation split (one fold) step it in lockstep as one stacked forward
         policies = [run.policy if isinstance(run, TrainResult) else run for run in runs]
-        return list(
-            policies_positions(
-                GreedyPolicies(policies), len(policies), request.validation_data, request.env_config
-            )
-        )
+        positions: list[torch.Tensor] = [torch.empty(0)] * len(policies)
+        for data, indices in request.validation_groups(len(policies)):
+            group = GreedyPolicies([policies[index] for index in indices])
+            for index, row in zip(
+                indices, policies_positions(group, len(indices), data, request.env_config), strict=True
+            ):
+                positions[index] = row
+        return positions
 
     def _train_seeds(self, request: TrainRequest, on_batch: Callable | None) -> list[TrainResult]:
         eval_every = max(1, request.budget // EVALS_PER_RUN) if on_batch is not None else 0
@@ -460,6 +555,7 @@ class AgentEntry(ZooEntry):
             on_eval=on_batch,
             checkpoint=request.checkpoint,
             on_log=_per_seed_records(request.seeds, request.on_log),
+            block_rows=None if request.blocks is None else request.blocks.train_rows,
         )
 
     def _recorded_hparams(self, result: TrainResult, request: TrainRequest) -> dict[str, Any]:

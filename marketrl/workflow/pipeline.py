@@ -338,10 +338,13 @@ def feature_batch_files(
 
 
 def rule_stage(rule: str) -> str:
-    """The stage a rule runs: a batch's features rule (``feature_rule_name``) is ``features``, a ``*_once`` rule
-    (one run of a deterministic model) its model x fold stage, any other rule its own name."""
+    """The stage a rule runs: a batch's features rule (``feature_rule_name``) is ``features``, ``train_folds``
+    (every fold of a model in one job) ``train``, a ``*_once`` rule (one run of a deterministic model) its
+    model x fold stage, any other rule its own name."""
     if rule.startswith("features_"):
         return "features"
+    if rule == "train_folds":  # every fold of a model in one job (training.batch_folds)
+        return "train"
     return rule.removesuffix("_once")
 
 
@@ -384,6 +387,16 @@ def gpu_units(config: dict[str, Any]) -> int:
     if device.startswith("cuda"):
         return 1
     return 1 if Path("/proc/driver/nvidia/gpus").exists() else 0
+
+
+def batch_folds(config: dict[str, Any]) -> bool:
+    """Whether one train job per model trains every fold (training.batch_folds; auto: where training runs on a
+    GPU, by `gpu_units`' reading of training.device, since a CPU trains fold jobs side by side on its cores)."""
+    value = config["training"].get("batch_folds", "auto")
+    if value == "auto":
+        policy = {**config["training"], "gpu_jobs": "auto"}
+        return gpu_units({**config, "training": policy}) == 1
+    return bool(value)
 
 
 def _runs(config: dict[str, Any]) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -274,6 +274,25 @@ def train_mem_mb(
     size = window_rows(manifest_path, folds_path, "train", fold) or _default_rows(config, "train")
     window = flattened_window(model, hparams_path)
     return _request(config, model, size, window, config["training"]["seeds"])
+
+
+def train_folds_mem_mb(
+    config: Mapping[str, Any],
+    model: str,
+    folds: Sequence[int],
+    manifest_path: str | Path,
+    folds_path: str | Path,
+    hparams_path: str | Path | None = None,
+) -> int:
+    """`resources: mem_mb` of the fold-batched train job of `model` (training.batch_folds): it holds every
+    fold's training window and trains folds x seeds at once."""
+    sizes = [window_rows(manifest_path, folds_path, "train", fold) for fold in folds]
+    if any(size is None for size in sizes):
+        sizes = [_default_rows(config, "train")] * len(folds)
+    rows = sum(size[0] for size in sizes if size is not None)
+    features = max(size[1] for size in sizes if size is not None)
+    window = flattened_window(model, hparams_path)
+    return _request(config, model, (rows, features), window, config["training"]["seeds"] * len(folds))
 
 
 def tuning_mem_mb(

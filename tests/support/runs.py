@@ -28,7 +28,22 @@ TINY_FOLDS = FoldConfig(
 )
 
 
-def synthetic_job_inputs(root: Path, n_instruments: int) -> tuple[pl.DataFrame, Path, Path, dict[str, Any]]:
+#: two expanding folds over the same 8 days (days 0-3 then 0-5 train, 2 test days each): folds on the batch axis
+TWO_FOLDS = FoldConfig(
+    n=2,
+    scheme="expanding",
+    train_days=4,
+    test_days=2,
+    validation_days=1,
+    embargo_bars=1,
+    tuning_days=4,
+    tuning_validation_days=1,
+)
+
+
+def synthetic_job_inputs(
+    root: Path, n_instruments: int, folds_config: FoldConfig = TINY_FOLDS
+) -> tuple[pl.DataFrame, Path, Path, dict[str, Any]]:
     """8 days x 24 bars of random features under ``root``: (frame, manifest path, folds path, config)."""
     names = list(FEATURE_NAMES)
     frame = random_frame(
@@ -42,7 +57,7 @@ def synthetic_job_inputs(root: Path, n_instruments: int) -> tuple[pl.DataFrame, 
     manifest = root / "manifest.json"
     write_feature_manifest([table], manifest)
     folds = root / "folds.json"
-    make_fold_plan(frame["trading_day"].unique().to_list(), TINY_FOLDS).save(folds)
+    make_fold_plan(frame["trading_day"].unique().to_list(), folds_config).save(folds)
     config = load_config(REPO_ROOT / "tests" / "configs" / "tiny.yaml")
     config["costs"].update(instruments={}, **CATCH_ALL_SPEC)
     return frame, manifest, folds, config
