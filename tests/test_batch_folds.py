@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from gpu_utils import HardwareBudget, detect_precision
 from marketrl.agents.memory import folds_per_batch
@@ -17,6 +18,7 @@ from marketrl.splits.datasets import fold_window, load_features
 from marketrl.splits.folds import FoldPlan
 from marketrl.training.train import fold_batches, train_folds_job, train_job
 from marketrl.training.zoo import FoldBlocks, TrainRequest, get_entry
+from tests.faults.pipeline import copy_of_shared_run, run_snakemake
 from tests.support.runs import TWO_FOLDS, synthetic_job_inputs
 
 HPARAMS = {
@@ -244,3 +246,32 @@ def test_a_forecaster_refuses_folds_on_the_batch_axis(inputs: dict) -> None:
     )
     with pytest.raises(ValueError, match="one fold per request"):
         get_entry("mlp").train(request)
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_with_batch_folds_scores_every_run_as_before(shared_run: Path, tmp_path: Path) -> None:
+    """The tiny run again with training.batch_folds on (both agents' folds in one job each, the same tuned
+    hyperparameters): every (model, fold, seed)'s test metrics equal the per-fold jobs' to 1e-6 (on the CPU
+    they are the same numbers)."""
+    run = copy_of_shared_run(tmp_path / "run")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["training"]["batch_folds"] = True
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    result = run_snakemake(run, "--cores", "2", "results/eval_report.html")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    log = result.stdout + result.stderr
+    assert "rule train_folds:" in log and "rule train:" not in log and "rule hyperopt_worker:" not in log
+    compared = 0
+    for before in sorted((shared_run / "results" / "eval").glob("*/fold_*/seed_*/metrics.json")):
+        if before.parts[-4] == "baselines":
+            continue
+        after = run / before.relative_to(shared_run)
+        old, new = json.loads(before.read_text())["metrics"], json.loads(after.read_text())["metrics"]
+        numbers = [key for key, value in old.items() if isinstance(value, float)]
+        assert numbers and old.keys() == new.keys()
+        np.testing.assert_allclose([new[key] for key in numbers], [old[key] for key in numbers], rtol=1e-6)
+        train_log = Path(str(after.parent).replace("/results/eval/", "/results/models/")) / "train_log.json"
+        log_after = json.loads(train_log.read_text())
+        assert log_after["batch"]["folds"] == [0, 1]
+        compared += 1
+    assert compared == len(config["training"]["models"]) * config["folds"]["n"] * config["training"]["seeds"]

@@ -113,6 +113,19 @@ def test_training_steps_rerun_train_evaluate_report(
     }
 
 
+def test_batch_folds_switch_reruns_training_as_one_job_per_model(
+    finished_run: Path, run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """training.batch_folds on: one train_folds job per model replaces its per-fold train jobs (their rule, inputs
+    and params change), then evaluation and the report; nothing before training."""
+    changes = {"training": {"batch_folds": True}}
+    assert planned_jobs(finished_run, changes, config_dir=tmp_path) == {
+        "train": len(run_config["training"]["models"]),  # train_folds, one per model
+        "evaluate": n_evaluations(run_config),
+        "report": 1,
+    }
+
+
 def test_costs_rerun_everything_after_the_folds(
     finished_run: Path, run_config: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -229,7 +229,7 @@ DAG_KEYS: dict[str, str] = {
     "training.models": "model jobs",
     "training.seeds": "seed jobs",
     "training.gpu_jobs": "gpu resource only",
-    "training.batch_folds": "train jobs (one per model for every fold, or one per model x fold); same outputs",
+    "training.batch_folds": "train jobs (one per model, or per model x fold): a switch reruns train, evaluate",
     "training.device": "gpu resource",
     "features.user": "user_features_audit job",
     "features.batch": "features jobs (per month or per file); a change reruns them (new job inputs) and what follows",
