@@ -51,7 +51,7 @@ CALL_LABEL = "captured_call"
 
 
 class Counts(dict):
-    """Leaf ops of one run: ``all``, ``inside`` the `CapturedCall` calls, and the ``calls``."""
+    """Leaf ops of one run: ``all``, ``inside`` the `CapturedCall` calls, the ``calls`` and the dtype ``casts``."""
 
 
 def leaf_ops(run: Any) -> Counts:
@@ -72,8 +72,9 @@ def leaf_ops(run: Any) -> Counts:
             run()
     finally:
         capture.CapturedCall.__call__ = original  # type: ignore[method-assign]
-    total = inside = 0
+    total = inside = casts = 0
     for event in prof.events():
+        casts += event.name == "aten::_to_copy"  # a dtype cast (autocast's, or the loop's own .float())
         if not event.name.startswith("aten::"):
             continue
         if any(child.name.startswith("aten::") for child in event.cpu_children):
@@ -83,26 +84,28 @@ def leaf_ops(run: Any) -> Counts:
         while parent is not None and parent.name != CALL_LABEL:
             parent = parent.cpu_parent
         inside += parent is not None
-    return Counts(all=total, inside=inside, calls=calls)
+    return Counts(all=total, inside=inside, calls=calls, casts=casts)
 
 
 def diff(a: Counts, b: Counts, per: float) -> dict[str, float]:
     """(a − b) / per of every count, and what the host issues when the calls are captured."""
-    all_ops, inside, calls = ((a[key] - b[key]) / per for key in ("all", "inside", "calls"))
-    return {"ops": all_ops, "inside": inside, "host_captured": all_ops - inside + calls}
+    all_ops, inside, calls, casts = ((a[key] - b[key]) / per for key in ("all", "inside", "calls", "casts"))
+    return {"ops": all_ops, "inside": inside, "host_captured": all_ops - inside + calls, "casts": casts}
 
 
 def env_config() -> EnvConfig:
     return EnvConfig(n_envs=N_ENVS, episode_length=64, max_gap=None)
 
 
-def ppo_ops(data: Any, seeds: list[int], batch_size: int, n_epochs: int) -> Counts:
+def ppo_ops(data: Any, seeds: list[int], batch_size: int, n_epochs: int, precision: str = "fp32") -> Counts:
     hparams = {**COMMON, "n_steps": PPO_STEPS, "batch_size": batch_size, "n_epochs": n_epochs}
     config = ppo.PPOConfig(total_steps=PPO_STEPS * N_ENVS, env=env_config())
-    return leaf_ops(lambda: ppo.train_seeds(data, config, hparams, "fp32", "cpu", seeds))
+    return leaf_ops(lambda: ppo.train_seeds(data, config, hparams, precision, "cpu", seeds))
 
 
-def dqn_ops(data: Any, seeds: list[int], learning_starts: int, gradient_steps: int) -> Counts:
+def dqn_ops(
+    data: Any, seeds: list[int], learning_starts: int, gradient_steps: int, precision: str = "fp32"
+) -> Counts:
     hparams = {
         **COMMON,
         "batch_size": 256,
@@ -111,7 +114,7 @@ def dqn_ops(data: Any, seeds: list[int], learning_starts: int, gradient_steps: i
         "target_update": 10_000,  # no target copy inside the counted steps
     }
     config = dqn.DQNConfig(total_steps=DQN_VECTOR_STEPS * N_ENVS, env=env_config(), check_every=10_000)
-    return leaf_ops(lambda: dqn.train_seeds(data, config, hparams, "fp32", "cpu", seeds))
+    return leaf_ops(lambda: dqn.train_seeds(data, config, hparams, precision, "cpu", seeds))
 
 
 def main() -> None:
@@ -119,6 +122,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 4], help="S values (seeds in one batch)")
     parser.add_argument(
         "--minibatches", type=int, nargs="+", default=[1, 2, 4, 8], help="PPO minibatches/epoch"
+    )
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="the trainers' precision (bf16: CPU autocast, whose casts a GPU would launch too)",
     )
     parser.add_argument("--json", help="write every count here")
     parser.add_argument("--quick", action="store_true", help="S in {1, 2}, 1 and 2 minibatches: a check")
@@ -128,28 +137,34 @@ def main() -> None:
     torch.set_num_threads(1)
     data = market_data(4_000, 8)
     rows: list[dict[str, Any]] = []
-    print("| agent | S | part | leaf ops | in the captured call | host, captured | per |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"precision {args.precision}")
+    print("| agent | S | part | leaf ops | in the captured call | host, captured | dtype casts | per |")
+    print("|---|---|---|---|---|---|---|---|")
 
     def show(agent: str, n_seeds: int, part: str, counts: dict[str, float], per: str) -> None:
-        rows.append({"agent": agent, "S": n_seeds, "part": part, **counts})
+        rows.append({"agent": agent, "S": n_seeds, "part": part, "precision": args.precision, **counts})
         print(
             f"| {agent} | {n_seeds} | {part} | {counts['ops']:.1f} | {counts['inside']:.1f} | "
-            f"{counts['host_captured']:.1f} | {per} |",
+            f"{counts['host_captured']:.1f} | {counts['casts']:.1f} | {per} |",
             flush=True,
         )
 
     for n_seeds in args.seeds:
         seeds = list(range(n_seeds))
         never = DQN_VECTOR_STEPS * N_ENVS + 1
-        acting = diff(dqn_ops(data, seeds, never, 1), Counts(all=0, inside=0, calls=0), DQN_VECTOR_STEPS)
+        nothing = Counts(all=0, inside=0, calls=0, casts=0)
+        acting = diff(dqn_ops(data, seeds, never, 1, args.precision), nothing, DQN_VECTOR_STEPS)
         learning_steps = DQN_VECTOR_STEPS - 8  # learning starts after 8 vector steps
-        one, two = (dqn_ops(data, seeds, 8 * N_ENVS, g) for g in (1, 2))
+        one, two = (dqn_ops(data, seeds, 8 * N_ENVS, g, args.precision) for g in (1, 2))
         show("dqn", n_seeds, "vector step (act, env, replay insert)", acting, "vector step")
         show("dqn", n_seeds, "gradient step", diff(two, one, learning_steps), "gradient step")
         for minibatches in args.minibatches:
             batch_size = PPO_STEPS * N_ENVS // minibatches
-            epoch = diff(ppo_ops(data, seeds, batch_size, 2), ppo_ops(data, seeds, batch_size, 1), 1)
+            epoch = diff(
+                ppo_ops(data, seeds, batch_size, 2, args.precision),
+                ppo_ops(data, seeds, batch_size, 1, args.precision),
+                1,
+            )
             show("ppo", n_seeds, f"epoch of {minibatches} minibatches", epoch, "epoch")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -59,9 +59,7 @@ class GreedyPolicies:
         """Greedy actions [S, B]."""
         if self.stack is None:
             return torch.stack([policy(rows) for policy, rows in zip(self.policies, obs, strict=True)])
-        with self.plan.autocast():
-            scores = self.stack(obs)
-        return scores.float().argmax(dim=-1)
+        return self.stack(obs).float().argmax(dim=-1)  # fp32, as `GreedyPolicy`
 
 
 def _seed_stack(nets: Sequence[nn.Module]) -> SeedStack | None:

@@ -486,6 +486,8 @@ def train_seeds(
             cost = seed_scales[index] * config.env.contracts * typical_trade_cost(env.data, config.env, rows)
             nets["q"].trade_cost.copy_(cost)
     reward_scale = seed_scales.repeat_interleave(n_envs)  # [S·n_envs], seed-major like the envs
+    if hp.all_actions:  # the rewards of every action: [S·n_envs, 3]
+        reward_scale = reward_scale[:, None]
     q_net = StackedQNetwork([nets["q"] for nets in setup.networks])
     target_net = copy.deepcopy(q_net).requires_grad_(False)
     capture = config.capture and capturable_plan(plan, device)
@@ -575,7 +577,9 @@ def train_seeds(
         state.epsilon = hp.exploration_initial_eps + progress * (
             hp.exploration_final_eps - hp.exploration_initial_eps
         )
-        with torch.no_grad(), plan.autocast():
+        with (
+            torch.no_grad()
+        ):  # acting in fp32, as `GreedyPolicy`: no casts on this uncaptured, host-issued path
             greedy = q_net(state.obs.view(n_seeds, n_envs, obs_dim)).argmax(dim=2).view(-1)
         row = vector_step % _RANDOM_POOL_STEPS
         explore = state.explore_draws[row] < state.epsilon
@@ -589,7 +593,7 @@ def train_seeds(
         transition = n_step.push(
             state.obs,
             actions,
-            learned * (reward_scale[:, None] if hp.all_actions else reward_scale),
+            learned * reward_scale,
             env.final_obs,
             terminated,
             done,

@@ -43,7 +43,12 @@ def env_settings(config: EnvConfig) -> dict[str, Any]:
 
 
 class GreedyPolicy:
-    """Deterministic act function: ``obs [B, obs_dim] -> argmax actions [B]`` (LongTensor, obs's device)."""
+    """Deterministic act function: ``obs [B, obs_dim] -> argmax actions [B]`` (LongTensor, obs's device).
+
+    It acts in fp32 whatever the training precision (``plan``, kept for the record): an argmax over one small
+    forward, from the fp32 master weights, with no casts to launch (bf16 autocast added a cast per weight, bias and
+    input of every forward: bench/speed/launches.py --precision bf16), and the same action on any device.
+    """
 
     def __init__(self, net: nn.Module, plan: PrecisionPlan) -> None:
         self.net = net
@@ -52,9 +57,7 @@ class GreedyPolicy:
     @torch.no_grad()
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         """Greedy actions (argmax of Q-values or logits)."""
-        with self.plan.autocast():
-            scores = self.net(obs)
-        return scores.float().argmax(dim=1)
+        return self.net(obs).float().argmax(dim=1)
 
 
 class AgentPolicy(nn.Module):

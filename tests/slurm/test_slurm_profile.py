@@ -21,7 +21,7 @@ from tests.slurm import slurm_checks
 PROFILE = REPO_ROOT / "profiles" / "slurm" / "config.yaml"
 TINY = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
 # rules whose mem_mb is their window's memory model (rules/common.smk, marketrl.workflow.resources)
-MODELLED_MEMORY = {"hyperopt_worker", "train", "train_once"}
+MODELLED_MEMORY = {"hyperopt_worker", "train", "train_once", "train_folds"}
 
 
 def workflow_rules() -> set[str]:
