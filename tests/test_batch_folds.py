@@ -19,16 +19,10 @@ from marketrl.splits.folds import FoldPlan
 from marketrl.training.train import fold_batches, train_folds_job, train_job
 from marketrl.training.zoo import FoldBlocks, TrainRequest, get_entry
 from tests.faults.pipeline import copy_of_shared_run, run_snakemake
-from tests.support.runs import TWO_FOLDS, synthetic_job_inputs
+from tests.support.runs import TINY_DQN_HPARAMS, TWO_FOLDS, synthetic_job_inputs
 
 HPARAMS = {
-    "dqn": {
-        "learning_rate": 1e-3,
-        "batch_size": 16,
-        "learning_starts": 32,
-        "target_update": 20,
-        "hidden_dim_base": 8,
-    },
+    "dqn": TINY_DQN_HPARAMS,
     "ppo": {"n_steps": 8, "batch_size": 32, "n_epochs": 2, "hidden_dim_base": 8},
     "mlp": {"window": 3, "hidden_dim_base": 8, "batch_size": 32},
 }

@@ -27,19 +27,13 @@ from marketrl.training.train import train_job
 from marketrl.training.zoo import ZOO
 from marketrl.workflow import pipeline
 from tests.faults.pipeline import copy_of_shared_run
-from tests.support.runs import synthetic_job_inputs
+from tests.support.runs import TINY_DQN_HPARAMS, synthetic_job_inputs
 from tests.test_workflow import job_counts, snakemake
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEQUENCE = {"window": 3, "hidden_dim_base": 8, "batch_size": 32, "learning_rate": 1e-2}
 HPARAMS = {
-    "dqn": {
-        "learning_rate": 1e-3,
-        "batch_size": 16,
-        "learning_starts": 32,
-        "target_update": 20,
-        "hidden_dim_base": 8,
-    },
+    "dqn": TINY_DQN_HPARAMS,
     "ppo": {"n_steps": 16, "batch_size": 32, "n_epochs": 1, "hidden_dim_base": 8},
     "linear": {"window": 3, "alpha": 0.1},
     "lightgbm": {"window": 2, "n_estimators": 20, "min_data_in_leaf": 5, "num_leaves": 4},

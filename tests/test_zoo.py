@@ -28,16 +28,10 @@ from marketrl.splits.normalize import FeatureNormalizer
 from marketrl.training.hyperopt import run_trial
 from marketrl.training.train import train_job
 from marketrl.training.zoo import ZOO, get_entry
-from tests.support.runs import synthetic_job_inputs
+from tests.support.runs import TINY_DQN_HPARAMS, synthetic_job_inputs
 
 HPARAMS = {
-    "dqn": {
-        "learning_rate": 1e-3,
-        "batch_size": 16,
-        "learning_starts": 32,
-        "target_update": 20,
-        "hidden_dim_base": 8,
-    },
+    "dqn": TINY_DQN_HPARAMS,
     "linear": {"window": 3, "alpha": 0.1},
     "mlp": {"window": 3, "hidden_dim_base": 8, "batch_size": 32},
     "lightgbm": {"window": 2, "n_estimators": 30, "min_data_in_leaf": 5, "num_leaves": 4},

@@ -28,6 +28,15 @@ TINY_FOLDS = FoldConfig(
 )
 
 
+#: a DQN small enough to train in a fraction of a second on the tiny inputs (it learns after 32 env steps)
+TINY_DQN_HPARAMS = {
+    "learning_rate": 1e-3,
+    "batch_size": 16,
+    "learning_starts": 32,
+    "target_update": 20,
+    "hidden_dim_base": 8,
+}
+
 #: two expanding folds over the same 8 days (days 0-3 then 0-5 train, 2 test days each): folds on the batch axis
 TWO_FOLDS = FoldConfig(
     n=2,
