@@ -37,6 +37,7 @@ SB3 = [] if HAS_SB3 else ["--skip-sb3"]
 QUICK_TESTS = {
     "speed/agents.py": "test_agents_quick_runs_every_configuration",
     "speed/batch_folds.py": "test_batch_folds_quick_checks_every_copy_against_its_fold",
+    "speed/compile.py": "test_compile_quick_checks_compiled_against_eager",
     "speed/dag.py": "test_dag_quick_plans_the_jobs",
     "speed/dropout.py": "test_dropout_quick_times_both_dropouts",
     "speed/env.py": "test_env_quick_checks_the_same_transitions",
@@ -82,6 +83,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "speed/launches.py": (),
     "speed/gae.py": (),
     "speed/batch_folds.py": (),
+    "speed/compile.py": (),
     "speed/dropout.py": (),
     "speed/evaluate_job.py": (),
     "speed/env.py": (),
@@ -234,6 +236,18 @@ def test_batch_folds_quick_checks_every_copy_against_its_fold(quick: QuickRuns) 
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| ppo", "| dqn"))]
     assert [(row[0].strip(), int(row[1])) for row in rows] == [("ppo", 1), ("ppo", 2), ("dqn", 1), ("dqn", 2)]
     assert all(row[-1].strip() == "yes" and float(row[6]) > 0 for row in rows)
+
+
+@pytest.mark.bench
+def test_compile_quick_checks_compiled_against_eager(quick: QuickRuns) -> None:
+    """Both agents' captured calls compiled against eager (the script exits if they end apart), or the one line
+    that says why torch cannot compile on this machine."""
+    out = quick.stdout("speed/compile.py")
+    if "compile unavailable here" in out:
+        return
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| ppo", "| dqn"))]
+    assert [row[0].strip() for row in rows] == ["ppo", "dqn"]
+    assert all(row[-1].strip() == "yes" for row in rows)
 
 
 @pytest.mark.bench
