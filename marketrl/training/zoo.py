@@ -125,7 +125,8 @@ class TrainRequest:
       (`ZooEntry.train_budget` / `ZooEntry.trial_budget`): an agent's env steps, a forecaster's cap on optimizer
       steps / boosting rounds.
     seeds: the training seeds, one run each (trained as one batch).
-    on_score: each periodic validation Sharpe on `validation_data`, one per seed (EVALS_PER_RUN per run); on_log:
+    on_score: each periodic validation Sharpe on a seed's validation split (`validation_data`, or its fold's with
+      `blocks`), one per seed (EVALS_PER_RUN per run); on_log:
       each statistics record, one per seed with its ``seed`` and ``step``; checkpoint: the batch's resume file;
       memory: the device's memory budget (forecasters cap their batch by it).
     """
