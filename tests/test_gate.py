@@ -30,9 +30,9 @@ from marketrl.scoring.gate import (
     record_or_pooled,
 )
 from marketrl.splits.datasets import write_feature_manifest
-from marketrl.splits.folds import FoldConfig, FoldPlan, make_fold_plan
+from marketrl.splits.folds import FoldPlan, make_fold_plan
 from marketrl.training.train import train_job
-from tests.support.runs import synthetic_job_inputs
+from tests.support.runs import TWO_FOLDS, synthetic_job_inputs
 from tests.test_env import market_data, random_frame
 from tests.test_zoo import HPARAMS
 
@@ -305,18 +305,8 @@ def test_the_record_is_the_seeds_mean_per_fold_and_never_holds_a_day_it_decides(
 def two_folds(inputs: dict) -> dict:
     """The same rows, split into two walk-forward folds of two test days each."""
     days = inputs["frame"]["trading_day"].unique().sort().to_list()
-    config = FoldConfig(
-        n=2,
-        scheme="expanding",
-        train_days=4,
-        test_days=2,
-        validation_days=1,
-        embargo_bars=1,
-        tuning_days=3,
-        tuning_validation_days=1,
-    )
     path = inputs["root"] / "two_folds.json"
-    make_fold_plan(days, config).save(path)
+    make_fold_plan(days, TWO_FOLDS).save(path)
     return {**inputs, "folds": str(path)}
 
 
