@@ -1089,10 +1089,13 @@ def folds_run(
     module = STACK.load(f"marketrl.agents.{algo}")
     config_cls = module.DQNConfig if algo == "dqn" else module.PPOConfig
     config = config_cls(total_steps=steps, env=env_config(spec["n_envs"], sizes))
-    read, close = nvml_reader(device) if device.type == "cuda" else (cpu_reader(), lambda: None)
-    sampler = Sampler(read, sizes.sample_interval)
+    close: Callable[[], None] = lambda: None  # noqa: E731
+    sampler = None
+    if sample:  # the sampler (and NVML) only for the timed run
+        read, close = nvml_reader(device) if device.type == "cuda" else (cpu_reader(), close)
+        sampler = Sampler(read, sizes.sample_interval)
     started = time.perf_counter()
-    if sample:
+    if sampler is not None:
         sampler.start()
     try:
         results = module.train_seeds(
@@ -1100,7 +1103,7 @@ def folds_run(
         )
         synchronize(device)
     finally:
-        samples = sampler.stop() if sample else []
+        samples = sampler.stop() if sampler is not None else []
         close()
     wall = time.perf_counter() - started
     out: dict[str, Any] = {

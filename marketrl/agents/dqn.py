@@ -473,18 +473,22 @@ def train_seeds(
     require(hp.buffer_size >= n_envs, "buffer_size", f"an integer >= env.n_envs ({n_envs})", hp.buffer_size)
     # rewards as learnt: x reward_scale, and with normalize_rewards in units of the per-bar return spread of the
     # seed's own training rows ([S]; one value per seed, the same for all unless folds share the batch)
-    seed_scales = hp.reward_scale * torch.stack(
-        [
+    # each distinct row range once (one for all seeds unless folds share the batch)
+    ranges = list(dict.fromkeys(env.block_rows))
+    scales = {
+        rows: hp.reward_scale
+        * (
             reward_normalizer(env.data, config.env, rows)
             if hp.normalize_rewards
             else torch.ones((), device=device)
-            for rows in env.block_rows
-        ]
-    )
+        )
+        for rows in ranges
+    }
+    seed_scales = torch.stack([scales[rows] for rows in env.block_rows])
     if hp.cost_prior:
-        for index, (nets, rows) in enumerate(zip(setup.networks, env.block_rows, strict=True)):
-            cost = seed_scales[index] * config.env.contracts * typical_trade_cost(env.data, config.env, rows)
-            nets["q"].trade_cost.copy_(cost)
+        costs = {rows: typical_trade_cost(env.data, config.env, rows) for rows in ranges}
+        for nets, rows in zip(setup.networks, env.block_rows, strict=True):
+            nets["q"].trade_cost.copy_(scales[rows] * config.env.contracts * costs[rows])
     reward_scale = seed_scales.repeat_interleave(n_envs)  # [S·n_envs], seed-major like the envs
     if hp.all_actions:  # the rewards of every action: [S·n_envs, 3]
         reward_scale = reward_scale[:, None]
@@ -577,9 +581,8 @@ def train_seeds(
         state.epsilon = hp.exploration_initial_eps + progress * (
             hp.exploration_final_eps - hp.exploration_initial_eps
         )
-        with (
-            torch.no_grad()
-        ):  # acting in fp32, as `GreedyPolicy`: no casts on this uncaptured, host-issued path
+        # acting in fp32, as `GreedyPolicy`: no casts on this uncaptured, host-issued path
+        with torch.no_grad():
             greedy = q_net(state.obs.view(n_seeds, n_envs, obs_dim)).argmax(dim=2).view(-1)
         row = vector_step % _RANDOM_POOL_STEPS
         explore = state.explore_draws[row] < state.epsilon
@@ -591,12 +594,7 @@ def train_seeds(
         # all_actions: every action's reward from the same market move (n_step_return is then 1)
         learned = all_action_rewards(env.last_params, held, action_positions) if hp.all_actions else rewards
         transition = n_step.push(
-            state.obs,
-            actions,
-            learned * reward_scale,
-            env.final_obs,
-            terminated,
-            done,
+            state.obs, actions, learned * reward_scale, env.final_obs, terminated, done
         )  # final_obs: the true next state, also where the env auto-reset
         if transition is not None:
             first_obs, first_actions, bootstrap_obs, returns, discounts = transition
