@@ -14,10 +14,11 @@ import yaml
 from gpu_utils import HardwareBudget, detect_precision
 from marketrl.agents.memory import folds_per_batch
 from marketrl.env import EnvConfig, EnvDataError, MarketData, TradingEnv, stack_market_data
+from marketrl.models.supervised_trainer import SMALL_HPARAMS
 from marketrl.splits.datasets import fold_window, load_features
 from marketrl.splits.folds import FoldPlan
 from marketrl.training.train import fold_batches, train_folds_job, train_job
-from marketrl.training.zoo import FoldBlocks, TrainRequest, get_entry
+from marketrl.training.zoo import ZOO, FoldBlocks, TrainRequest, get_entry, run_settings
 from tests.faults.pipeline import copy_of_shared_run, run_snakemake
 from tests.support.runs import TINY_DQN_HPARAMS, TWO_FOLDS, synthetic_job_inputs
 
@@ -25,7 +26,16 @@ HPARAMS = {
     "dqn": TINY_DQN_HPARAMS,
     "ppo": {"n_steps": 8, "batch_size": 32, "n_epochs": 2, "hidden_dim_base": 8},
     "mlp": {"window": 3, "hidden_dim_base": 8, "batch_size": 32},
+    # the other seed axis on the CPU (seeds one after another), and a batch wider than fold 0's last one
+    "lstm": {"window": 3, "hidden_dim_base": 8, "batch_size": 48},
+    "lightgbm": {"window": 3},
 }
+#: every torch forecaster of the zoo (the trainer that takes folds on the batch axis), at its small test sizes
+TORCH_FORECASTERS = [
+    name for name, entry in ZOO.items() if entry.kind == "forecaster" and entry.batches_folds
+]
+for _name in TORCH_FORECASTERS:
+    HPARAMS.setdefault(_name, dict(SMALL_HPARAMS, window=3))
 SEEDS = [0, 1]
 FOLDS = [0, 1]
 
@@ -165,11 +175,12 @@ def _tensors(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
     return {}
 
 
-@pytest.mark.parametrize("model", ["dqn", "ppo", "mlp"])
+@pytest.mark.parametrize("model", ["dqn", "ppo", *TORCH_FORECASTERS, "lightgbm"])
 def test_fold_batched_job_ends_where_each_fold_job_ends(inputs: dict, model: str) -> None:
-    """Agents put both folds x both seeds on the batch axis, a forecaster trains the folds one after another;
-    either way every (fold, seed) has the seed, weights, validation scores, gate and statistics of its own
-    one-fold job (agents to float tolerance: a batched matrix product may sum in another order)."""
+    """Agents and torch forecasters put both folds x both seeds on the batch axis (the forecasters' folds with
+    their own row counts, batch sizes, step budgets, validations and early stops), lightgbm trains the folds one
+    after another; either way every (fold, seed) has the seed, weights, validation scores, gate and statistics
+    of its own one-fold job (to float tolerance: a batched product or a masked mean may sum in another order)."""
     batched_logs, batched = _run(inputs, model, batched=True)
     alone_logs, alone = _run(inputs, model, batched=False)
     tolerance = {"rtol": 1e-4, "atol": 1e-5}
@@ -180,15 +191,30 @@ def test_fold_batched_job_ends_where_each_fold_job_ends(inputs: dict, model: str
             single["seed"],
         )
         assert together.get("flat_gate") == single.get("flat_gate")
+        assert [record["step"] for record in together["validation"]] == [
+            record["step"] for record in single["validation"]
+        ]
         np.testing.assert_allclose(
             [record["val_sharpe"] for record in together["validation"]],
             [record["val_sharpe"] for record in single["validation"]],
             **tolerance,
         )
-        assert len(together["history"]) == len(single["history"])
-        if model != "mlp":  # agents: both folds in one batch
-            assert together["batch"]["folds"] == FOLDS
+        for key in ("steps", "total_steps", "steps_per_epoch", "batch_size", "train_rows", "stopped_at"):
+            assert together.get(key) == single.get(key), key
+        if (
+            model in TORCH_FORECASTERS
+        ):  # another fold's end splits a statistics window: a read more, never less
+            steps = {record["step"] for record in together["history"]}
+            assert {record["step"] for record in single["history"]} <= steps
+        else:
+            assert len(together["history"]) == len(single["history"])
+        assert together["batch"].get("folds") == (None if model == "lightgbm" else FOLDS)
+    if model == "transformer":  # the query bias's gradient is rounding noise (softmax ignores a shift), which
+        tolerance = {"rtol": 1e-4, "atol": 1e-4}  # Adam scales to whole steps: 3e-5 apart after 8 steps
     for unit, state in batched.items():
+        if model == "lightgbm":  # a booster, as text
+            assert state["state"]["booster"] == alone[unit]["state"]["booster"], unit
+            continue
         tensors, expected = _tensors(state), _tensors(alone[unit])
         assert tensors.keys() == expected.keys() and tensors
         for key, value in tensors.items():
@@ -225,13 +251,42 @@ def test_folds_per_batch_follows_the_device_memory() -> None:
     assert folds_per_batch(budget(1), "dqn", 101, hparams, 64, "bf16", 16, 12) == 1
 
 
-def test_a_forecaster_refuses_folds_on_the_batch_axis(inputs: dict) -> None:
+def test_a_forecasters_folds_per_batch_follows_the_device_memory(inputs: dict) -> None:
+    """More memory, more folds (up to all), and never a count that would shrink a seed's batch: with little
+    memory the copies train one fold at a time."""
+    train = _windows(inputs)[1].splits["train"]
+    spec = get_entry("mlp").spec
+    hparams = {"window": 16, "hidden_dim_base": 64, "batch_size": 4096}
+
+    def fits(free: int) -> int:
+        return spec.folds_per_batch(
+            HardwareBudget("cuda", "test", free, free), train, hparams, "fp32", 16, 12
+        )
+
+    counts = [fits(2**power) for power in range(20, 36)]
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 12
+    assert any(1 < count < 12 for count in counts)
+    before = torch.random.get_rng_state()
+    fits(2**30)
+    assert torch.equal(torch.random.get_rng_state(), before)  # the probe module leaves the caller's RNG alone
+
+
+def test_the_trainer_wants_one_row_range_and_split_per_seed(inputs: dict) -> None:
+    window = _windows(inputs)[0]
+    with pytest.raises(ValueError, match="one row range and one validation split per seed"):
+        get_entry("mlp").spec.train_seeds(
+            window.splits["train"], None, run_settings(inputs["config"], 4), HPARAMS["mlp"], "fp32", "cpu",
+            [1, 2], block_rows=[(0, 10)], block_validation=[None],
+        )  # fmt: skip
+
+
+def test_lightgbm_refuses_folds_on_the_batch_axis(inputs: dict) -> None:
     window = _windows(inputs)[0]
     request = TrainRequest(
         train_data=window.splits["train"],
         validation_data=None,
         config=inputs["config"],
-        hparams=HPARAMS["mlp"],
+        hparams=HPARAMS["lightgbm"],
         precision=detect_precision(torch.device("cpu"), "auto"),
         device=torch.device("cpu"),
         seeds=(1,),
@@ -239,7 +294,7 @@ def test_a_forecaster_refuses_folds_on_the_batch_axis(inputs: dict) -> None:
         blocks=FoldBlocks(train_rows=((0, 10),), validation=(None,)),
     )
     with pytest.raises(ValueError, match="one fold per request"):
-        get_entry("mlp").train(request)
+        get_entry("lightgbm").train(request)
 
 
 @pytest.mark.slow

@@ -230,11 +230,17 @@ def test_gae_quick_times_both_sides_after_checking_equal_work(quick: QuickRuns) 
 
 @pytest.mark.bench
 def test_batch_folds_quick_checks_every_copy_against_its_fold(quick: QuickRuns) -> None:
-    """F folds batched against the same folds one after another, for both agents at F = 1 and 2; the script
-    checked every batched copy against its fold's sequential run (it exits otherwise)."""
+    """F folds batched against the same folds one after another, for both agents and two forecasters (the MLP
+    vmapped, the LSTM seed after seed) at F = 1 and 2; the script checked every batched copy against its fold's
+    sequential run (it exits otherwise)."""
     out = quick.stdout("speed/batch_folds.py")
-    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| ppo", "| dqn"))]
-    assert [(row[0].strip(), int(row[1])) for row in rows] == [("ppo", 1), ("ppo", 2), ("dqn", 1), ("dqn", 2)]
+    models = ("ppo", "dqn", "mlp", "lstm")
+    rows = [
+        line.split("|")[1:-1]
+        for line in out.splitlines()
+        if line.startswith(tuple(f"| {m} " for m in models))
+    ]
+    assert [(row[0].strip(), int(row[1])) for row in rows] == [(m, f) for m in models for f in (1, 2)]
     assert all(row[-1].strip() == "yes" and float(row[6]) > 0 for row in rows)
 
 

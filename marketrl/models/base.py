@@ -206,8 +206,10 @@ class RunSettings:
         return {**dataclasses.asdict(self), "costs": dict(self.costs)}
 
 
-#: on_validation(step, models) -> one score per seed, or None; may raise to stop the whole batch.
-SeedsValidationCallback = Callable[[int, list["TrainedModel"]], list[float | None] | None]
+#: on_validation(step, models) -> one score per seed, or None; may raise to stop the whole batch. A model is None
+#: where its seed is not validated at this step (folds on the batch axis: its fold's run is between validations
+#: or over); its score is then None too.
+SeedsValidationCallback = Callable[[int, list["TrainedModel | None"]], list[float | None] | None]
 
 
 @dataclass
@@ -218,8 +220,9 @@ class TrainHooks:
       In a run of several seeds (``train_seeds``) it gets one record per seed, each with a ``"seed"`` key.
     on_validation: called at every periodic validation with the models as they stand; may raise to prune:
       ``on_validation(step, models) -> [score per seed] | None`` (`SeedsValidationCallback`):
-      ``models`` holds one snapshot per seed, in the order of ``seeds``, and the scores come back in that order.
-      A trainer that runs its seeds one after another (lightgbm) calls it per seed with a one-element list.
+      ``models`` holds one snapshot per seed, in the order of ``seeds``, and the scores come back in that order
+      (None for a seed not validated at this step: folds on the batch axis validate each fold on its own
+      schedule). A trainer that runs its seeds one after another (lightgbm) calls it per seed with a one-element list.
     checkpoint: the resume file of this run (`marketrl.loop.resume.TrainingCheckpoint`, cadence in steps); one
       file for a whole batch of seeds.
     budget: the device's `gpu_utils.HardwareBudget` (detected when None).
@@ -383,6 +386,10 @@ class ModelSpec:
     build_module: Callable[[Any, int], torch.nn.Module] | None = None
     saver: SaveFn | None = None
     loader: LoadPathFn | None = None
+    #: a forecaster whose ``train_seeds`` takes folds on the batch axis (``block_rows``, ``block_validation``)
+    #: says how many fit: ``folds_per_batch(budget, train_data, hparams, precision, seeds_per_fold, n_folds)``
+    #: -> int >= 1; None: it trains one fold per call (an agent's kind decides for itself)
+    folds_per_batch: Callable[..., int] | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "forecaster" and self.loader is None and self.load is None:

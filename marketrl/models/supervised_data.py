@@ -89,12 +89,23 @@ class SupervisedRows:
     horizon: int
 
     @classmethod
-    def build(cls, data: MarketData, window: int, horizon: int) -> SupervisedRows:
-        """Rows with a full window and an in-segment target (see the module docstring)."""
+    def build(
+        cls,
+        data: MarketData,
+        window: int,
+        horizon: int,
+        within: tuple[int, int] | None = None,
+        target: torch.Tensor | None = None,
+    ) -> SupervisedRows:
+        """Rows with a full window and an in-segment target (see the module docstring); with ``within``
+        [start, stop), only those rows (one part of a stacked table, `marketrl.env.stack_market_data`).
+        ``target``: the data's `forward_returns` when the caller already has them."""
         host_rows = full_window_rows(data, window, horizon)
+        if within is not None:
+            host_rows = host_rows[(host_rows >= within[0]) & (host_rows < within[1])]
         return cls(
             features=data.features,
-            target=forward_returns(data, horizon),
+            target=forward_returns(data, horizon) if target is None else target,
             rows=torch.as_tensor(host_rows, device=data.device),
             n_rows=int(host_rows.size),
             window=window,
@@ -122,13 +133,21 @@ class SupervisedRows:
         return [self.rows[start : start + size] for start in range(0, self.n_rows, size)]
 
 
-def training_rows(data: MarketData, window: int, horizon: int, max_rows: int | None = None) -> SupervisedRows:
-    """`SupervisedRows.build`, refusing a split with no usable row in one line; with ``max_rows``, at most that
-    many of them (`SupervisedRows.sample`)."""
-    rows = SupervisedRows.build(data, window, horizon)
+def training_rows(
+    data: MarketData,
+    window: int,
+    horizon: int,
+    max_rows: int | None = None,
+    within: tuple[int, int] | None = None,
+    target: torch.Tensor | None = None,
+) -> SupervisedRows:
+    """`SupervisedRows.build` (``within``, ``target`` as there), refusing a split with no usable row in one line;
+    with ``max_rows``, at most that many of them (`SupervisedRows.sample`)."""
+    rows = SupervisedRows.build(data, window, horizon, within, target)
     if rows.n_rows == 0:
+        where = "train_data" if within is None else f"train_data rows [{within[0]}, {within[1]})"
         raise ModelDataError(
-            f"train_data: no row has a full window of {window} rows and a target {horizon} bars ahead inside "
+            f"{where}: no row has a full window of {window} rows and a target {horizon} bars ahead inside "
             "its segment"
         )
     return rows if max_rows is None else rows.sample(max_rows)

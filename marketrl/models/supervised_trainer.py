@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from gpu_utils import (
+    BudgetError,
     DeviceMetrics,
     HardwareBudget,
     PrecisionError,
@@ -52,7 +53,6 @@ from marketrl.env import MarketData
 from marketrl.loop.hparams import parse_hparams
 from marketrl.loop.profile import ModelProfile, TrialCost, TrialSizes
 from marketrl.loop.resume import resume_or_start
-from marketrl.loop.schedule import EvalSchedule
 from marketrl.models.base import (
     FORECASTER_TRIAL_OVERHEAD,
     ModelSpec,
@@ -65,7 +65,8 @@ from marketrl.models.base import (
     distinct_seeds,
 )
 from marketrl.models.forecaster_seeds import ForecasterSeeds, vectorize_seeds
-from marketrl.models.supervised_data import SupervisedRows, training_rows
+from marketrl.models.seed_rows import BlockBatches, SeedValidationRows, SharedBatches, schedule
+from marketrl.models.supervised_data import SupervisedRows, forward_returns, training_rows
 
 __all__ = [
     "BATCH_LIMITS",
@@ -74,6 +75,8 @@ __all__ = [
     "ForecasterSeeds",
     "ModelBuilder",
     "bytes_per_sample",
+    "seed_validation_losses",
+    "torch_folds_per_batch",
     "torch_model_spec",
     "torch_trial_cost",
     "train_torch_seeds",
@@ -230,9 +233,16 @@ def train_torch_seeds(
     device: torch.device | str,
     seeds: Sequence[int],
     hooks: TrainHooks | None = None,
+    *,
+    block_rows: Sequence[tuple[int, int]] | None = None,
+    block_validation: Sequence[MarketData | None] | None = None,
 ) -> list[TrainedModel]:
     """Train S seeds of one torch model of the zoo as one vectorized computation (see the module docstring);
-    ``build(hp, n_features)`` makes the module. Returns one model per seed, in the order of ``seeds``."""
+    ``build(hp, n_features)`` makes the module. Returns one model per seed, in the order of ``seeds``.
+
+    Folds on the batch axis (training.batch_folds): ``block_rows[i]`` are seed i's rows [start, stop) of the
+    stacked ``train_data`` and ``block_validation[i]`` its own validation split (``validation_data`` unused);
+    each seed then trains, validates and stops as a run on its fold alone would (`marketrl.models.seed_rows`)."""
     hooks = hooks or TrainHooks()
     seeds = distinct_seeds(seeds)
     n_seeds = len(seeds)
@@ -240,21 +250,29 @@ def train_torch_seeds(
     device = torch.device(device)
     plan = resolve_precision(precision, device)
     train_data = _on(train_data, device)
-    validation_data = _on(validation_data, device) if validation_data is not None else None
-    rows = training_rows(train_data, hp.window, settings.horizon, settings.max_train_rows)
-    val_rows = None
-    if validation_data is not None:
-        val_rows = SupervisedRows.build(validation_data, hp.window, settings.horizon)
-        val_rows = val_rows if val_rows.n_rows else None
     n_features = train_data.n_features
+    if block_rows is None:
+        rows_of = [training_rows(train_data, hp.window, settings.horizon, settings.max_train_rows)] * n_seeds
+        group_of = [0] * n_seeds
+        val_rows = _shared_validation(validation_data, device, hp.window, settings.horizon)
+    else:
+        if len(block_rows) != n_seeds or block_validation is None or len(block_validation) != n_seeds:
+            raise ValueError(f"{name}: expected one row range and one validation split per seed ({n_seeds})")
+        rows_of, group_of = _block_rows(train_data, block_rows, hp.window, settings)
+        splits = [_on(split, device) if split is not None else None for split in block_validation]
+        val_rows = _block_validation(splits, hp.window, settings.horizon)
+    n_groups = max(group_of) + 1
+    groups = [[i for i in range(n_seeds) if group_of[i] == g] for g in range(n_groups)]
 
     modules = []
     for seed in seeds:  # each seed's initialization from its own seed, as a single run draws it
         with _private_rng(seed, device):
             modules.append(TargetScaled(build(hp, n_features)).to(device))
-    scale = rows.target.index_select(0, rows.rows).std(correction=0).clamp_min(1e-12)
-    for module in modules:
-        module.scale.copy_(scale)
+    scales = {}
+    for module, rows in zip(modules, rows_of, strict=True):  # each seed's target scale from its own rows
+        if id(rows) not in scales:
+            scales[id(rows)] = rows.target.index_select(0, rows.rows).std(correction=0).clamp_min(1e-12)
+        module.scale.copy_(scales[id(rows)])
     parameter_count = sum(p.numel() for p in modules[0].parameters())
     largest = _largest_batch(
         hooks.budget or HardwareBudget.detect(device),
@@ -266,11 +284,11 @@ def train_torch_seeds(
         name,
         n_seeds,
     )
-    batch_size = max(1, min(hp.batch_size, largest, rows.n_rows))
-    steps_per_epoch = math.ceil(rows.n_rows / batch_size)
-    total_steps = settings.epochs * steps_per_epoch
-    if settings.max_steps is not None:
-        total_steps = min(total_steps, settings.max_steps)
+    plans = [
+        schedule(rows, group_of[i], hp.batch_size, largest, settings.epochs, settings.max_steps)
+        for i, rows in enumerate(rows_of)
+    ]
+    group_total = [plans[members[0]].total_steps for members in groups]
 
     vectorize = vectorize_seeds(modules[0], device)
     stack = ForecasterSeeds(modules, vectorize)
@@ -291,8 +309,13 @@ def train_torch_seeds(
         f"generator_{i}": torch.Generator(device=device).manual_seed(seed + ORDER_SEED_OFFSET)
         for i, seed in enumerate(seeds)
     }
+    batches = (
+        SharedBatches(plans[0], list(generators.values()))
+        if block_rows is None
+        else BlockBatches(plans, list(generators.values()))
+    )
     state = LoopState(
-        order=torch.zeros(n_seeds, 0, dtype=torch.int64, device=device),
+        order=batches.initial_order(),
         best_loss=[math.inf] * n_seeds,
         best_step=[0] * n_seeds,
         bad_validations=[0] * n_seeds,
@@ -300,22 +323,37 @@ def train_torch_seeds(
         evals=[[] for _ in seeds],
     )
 
-    def snapshots() -> list[TrainedModel]:
-        for i, module in enumerate(modules):
-            module.load_state_dict(stack.seed_state(i))
-        return [
-            _trained(name, hp, n_features, make_predictor(m, plan), m, settings, plan, {}) for m in modules
-        ]
+    def ended(group: int) -> bool:
+        """A seed group's run is over: its budget spent, or every seed of it stopped early."""
+        return state.step >= group_total[group] or all(state.stopped_at[i] is not None for i in groups[group])
 
-    def on_validation(step: int, _policy: Any) -> None:
-        running = [stopped is None for stopped in state.stopped_at]  # seeds this validation belongs to
+    def snapshots(due: list[bool]) -> list[TrainedModel | None]:
+        models: list[TrainedModel | None] = []
+        for i, module in enumerate(modules):
+            if not due[i]:
+                models.append(None)
+                continue
+            module.load_state_dict(stack.seed_state(i))
+            models.append(
+                _trained(name, hp, n_features, make_predictor(module, plan), module, settings, plan, {})
+            )
+        return models
+
+    def on_validation(step: int, due_groups: list[int]) -> None:
+        due = [group_of[i] in due_groups for i in range(n_seeds)]
+        running = [d and stopped is None for d, stopped in zip(due, state.stopped_at, strict=True)]
         if val_rows is not None:
-            losses = validation_losses(stack, plan, val_rows)
+            losses = (
+                validation_losses(stack, plan, val_rows)
+                if isinstance(val_rows, SupervisedRows)
+                else seed_validation_losses(stack, plan, val_rows)
+            )
             improved = [
-                go and loss < best for go, loss, best in zip(running, losses, state.best_loss, strict=True)
+                go and loss is not None and loss < best
+                for go, loss, best in zip(running, losses, state.best_loss, strict=True)
             ]
             for i, loss in enumerate(losses):
-                if not running[i]:
+                if not running[i] or loss is None:
                     continue
                 if improved[i]:
                     state.best_loss[i], state.best_step[i], state.bad_validations[i] = loss, step, 0
@@ -325,17 +363,28 @@ def train_torch_seeds(
                         state.stopped_at[i] = step
             if any(improved):
                 _keep_best(state, stack, improved)
-            run.log({"step": step, "validation_loss": losses})
-        scores = hooks.on_validation(step, snapshots()) if hooks.on_validation is not None else None
+            run.log(
+                {"step": step, "validation_loss": [loss if due[i] else None for i, loss in enumerate(losses)]}
+            )
+        scores = hooks.on_validation(step, snapshots(due)) if hooks.on_validation is not None else None
         for i in range(n_seeds):
             if running[i]:
                 state.evals[i].append(
                     [step, None if scores is None or scores[i] is None else float(scores[i])]
                 )
 
-    validations = EvalSchedule(
-        on_validation if val_rows is not None or hooks.on_validation else None, settings.eval_every
-    )
+    validating = val_rows is not None or hooks.on_validation is not None
+    active_masks: dict[tuple[bool, ...], torch.Tensor] = {}
+
+    def active() -> torch.Tensor | None:
+        """The [S] mask of seeds still training, or None while all are (no masking cost)."""
+        key = tuple(state.stopped_at[i] is None and not ended(group_of[i]) for i in range(n_seeds))
+        if all(key):
+            return None
+        if key not in active_masks:
+            active_masks[key] = torch.tensor(key, device=device)
+        return active_masks[key]
+
     with _private_rng(seeds[0], device):  # dropout: every seed draws its masks from this one stream
         run = resume_or_start(
             hooks.checkpoint,
@@ -343,46 +392,53 @@ def train_torch_seeds(
                 "model": stack,
                 "optim": stepper,
                 "metrics": metrics,
-                "validations": validations,
                 **generators,
                 "global_rng": _GlobalRng(device),
             },
             state,
-            total_steps=total_steps,
+            total_steps=max(group_total),
             device=device,
         )
 
         stack.train()
-        for step in range(state.step, total_steps):
-            if all(stopped is not None for stopped in state.stopped_at):
+        for step in range(state.step, max(group_total)):
+            live = [g for g in range(n_groups) if not ended(g)]
+            if not live:
                 break
-            position = step % steps_per_epoch
-            if position == 0:  # each seed's own batch order
-                state.order = torch.stack(
-                    [torch.randperm(rows.n_rows, generator=g, device=device) for g in generators.values()]
-                )
-            batch_rows = rows.rows[state.order[:, position * batch_size : (position + 1) * batch_size]]
-            windows, target = rows.batch(batch_rows.reshape(-1))
-            windows = windows.reshape(n_seeds, -1, *windows.shape[1:])
+            windows, target, valid, state.order = batches.draw(step, state.order)
             with stepper.autocast():
                 prediction = stack(windows).float().reshape(n_seeds, -1)
             scale = stack.stacked()[1]["scale"].reshape(-1, 1)
-            loss = (prediction - target.reshape(n_seeds, -1) / scale).square().mean(dim=1)
-            grad_norm = stepper.step(loss, active=_active(state, device))
-            statistics = torch.stack(
-                [loss.detach(), grad_norm, prediction.detach().std(dim=1, correction=0)], 1
-            )
-            metrics.record(list(statistics.reshape(-1).unbind()))
+            error = (prediction - target / scale).square()
+            if valid is None:
+                loss = error.mean(dim=1)
+                spread = prediction.detach().std(dim=1, correction=0)
+            else:  # padded rows count nowhere
+                weight = valid.to(error.dtype)
+                count = weight.sum(dim=1)
+                loss = (error * weight).sum(dim=1) / count
+                mean = (prediction.detach() * weight).sum(dim=1, keepdim=True) / count[:, None]
+                spread = (((prediction.detach() - mean).square() * weight).sum(dim=1) / count).sqrt()
+            grad_norm = stepper.step(loss, active=active())
+            metrics.record(list(torch.stack([loss.detach(), grad_norm, spread], 1).reshape(-1).unbind()))
             state.step = step + 1
 
-            if state.step % settings.check_every == 0:
+            finishing = any(state.step == group_total[g] for g in live)
+            if state.step % settings.check_every == 0 or finishing:  # a group's end closes its last window
                 _read(run, metrics, state.step, hooks, seeds)
-            validations.maybe(state.step, None)
+            if validating:
+                due = [
+                    g
+                    for g in live
+                    if (settings.eval_every and state.step % settings.eval_every == 0)
+                    or state.step == group_total[g]
+                ]
+                if due:
+                    on_validation(state.step, due)
             run.maybe_save(state.step)
 
         if metrics.pending:
             _read(run, metrics, state.step, hooks, seeds)
-        validations.final(state.step, None)
         summary = run.finish(state.step)
 
     results = []
@@ -393,16 +449,17 @@ def train_torch_seeds(
             if best
             else stack.seed_state(i)
         )
-        stopped = state.stopped_at[i]
+        stopped, own = state.stopped_at[i], plans[i]
+        end = min(state.step, own.total_steps)
         log = {
             "model": name,
-            "steps": state.step if stopped is None else stopped,
-            "total_steps": total_steps,
-            "steps_per_epoch": steps_per_epoch,
-            "batch_size": batch_size,
+            "steps": end if stopped is None else stopped,
+            "total_steps": own.total_steps,
+            "steps_per_epoch": own.steps_per_epoch,
+            "batch_size": own.batch_size,
             "batch_size_max": largest,
             "parameter_count": parameter_count,
-            "train_rows": rows.n_rows,
+            "train_rows": own.rows.n_rows,
             "best_validation_loss": None if math.isinf(state.best_loss[i]) else state.best_loss[i],
             "best_step": state.best_step[i],
             "stopped_at": stopped,
@@ -412,7 +469,7 @@ def train_torch_seeds(
             "steps_per_second": summary["steps_per_second"],
             "statistics_reads": metrics.host_reads,
             "evals": state.evals[i],
-            "history": _seed_history(summary["history"], seeds[i], i, stopped, settings.check_every),
+            "history": _seed_history(summary["history"], seeds[i], i, stopped, settings.check_every, end),
         }
         results.append(
             _trained(name, hp, n_features, make_predictor(module, plan), module, settings, plan, log)
@@ -420,15 +477,67 @@ def train_torch_seeds(
     return results
 
 
+def _shared_validation(
+    data: MarketData | None, device: torch.device, window: int, horizon: int
+) -> SupervisedRows | None:
+    """Every seed's validation rows of one split (None: no split, or no usable row in it)."""
+    if data is None:
+        return None
+    rows = SupervisedRows.build(_on(data, device), window, horizon)
+    return rows if rows.n_rows else None
+
+
+def _block_rows(
+    data: MarketData, block_rows: Sequence[tuple[int, int]], window: int, settings: RunSettings
+) -> tuple[list[SupervisedRows], list[int]]:
+    """Each seed's training rows of the stacked table (one object per distinct range) and its group (the index
+    of its distinct range: the run it would be alone)."""
+    target = forward_returns(data, settings.horizon)
+    distinct: dict[tuple[int, int], tuple[SupervisedRows, int]] = {}
+    for start, stop in block_rows:
+        key = (int(start), int(stop))
+        if key not in distinct:
+            rows = training_rows(data, window, settings.horizon, settings.max_train_rows, key, target)
+            distinct[key] = (rows, len(distinct))
+    picked = [distinct[(int(start), int(stop))] for start, stop in block_rows]
+    return [rows for rows, _ in picked], [group for _, group in picked]
+
+
+def _block_validation(
+    splits: list[MarketData | None], window: int, horizon: int
+) -> SeedValidationRows | None:
+    """Each seed's validation rows of its own split; every seed has a split or none has."""
+    present = [split is not None for split in splits]
+    if not any(present):
+        return None
+    if not all(present):
+        raise ValueError("block_validation: every seed has a validation split or none has")
+    return SeedValidationRows.build(splits, window, horizon)  # type: ignore[arg-type]
+
+
+def seed_validation_losses(
+    stack: ForecasterSeeds, plan: PrecisionPlan, rows: SeedValidationRows
+) -> list[float | None]:
+    """Each seed's mean squared error of the forward-return predictions on its own validation rows (one host
+    read); None for a seed whose split has no usable row."""
+    total = torch.zeros(stack.n_seeds, dtype=torch.float64, device=rows.target.device)
+    scale = stack.stacked()[1]["scale"].reshape(-1, 1)
+    was_training = stack.training
+    stack.eval()
+    try:
+        for windows, target, valid in rows.chunks():
+            with torch.no_grad(), plan.autocast():
+                prediction = stack(windows).float() * scale
+            total += ((prediction - target).double().square() * valid).sum(dim=1)
+    finally:
+        stack.train(was_training)
+    return [
+        value / count if count else None for value, count in zip(total.tolist(), rows.counts, strict=True)
+    ]
+
+
 #: the per-step statistics each seed records
 STATISTICS = ("loss", "grad_norm", "prediction_std")
-
-
-def _active(state: LoopState, device: torch.device) -> torch.Tensor | None:
-    """The [S] mask of seeds still training, or None while all are (no masking cost)."""
-    if all(stopped is None for stopped in state.stopped_at):
-        return None
-    return torch.tensor([stopped is None for stopped in state.stopped_at], device=device)
 
 
 def _keep_best(state: LoopState, stack: ForecasterSeeds, improved: list[bool]) -> None:
@@ -445,16 +554,26 @@ def _keep_best(state: LoopState, stack: ForecasterSeeds, improved: list[bool]) -
 
 
 def _seed_history(
-    history: list[dict[str, Any]], seed: int, index: int, stopped: int | None, check_every: int
+    history: list[dict[str, Any]],
+    seed: int,
+    index: int,
+    stopped: int | None,
+    check_every: int,
+    end: int | None = None,
 ) -> list[dict[str, Any]]:
     """Seed ``index``'s own records from the batch's: its statistics columns and validation loss, up to the read
-    that covers its early stop (after it, its weights no longer move)."""
+    that covers its early stop (after it, its weights no longer move) and none after ``end``, its last step (a
+    fold that ends before others on the batch axis)."""
     prefix = f"seed {seed}: "
     out = []
     for record in history:
         if stopped is not None and record["step"] >= stopped + check_every:
             break
+        if end is not None and record["step"] > end:
+            break
         if "validation_loss" in record:
+            if record["validation_loss"][index] is None:  # not its validation (another fold's step)
+                continue
             if stopped is None or record["step"] <= stopped:
                 out.append({"step": record["step"], "validation_loss": record["validation_loss"][index]})
             continue
@@ -472,17 +591,59 @@ def _largest_batch(
     data: MarketData,
     name: str,
     n_seeds: int = 1,
+    tables: int = 1,
 ) -> int:
     """The largest per-seed batch the device's memory holds for S copies (parameters, optimizer state and
-    activations each S times) next to the split's feature table (shared by all seeds)."""
+    activations each S times) next to ``tables`` feature tables of the split's size (shared by all seeds)."""
     _, largest = budget.batch_size_bounds(
         n_seeds * sum(p.numel() for p in module.parameters()),
         n_seeds * bytes_per_sample(module, hp.window, n_features, plan),
         limits=BATCH_LIMITS,
-        buffer_bytes=data.features.numel() * 4,
+        buffer_bytes=tables * data.features.numel() * 4,
         what=f"{name} with window={hp.window}, hidden_dim_base={hp.hidden_dim_base}, {n_seeds} seed(s)",
     )
     return largest
+
+
+def torch_folds_per_batch(
+    name: str,
+    hparams_class: type,
+    build: ModelBuilder,
+    budget: HardwareBudget,
+    train_data: MarketData,
+    hparams: Mapping[str, Any],
+    precision: PrecisionPlan | str,
+    seeds_per_fold: int,
+    n_folds: int,
+) -> int:
+    """How many folds of ``seeds_per_fold`` seeds (training tables of ``train_data``'s size) one batch of this
+    model holds in ``budget``: the most, up to ``n_folds``, whose copies and tables leave room for the batch one
+    fold trains with alone (so every seed keeps its batch size); at least 1."""
+    hp = parse_hparams(hparams_class, hparams, name)
+    plan = (
+        precision
+        if isinstance(precision, PrecisionPlan)
+        else detect_precision(torch.device("cpu"), precision)
+    )
+    with torch.random.fork_rng(devices=[]):  # a probe module: the caller's RNG stays untouched
+        module = TargetScaled(build(hp, train_data.n_features))
+    try:
+        alone = _largest_batch(
+            budget, module, hp, train_data.n_features, plan, train_data, name, seeds_per_fold
+        )
+    except BudgetError:
+        return 1  # one fold trains as it always does, and fails there if it does not fit
+    wanted = min(hp.batch_size, alone)
+    for n in range(n_folds, 1, -1):
+        try:
+            largest = _largest_batch(
+                budget, module, hp, train_data.n_features, plan, train_data, name, n * seeds_per_fold, n
+            )
+        except BudgetError:
+            continue
+        if largest >= wanted:
+            return n
+    return 1
 
 
 def _on(data: MarketData, device: torch.device) -> MarketData:
@@ -601,6 +762,9 @@ def torch_model_spec(
     def load(checkpoint: Mapping[str, Any], device: torch.device | str = "cpu") -> TrainedModel:
         return load_torch(name, hparams_class, build, checkpoint, device)
 
+    def folds_per_batch(*args: Any) -> int:
+        return torch_folds_per_batch(name, hparams_class, build, *args)
+
     return ModelSpec(
         name,
         hparams_class,
@@ -610,4 +774,5 @@ def torch_model_spec(
         neural=True,
         profile=profile,
         build_module=build,
+        folds_per_batch=folds_per_batch,
     )

@@ -78,9 +78,14 @@ class TrainingBoard:
         for tag, value in values.items():
             writer.add_scalar(tag, value, global_step=int(step))
 
-    def validation(self, position: int, step: int, scores: Sequence[float], steps_per_s: float) -> None:
-        """Validation Sharpe of seeds ``position``, ``position + 1``, ... at ``step``, with the job's wall rate."""
+    def validation(
+        self, position: int, step: int, scores: Sequence[float | None], steps_per_s: float
+    ) -> None:
+        """Validation Sharpe of seeds ``position``, ``position + 1``, ... at ``step`` (None: a seed not validated
+        at this step), with the job's wall rate."""
         for offset, score in enumerate(scores):
+            if score is None:
+                continue
             values = {"validation/sharpe": score, "progress/steps_per_s": steps_per_s}
             self._write(position + offset, step, {k: v for k, v in values.items() if math.isfinite(v)})
 

@@ -81,7 +81,7 @@ class ProgressLog:
         self.started = time.perf_counter()
         self.records: list[list[dict[str, float]]] = [[] for _ in range(n_seeds)]
 
-    def __call__(self, step: int, scores: list[float]) -> None:
+    def __call__(self, step: int, scores: list[float | None]) -> None:
         # a seed run one after another reports alone: its scores go to the first seed without a record yet at
         # this step, and its rate and ETA count from its own start
         first = next(
@@ -93,7 +93,8 @@ class ProgressLog:
         rate = step / elapsed if elapsed > 0 else math.nan
         eta = max(0, self.total_steps - step) / rate if rate and rate > 0 else math.nan
         for offset, score in enumerate(scores):
-            self.records[first + offset].append({"step": step, "val_sharpe": score, "elapsed_s": elapsed})
+            if score is not None:  # None: that seed is not validated at this step (its fold's own schedule)
+                self.records[first + offset].append({"step": step, "val_sharpe": score, "elapsed_s": elapsed})
         if self.board is not None:
             self.board.validation(first, step, scores, rate)
         log.info(
@@ -103,7 +104,7 @@ class ProgressLog:
             100.0 * min(step, self.total_steps) / self.total_steps,
             rate,
             eta,
-            " ".join(f"{score:.3f}" for score in scores),
+            " ".join("-" if score is None else f"{score:.3f}" for score in scores),
         )
 
 
@@ -189,10 +190,10 @@ def train_folds_job(
     resume_paths: list[str],
     tensorboard_dirs: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Train one model on several folds with every seed of `seed_indices` (training.batch_folds): an agent puts
-    as many folds × seeds on the batch axis as the device's memory holds (`ZooEntry.folds_per_batch`; each fold
-    its own data window, normalization, validation, gate and outputs), any other model trains the folds one
-    batch of seeds after another. Every (fold, seed) gets the seed, the model.pt and the train_log.json its own
+    """Train one model on several folds with every seed of `seed_indices` (training.batch_folds): an agent or a
+    torch forecaster puts as many folds × seeds on the batch axis as the device's memory holds
+    (`ZooEntry.folds_per_batch`; each fold its own data window, normalization, schedule, validation, early
+    stopping, gate and outputs), any other model (lightgbm) trains the folds one batch of seeds after another. Every (fold, seed) gets the seed, the model.pt and the train_log.json its own
     one-fold job would write.
 
     `model_paths`, `log_paths` and `tensorboard_dirs` are fold-major (fold, then seed index); `hparams_paths` and
@@ -227,8 +228,10 @@ def train_folds_job(
     del table
 
     def per_batch(group: list[int]) -> int:
+        # sized by the group's largest training window (an expanding walk-forward grows fold by fold)
+        largest = max(group, key=lambda fold: windows[fold].splits["train"].n_rows)
         return entry.folds_per_batch(
-            memory, windows[group[0]], config, hparams[group[0]], precision, len(seed_indices), len(group)
+            memory, windows[largest], config, hparams[group[0]], precision, len(seed_indices), len(group)
         )
 
     batches = fold_batches(folds, [hparams[fold] for fold in folds], per_batch)

@@ -90,7 +90,7 @@ EVALS_PER_RUN = 5  # validation scores (and progress lines) per training run, fo
 # full pass over the validation split per seed: about half of a demo run's training time at 10)
 
 #: on_score(step, validation Sharpe per seed): progress logging and hyperopt pruning (may raise to stop the run)
-ScoreHook = Callable[[int, list[float]], None]
+ScoreHook = Callable[[int, list[float | None]], None]
 #: trial -> hyperparameters
 SearchSpace = Callable[[Trial], dict[str, Any]]
 
@@ -109,7 +109,7 @@ class FoldBlocks:
     """Folds on the batch axis (training.batch_folds): the request's ``train_data`` stacks several folds'
     training rows (`marketrl.env.stack_market_data`, each fold normalized on its own rows), and seed i trains on
     rows ``train_rows[i]`` [start, stop) of it and is scored and gated on ``validation[i]``, its own fold's
-    validation split. Agents only (`ZooEntry.batches_folds`)."""
+    validation split. Agents and the torch forecasters (`ZooEntry.batches_folds`)."""
 
     train_rows: tuple[tuple[int, int], ...]
     validation: tuple[MarketData | None, ...]
@@ -183,8 +183,9 @@ class TrainRequest:
         data = self.validation_of(index)
         return positions_sharpe(data, positions(data), self.env_config)
 
-    def report(self, step: int, scores: list[float]) -> list[float]:
-        """Hand one validation round (a score per seed) to ``on_score``; return the scores."""
+    def report(self, step: int, scores: list[float | None]) -> list[float | None]:
+        """Hand one validation round (a score per seed; None for a seed not validated at this step) to
+        ``on_score``; return the scores."""
         if self.on_score is not None:
             self.on_score(step, scores)
         return scores
@@ -414,11 +415,11 @@ class ZooEntry:
     def _train_seeds(self, request: TrainRequest, on_batch: Callable | None) -> list[Any]:
         raise NotImplementedError
 
-    def _scores(self, request: TrainRequest, runs: list[Any]) -> list[float]:
+    def _scores(self, request: TrainRequest, runs: list[Any]) -> list[float | None]:
         """Validation Sharpe of each run as a periodic validation hands them (an agent's greedy policies, a
-        forecaster's models)."""
+        forecaster's models; None for a run not validated at this step, whose score is None)."""
         return [
-            request.score(lambda data, row=row: row, index)
+            None if row is None else request.score(lambda data, row=row: row, index)
             for index, row in enumerate(self._validation_positions(request, runs))
         ]
 
@@ -670,14 +671,41 @@ class ForecasterEntry(ZooEntry):
         """The model's own space (the trainer caps the batch size by the memory budget itself)."""
         return self.spec.search_space
 
-    def _validation_positions(self, request: TrainRequest, runs: list[TrainedModel]) -> list[torch.Tensor]:
-        assert request.validation_data is not None
-        return [model.positions(request.validation_data) for model in runs]
+    @property
+    def batches_folds(self) -> bool:  # type: ignore[override]
+        """Whether the model's trainer takes folds on the batch axis (the torch forecasters; not lightgbm)."""
+        return self.spec.folds_per_batch is not None
+
+    def folds_per_batch(
+        self,
+        budget: HardwareBudget,
+        window: WindowData,
+        config: Mapping[str, Any],
+        hparams: Mapping[str, Any],
+        precision: PrecisionPlan,
+        n_seeds: int,
+        n_folds: int,
+    ) -> int:
+        """As many folds as the device's memory holds with every seed's copy, the folds' tables and each seed's
+        own batch size (`marketrl.models.supervised_trainer.torch_folds_per_batch`); 1 if the trainer takes one
+        fold per call."""
+        if self.spec.folds_per_batch is None:
+            return 1
+        return self.spec.folds_per_batch(budget, window.splits["train"], hparams, precision, n_seeds, n_folds)
+
+    def _validation_positions(
+        self, request: TrainRequest, runs: list[TrainedModel | None]
+    ) -> list[torch.Tensor | None]:
+        return [
+            None if model is None else model.positions(request.validation_of(index))
+            for index, model in enumerate(runs)
+        ]
 
     def _train_seeds(self, request: TrainRequest, on_batch: Callable | None) -> list[TrainedModel]:
         hooks = TrainHooks(
             log=request.on_log, on_validation=on_batch, checkpoint=request.checkpoint, budget=request.memory
         )
+        blocks = request.blocks
         return self.spec.train_seeds(
             request.train_data,
             request.validation_data,
@@ -687,6 +715,11 @@ class ForecasterEntry(ZooEntry):
             request.device,
             request.seeds[:1] if self.deterministic else request.seeds,
             hooks,
+            **(
+                {}
+                if blocks is None
+                else {"block_rows": blocks.train_rows, "block_validation": blocks.validation}
+            ),
         )
 
     def _recorded_hparams(self, model: TrainedModel, request: TrainRequest) -> dict[str, Any]:
