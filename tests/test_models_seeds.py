@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from gpu_utils import SyncCounter
+from marketrl.env import stack_market_data
 from marketrl.loop.resume import TrainingCheckpoint
 from marketrl.models import MODELS, TrainHooks
 from marketrl.models import mlp as mlp_module
@@ -198,6 +199,59 @@ def test_a_killed_batch_resumes_to_the_uninterrupted_result(splits, tmp_path) ->
     for a, b in zip(full, resumed, strict=True):
         assert same_weights(a, b)
         assert torch.equal(a.predict(test), b.predict(test))
+        for key in ("stopped_at", "best_step", "best_validation_loss", "history"):
+            assert a.log[key] == b.log[key]
+
+
+def test_a_killed_fold_batch_resumes_to_the_uninterrupted_result(splits, tmp_path) -> None:
+    """Folds on the batch axis (block_rows): two folds of different lengths, their own validation splits and
+    budgets, one seed stopping early; killed after a save, the batch resumes to the same weights and logs, and
+    every seed equals its fold trained alone (the trainer's own per-fold equality, on the CPU to 1e-6)."""
+    train, test = splits
+    other_train, other_test = planted(450, 2), planted(200, 3)
+    stacked, ranges = stack_market_data([train, other_train])
+    hparams = {**SMALL["mlp"], "dropout": 0.0}
+    settings = dataclasses.replace(SETTINGS, epochs=3, max_steps=200, eval_every=10, patience=2)
+    signs = [1.0, -1.0, 1.0, 1.0]
+    seeds = [3, 4, 5, 6]
+    blocks = {
+        "block_rows": [ranges[0]] * 2 + [ranges[1]] * 2,
+        "block_validation": [test] * 2 + [other_test] * 2,
+    }
+    full = flagged_spec(signs).train_seeds(stacked, None, settings, hparams, "fp32", "cpu", seeds, **blocks)
+    assert full[0].log["total_steps"] != full[2].log["total_steps"]  # the folds' own budgets
+    assert full[1].log["stopped_at"] is not None  # and one seed's early stop
+    alone = flagged_spec(signs[:2]).train_seeds(train, test, settings, hparams, "fp32", "cpu", seeds[:2])
+    alone += flagged_spec(signs[2:]).train_seeds(
+        other_train, other_test, settings, hparams, "fp32", "cpu", seeds[2:]
+    )
+    for together, single in zip(full, alone, strict=True):
+        for key in ("steps", "total_steps", "stopped_at", "best_step", "evals"):
+            assert together.log[key] == single.log[key], key
+        for key, value in weights(together).items():
+            torch.testing.assert_close(value, weights(single)[key], rtol=1e-6, atol=1e-7)
+
+    class Killed(Exception):
+        pass
+
+    def dies_at_40(step: int, models) -> list[None]:
+        if step == 40:
+            raise Killed
+        return [None] * len(models)
+
+    path = tmp_path / "resume.pt"
+    with pytest.raises(Killed):
+        hooks = TrainHooks(on_validation=dies_at_40, checkpoint=TrainingCheckpoint(path, 15, {"run": 1}))
+        flagged_spec(signs).train_seeds(
+            stacked, None, settings, hparams, "fp32", "cpu", seeds, hooks, **blocks
+        )
+    checkpoint = TrainingCheckpoint(path, 15, {"run": 1})
+    resumed = flagged_spec(signs).train_seeds(
+        stacked, None, settings, hparams, "fp32", "cpu", seeds, TrainHooks(checkpoint=checkpoint), **blocks
+    )
+    assert checkpoint.resumed_from == 30
+    for a, b in zip(full, resumed, strict=True):
+        assert same_weights(a, b)
         for key in ("stopped_at", "best_step", "best_validation_loss", "history"):
             assert a.log[key] == b.log[key]
 

@@ -8,9 +8,10 @@ per seed) sums the S per-seed losses for one backward, so each seed gets exactly
 
 Reads top to bottom like the agents' loops (docs/AGENTS.md "Loop anatomy") and uses the same shared hooks:
 `PrecisionPlan` autocast (bf16 / fp16 + GradScaler / fp32), `DeviceMetrics` (one host read and NaN check per
-``check_every`` steps for the whole batch; the error names the seed), `EvalSchedule` (periodic validation, one
-host read for all seeds; the hook may raise to prune), `resume_or_start` (one resumable checkpoint for the batch,
-holding the stacked state) and `HardwareBudget.batch_size_bounds` (VRAM-aware batch cap for S copies).
+``check_every`` steps for the whole batch; the error names the seed), periodic validation (every ``eval_every``
+steps and at the end, one host read for all seeds; the hook may raise to prune), `resume_or_start` (one resumable
+checkpoint for the batch, holding the stacked state) and `HardwareBudget.batch_size_bounds` (VRAM-aware batch cap
+for S copies).
 
 * Per seed: initialisation (drawn under its own seed), batch order (its own generator, seed + ORDER_SEED_OFFSET),
   target scale, gradient clip, validation losses, best-weights snapshot, early stop and log.
@@ -23,6 +24,12 @@ holding the stacked state) and `HardwareBudget.batch_size_bounds` (VRAM-aware ba
   position in the batch and on ``seeds[0]``, never on another seed's weights or data.
 * Determinism: the same seeds in the same order give bit-identical weights on the CPU; the caller's global RNG is
   left untouched.
+* Folds on the batch axis (``block_rows``, ``block_validation``; training.batch_folds): the seeds of each fold
+  form a group with its own rows of the stacked table, target scale, batch size, steps per epoch, step budget,
+  validation split and validation steps (`marketrl.models.seed_rows`); a group's run ends at its own budget or
+  when all its seeds stopped, and its seeds then stop moving, as alone. A group's end also closes the statistics
+  window (one read more than the ``check_every`` cadence per fold). Dropout masks still come from the batch's one
+  stream, so with dropout a fold draws other masks than alone.
 """
 
 from __future__ import annotations
