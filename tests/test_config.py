@@ -46,6 +46,15 @@ def test_default_and_tiny_configs_validate(default_config: dict) -> None:
     assert full["costs"]["model"] == "futures"  # filled in from the schema's defaults
 
 
+@pytest.mark.parametrize("preset", sorted(path.name for path in (REPO_ROOT / "configs").glob("*.yaml")))
+def test_every_preset_merged_over_the_defaults_validates(default_config: dict, preset: str) -> None:
+    """configs/*.yaml are merged over config.yaml (`--configfile=`): each one changes only known keys."""
+    from tests.faults.pipeline import merged
+
+    overrides = yaml.safe_load((REPO_ROOT / "configs" / preset).read_text(encoding="utf-8"))
+    assert overrides and schema_errors(merged(default_config, overrides)) == []
+
+
 @pytest.mark.parametrize("name", ["tiny.yaml", "zoo.yaml"])
 def test_test_configs_cost_each_instrument_with_its_own_spec(name: str) -> None:
     """The end-to-end configs price NQ as NQ ($5.00 a tick), not with the flat ES keys."""
