@@ -163,6 +163,12 @@ def _run(inputs: dict, model: str, batched: bool) -> tuple[list[dict], dict[tupl
     return records, states
 
 
+def _without_key_bias(in_proj_bias: torch.Tensor) -> torch.Tensor:
+    """Multi-head attention's packed [query; key; value] bias without its key third."""
+    width = in_proj_bias.shape[0] // 3
+    return torch.cat([in_proj_bias[:width], in_proj_bias[2 * width :]])
+
+
 def _tensors(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
     """Every tensor of a saved checkpoint, by its path."""
     if isinstance(state, torch.Tensor):
@@ -209,8 +215,6 @@ def test_fold_batched_job_ends_where_each_fold_job_ends(inputs: dict, model: str
         else:
             assert len(together["history"]) == len(single["history"])
         assert together["batch"].get("folds") == (None if model == "lightgbm" else FOLDS)
-    if model == "transformer":  # the query bias's gradient is rounding noise (softmax ignores a shift), which
-        tolerance = {"rtol": 1e-4, "atol": 1e-4}  # Adam scales to whole steps: 3e-5 apart after 8 steps
     for unit, state in batched.items():
         if model == "lightgbm":  # a booster, as text
             assert state["state"]["booster"] == alone[unit]["state"]["booster"], unit
@@ -218,6 +222,14 @@ def test_fold_batched_job_ends_where_each_fold_job_ends(inputs: dict, model: str
         tensors, expected = _tensors(state), _tensors(alone[unit])
         assert tensors.keys() == expected.keys() and tensors
         for key, value in tensors.items():
+            if key.endswith(
+                "in_proj_bias"
+            ):  # attention's key bias: softmax ignores it (a shift of every logit),
+                value, expected[key] = (
+                    _without_key_bias(value),
+                    _without_key_bias(expected[key]),
+                )  # its gradient
+                # is rounding noise that Adam scales to whole steps, and it changes no output
             if value.is_floating_point():
                 torch.testing.assert_close(value, expected[key], **tolerance, msg=f"{unit} {key}")
             else:
