@@ -383,9 +383,11 @@ def train_torch_seeds(
     validating = val_rows is not None or hooks.on_validation is not None
     active_masks: dict[tuple[bool, ...], torch.Tensor] = {}
 
-    def active() -> torch.Tensor | None:
-        """The [S] mask of seeds still training, or None while all are (no masking cost)."""
-        key = tuple(state.stopped_at[i] is None and not ended(group_of[i]) for i in range(n_seeds))
+    def active(live: list[int]) -> torch.Tensor | None:
+        """The [S] mask of seeds still training (their group in ``live``, not stopped), or None while all are (no
+        masking cost)."""
+        running = set(live)
+        key = tuple(state.stopped_at[i] is None and group_of[i] in running for i in range(n_seeds))
         if all(key):
             return None
         if key not in active_masks:
@@ -426,7 +428,7 @@ def train_torch_seeds(
                 loss = (error * weight).sum(dim=1) / count
                 mean = (prediction.detach() * weight).sum(dim=1, keepdim=True) / count[:, None]
                 spread = (((prediction.detach() - mean).square() * weight).sum(dim=1) / count).sqrt()
-            grad_norm = stepper.step(loss, active=active())
+            grad_norm = stepper.step(loss, active=active(live))
             metrics.record(list(torch.stack([loss.detach(), grad_norm, spread], 1).reshape(-1).unbind()))
             state.step = step + 1
 
