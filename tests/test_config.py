@@ -103,7 +103,7 @@ def test_empty_config_gets_every_default() -> None:
     assert full["folds"]["n"] == 3
     assert full["training"]["models"] == list(MODEL_NAMES)
     assert full["training"]["models"][:3] == ["dqn", "ppo", "linear"]
-    assert full["hyperopt"]["seeds_per_trial"] == 1
+    assert full["hyperopt"]["seeds_per_trial"] == 3
 
 
 def test_old_algos_key_names_training_models(default_config: dict) -> None:
