@@ -724,7 +724,7 @@ def network_widths(base: int) -> dict[str, list[int]]:
 
 
 def build_networks(architecture: Architecture) -> dict[str, nn.Module]:
-    """The Q-network (ReLU, optional dueling head), PyTorch default init."""
+    """The Q-network (ReLU, optional dueling head), PyTorch default init (output layer zero with the cost prior)."""
     dueling = bool(architecture.options.get("dueling"))
     q_net = QNetwork(
         architecture.obs_dim,

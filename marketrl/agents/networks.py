@@ -95,10 +95,10 @@ class QNetwork(nn.Module):
     ``cost_prior``: Q(s, a) = f(s, a) − ``trade_cost`` · |position(a) − held|, where ``held`` is the observation's
     last entry (the position held into the bar) and ``trade_cost`` a fixed buffer in Q units (the trainer sets it:
     the training data's typical cost of one contract's position change). The cost of changing position is known
-    before the trade, so the network learns only the market's part; at initialization (f ≈ 0) the greedy action
-    keeps the position, and it changes only where the learned part outweighs the cost. The TD loss is the usual
-    one on Q, so the values stay exact whatever ``trade_cost`` is: it sets where learning starts, not where it
-    ends.
+    before the trade, so the network learns only the market's part; its output layer starts at zero (f = 0), so
+    at initialization the greedy action keeps the position, and it changes only where the learned part outweighs
+    the cost. The TD loss is the usual one on Q, so the values stay exact whatever ``trade_cost`` is: it sets where
+    learning starts, not where it ends.
     """
 
     def __init__(
@@ -118,11 +118,20 @@ class QNetwork(nn.Module):
             self.register_buffer("action_positions", torch.tensor(ACTION_POSITIONS, dtype=torch.float32))
         if not dueling:
             self.net = mlp(obs_dim, hidden, n_actions, activation)
-            return
-        body = mlp(obs_dim, hidden[:-1], hidden[-1], activation)
-        self.net = nn.Sequential(*body, _ACTIVATIONS[activation]())
-        self.value_head = nn.Linear(hidden[-1], 1)
-        self.advantage_head = nn.Linear(hidden[-1], n_actions)
+            outputs = [self.net[-1]]
+        else:
+            body = mlp(obs_dim, hidden[:-1], hidden[-1], activation)
+            self.net = nn.Sequential(*body, _ACTIVATIONS[activation]())
+            self.value_head = nn.Linear(hidden[-1], 1)
+            self.advantage_head = nn.Linear(hidden[-1], n_actions)
+            outputs = [self.value_head, self.advantage_head]
+        if cost_prior:
+            # f = 0 at initialization, so that the prior alone acts first: the default init's output spread
+            # (~0.03 and a bias gap up to ~0.4) exceeds a trade's cost in Q units at small reward scales, and an
+            # untrained network would churn on it
+            for layer in outputs:
+                nn.init.zeros_(layer.weight)
+                nn.init.zeros_(layer.bias)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values [B, n_actions]."""
