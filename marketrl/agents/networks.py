@@ -21,6 +21,7 @@ from torch import nn
 
 from marketrl.agents.spec import AgentSpec, Architecture, ArchitectureError, agent_spec
 from marketrl.env import ACTION_POSITIONS, N_ACTIONS
+from marketrl.models.base import zero_head
 
 __all__ = [
     "FALLBACK_HIDDEN",
@@ -130,8 +131,7 @@ class QNetwork(nn.Module):
             # (~0.03 and a bias gap up to ~0.4) exceeds a trade's cost in Q units at small reward scales, and an
             # untrained network would churn on it
             for layer in outputs:
-                nn.init.zeros_(layer.weight)
-                nn.init.zeros_(layer.bias)
+                zero_head(layer)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values [B, n_actions]."""

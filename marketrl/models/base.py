@@ -116,9 +116,10 @@ class NeuralHParams(CommonHParams):
 
 
 def zero_head(layer: torch.nn.Linear) -> torch.nn.Linear:
-    """Zero a forecaster's output layer: the untrained model predicts the normalized target's mean (0) and trades
-    nothing until the data move it, instead of turning its random features into trades; the head learns first,
-    the layers below as soon as it is non-zero (docs/PERFORMANCE.md "Do no harm")."""
+    """Zero an output layer: the untrained forecaster predicts the normalized target's mean (0), the untrained DQN's
+    learned part is 0 (its cost prior keeps the position), so neither trades until the data move it, instead of
+    turning its random features into trades; the head learns first, the layers below as soon as it is non-zero
+    (docs/PERFORMANCE.md "Do no harm")."""
     torch.nn.init.zeros_(layer.weight)
     if layer.bias is not None:
         torch.nn.init.zeros_(layer.bias)
